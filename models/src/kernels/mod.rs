@@ -1,0 +1,24 @@
+//! CPU kernels for the forward pass: the only place in the crate that uses `unsafe`.
+//!
+//! Every kernel here is **batch invariant**: the value computed for one output element depends
+//! only on that element's inputs, never on how many other rows share the call or on which thread
+//! runs it. The reduction order of each dot product is fixed (eight lanes, chunks in order, one
+//! fixed horizontal sum), so a sequence's logits are bit-identical alone or in a batch, prefilled
+//! whole or in chunks. Changing a kernel must keep that property (the model tests check it).
+//!
+//! SIMD paths are chosen at run time (`is_x86_feature_detected!`), never by compile-time
+//! `target-cpu`, and each has a scalar reference that it is tested against bit for bit.
+//!
+//! - [`dot`]: the fixed-order dot product and its SIMD variants.
+//! - [`matmul`]: `activations × weightsᵀ` over a whole ragged batch, split by output columns.
+//! - [`norm`]: RMS normalisation.
+//! - [`rope`]: rotary position embeddings from a precomputed table.
+//! - [`attention`]: causal grouped-query attention reading KV blocks in place.
+//! - [`activation`]: SiLU-gated linear unit.
+
+pub mod activation;
+pub mod attention;
+pub mod dot;
+pub mod matmul;
+pub mod norm;
+pub mod rope;

@@ -1,0 +1,40 @@
+//! `sluice-models`: everything about a model and nothing about requests.
+//!
+//! It reads GGUF files, builds the tokenizer and chat template from their metadata, and runs the
+//! batched ragged Llama forward pass over a block-paged KV store. The engine decides what goes
+//! into a batch and which KV blocks a sequence owns; this crate only computes.
+//!
+//! # Layout
+//! - [`registry`]: registry names (`smollm2-135m-instruct`) and paths to model files.
+//! - [`gguf`]: GGUF metadata and tensors, with errors that name the file.
+//! - [`config`]: the architecture read from metadata ([`LlamaConfig`]).
+//! - [`tokenizer`] and [`chat_template`]: text in and out, exactly as llama.cpp does it.
+//! - [`batch`]: the ragged batch ([`StepBatch`]) a forward call takes.
+//! - [`kv`]: the block pool holding K and V ([`KvStore`]).
+//! - [`llama`]: weights and the forward pass ([`Llama`]).
+//! - [`kernels`]: batch-invariant CPU kernels (the only `unsafe` code).
+//! - [`model`]: [`Model`], the loaded bundle of all of the above.
+//! - [`device`]: `cpu` / `cuda:N`.
+
+pub mod batch;
+pub mod chat_template;
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod gguf;
+#[allow(unsafe_code)]
+pub mod kernels;
+pub mod kv;
+pub mod llama;
+pub mod logits;
+pub mod model;
+pub mod registry;
+pub mod tokenizer;
+
+pub use batch::{Logits, SeqChunk, StepBatch};
+pub use config::LlamaConfig;
+pub use device::DeviceSpec;
+pub use error::{ModelError, Result};
+pub use kv::KvStore;
+pub use llama::Llama;
+pub use model::{Model, ModelOptions};

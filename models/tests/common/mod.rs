@@ -1,0 +1,57 @@
+//! Shared harness for tests that run the real default model.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use sluice_models::registry;
+
+/// The model cache the tests read: `SLUICE_MODEL_DIR`, else `models/cache`.
+pub fn model_dir() -> PathBuf {
+    std::env::var_os("SLUICE_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cache"))
+}
+
+/// The default model's file. Fails (never skips) when it is missing.
+pub fn model_path() -> PathBuf {
+    match registry::resolve(registry::default_model().name, &model_dir()) {
+        Ok(loc) => loc.path,
+        Err(e) => panic!("{e} (the model tests need the real model: run `make model`)"),
+    }
+}
+
+/// `../shared/golden`, relative to the workspace root, or `SLUICE_GOLDEN_DIR`.
+pub fn golden_dir() -> PathBuf {
+    std::env::var_os("SLUICE_GOLDEN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden"))
+}
+
+/// Every line of a golden JSONL file.
+pub fn golden_lines(name: &str) -> Vec<serde_json::Value> {
+    let path = golden_dir().join(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read golden file {}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("golden line is JSON"))
+        .collect()
+}
+
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+/// One model for the whole test binary: loading takes seconds.
+pub fn model() -> &'static sluice_models::Model {
+    static MODEL: OnceLock<sluice_models::Model> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        sluice_models::Model::load(&model_path(), &sluice_models::ModelOptions::default())
+            .expect("the default model loads")
+    })
+}
