@@ -12,7 +12,9 @@ pub enum ModelError {
     #[error("unknown model name '{0}': pass a path to a .gguf file or one of: {1}")]
     UnknownName(String, String),
     /// The file exists but could not be read as GGUF (truncated, corrupt, not GGUF).
-    #[error("cannot read {path} as GGUF ({source}); re-fetch it (`make model` for the default model)")]
+    #[error(
+        "cannot read {path} as GGUF ({source}); re-fetch it (`make model` for the default model)"
+    )]
     Gguf {
         path: PathBuf,
         #[source]

@@ -137,7 +137,10 @@ impl GgufFile {
 
     fn tensor_info(&self, name: &str) -> Result<&candle_core::quantized::gguf_file::TensorInfo> {
         self.content.tensor_infos.get(name).ok_or_else(|| {
-            ModelError::Unsupported(format!("{}: tensor '{name}' is missing", self.path.display()))
+            ModelError::Unsupported(format!(
+                "{}: tensor '{name}' is missing",
+                self.path.display()
+            ))
         })
     }
 
@@ -162,7 +165,11 @@ impl GgufFile {
         self.tensor_info(name)?;
         let info = &self.content.tensor_infos[name];
         let qtensor = info
-            .read(&mut self.reader, self.content.tensor_data_offset, &Device::Cpu)
+            .read(
+                &mut self.reader,
+                self.content.tensor_data_offset,
+                &Device::Cpu,
+            )
             .map_err(|source| ModelError::Gguf {
                 path: self.path.clone(),
                 source,

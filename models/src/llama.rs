@@ -11,12 +11,12 @@ use crate::batch::{Logits, StepBatch};
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Matrix};
+use crate::kernels::activation::silu_mul;
 use crate::kernels::attention::attend;
 use crate::kernels::dot::best_path;
 use crate::kernels::matmul::matmul_t;
 use crate::kernels::norm::rms_norm;
 use crate::kernels::rope::RopeTable;
-use crate::kernels::activation::silu_mul;
 use crate::kv::KvStore;
 
 #[derive(Debug)]
@@ -49,7 +49,11 @@ impl Llama {
     /// Loads every tensor of the network, checking each shape against the config.
     pub fn load(file: &mut GgufFile, config: LlamaConfig, threads: usize) -> Result<Self> {
         file.check_tensor_types()?;
-        let (d, ff, hd) = (config.embedding_length, config.feed_forward_length, config.head_dim);
+        let (d, ff, hd) = (
+            config.embedding_length,
+            config.feed_forward_length,
+            config.head_dim,
+        );
         let kv = config.kv_width();
         let embed = file.read_matrix("token_embd.weight", config.vocab_size, d)?;
         let output = if file.has_tensor("output.weight") {
@@ -115,7 +119,11 @@ impl Llama {
                     self.rope.max_positions()
                 ));
             }
-            if let Some(t) = s.tokens.iter().find(|t| **t as usize >= self.config.vocab_size) {
+            if let Some(t) = s
+                .tokens
+                .iter()
+                .find(|t| **t as usize >= self.config.vocab_size)
+            {
                 return bad(format!("sequence {i}: token id {t} outside the vocabulary"));
             }
             if s.block_table.len() < kv.blocks_for(end) {
@@ -125,7 +133,11 @@ impl Llama {
                     s.block_table.len()
                 ));
             }
-            if let Some(b) = s.block_table.iter().find(|b| **b as usize >= kv.num_blocks()) {
+            if let Some(b) = s
+                .block_table
+                .iter()
+                .find(|b| **b as usize >= kv.num_blocks())
+            {
                 return bad(format!("sequence {i}: block {b} outside the KV store"));
             }
         }
@@ -178,19 +190,38 @@ impl Llama {
             let view = kv.view(li);
             let group = c.group_size();
             self.pool.install(|| {
-                attn.par_chunks_mut(hd).enumerate().for_each_init(Vec::new, |scores, (i, out)| {
-                    let (t, head) = (i / heads, i % heads);
-                    let s = &batch.seqs[token_seq[t]];
-                    let q = &qkv[t * qkv_w + head * hd..t * qkv_w + (head + 1) * hd];
-                    let ctx = token_pos[t] + 1;
-                    attend(path, q, &view, head / group, &s.block_table, ctx, scale, scores, out);
-                });
+                attn.par_chunks_mut(hd)
+                    .enumerate()
+                    .for_each_init(Vec::new, |scores, (i, out)| {
+                        let (t, head) = (i / heads, i % heads);
+                        let s = &batch.seqs[token_seq[t]];
+                        let q = &qkv[t * qkv_w + head * hd..t * qkv_w + (head + 1) * hd];
+                        let ctx = token_pos[t] + 1;
+                        attend(
+                            path,
+                            q,
+                            &view,
+                            head / group,
+                            &s.block_table,
+                            ctx,
+                            scale,
+                            scores,
+                            out,
+                        );
+                    });
             });
             matmul_t(&self.pool, &attn, n, &layer.wo.data, d, &mut proj);
             add_into(&mut x, &proj);
 
             rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps, &mut h);
-            matmul_t(&self.pool, &h, n, &layer.wgate_up.data, 2 * ff, &mut gate_up);
+            matmul_t(
+                &self.pool,
+                &h,
+                n,
+                &layer.wgate_up.data,
+                2 * ff,
+                &mut gate_up,
+            );
             silu_mul(&gate_up, ff, &mut act);
             matmul_t(&self.pool, &act, n, &layer.wdown.data, d, &mut proj);
             add_into(&mut x, &proj);
@@ -216,8 +247,19 @@ impl Llama {
         rms_norm(&selected, &self.output_norm, c.rms_norm_eps, &mut normed);
         let head = self.output.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0.0f32; rows.len() * c.vocab_size];
-        matmul_t(&self.pool, &normed, rows.len(), &head.data, c.vocab_size, &mut logits);
-        Ok(Tensor::from_vec(logits, (rows.len(), c.vocab_size), &Device::Cpu)?)
+        matmul_t(
+            &self.pool,
+            &normed,
+            rows.len(),
+            &head.data,
+            c.vocab_size,
+            &mut logits,
+        );
+        Ok(Tensor::from_vec(
+            logits,
+            (rows.len(), c.vocab_size),
+            &Device::Cpu,
+        )?)
     }
 }
 

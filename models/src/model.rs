@@ -56,7 +56,10 @@ impl Model {
         let config = LlamaConfig::from_gguf(&file)?;
         let json = path.with_file_name("tokenizer.json");
         let tokenizer = if json.is_file() {
-            Tokenizer::from_json_file(&json, crate::tokenizer::SpecialIds::from_gguf(file.content())?)?
+            Tokenizer::from_json_file(
+                &json,
+                crate::tokenizer::SpecialIds::from_gguf(file.content())?,
+            )?
         } else {
             Tokenizer::from_gguf(file.content())?
         };

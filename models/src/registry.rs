@@ -38,7 +38,10 @@ pub struct ModelLocation {
 /// Resolves a registry name or a path to an existing file. `cache_dir` is where registry
 /// models live (the binaries take it from `SLUICE_MODEL_DIR`, default `models/cache`).
 pub fn resolve(spec: &str, cache_dir: &Path) -> Result<ModelLocation> {
-    if let Some(known) = KNOWN_MODELS.iter().find(|m| m.name.eq_ignore_ascii_case(spec)) {
+    if let Some(known) = KNOWN_MODELS
+        .iter()
+        .find(|m| m.name.eq_ignore_ascii_case(spec))
+    {
         let path = cache_dir.join(known.file);
         if !path.is_file() {
             return Err(ModelError::NotFound {
@@ -54,7 +57,10 @@ pub fn resolve(spec: &str, cache_dir: &Path) -> Result<ModelLocation> {
     let path = PathBuf::from(spec);
     if path.is_file() {
         // A known file given by path is still served under its registry name.
-        let file_name = path.file_name().and_then(|f| f.to_str()).unwrap_or_default();
+        let file_name = path
+            .file_name()
+            .and_then(|f| f.to_str())
+            .unwrap_or_default();
         let name = match KNOWN_MODELS.iter().find(|m| m.file == file_name) {
             Some(known) => known.name.to_owned(),
             None => path
@@ -84,8 +90,13 @@ mod tests {
     fn names_and_paths_resolve_or_explain() {
         let dir = std::env::temp_dir().join(format!("sluice-registry-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let err = resolve("smollm2-135m-instruct", &dir).unwrap_err().to_string();
-        assert!(err.contains("SmolLM2-135M-Instruct.Q4_1.gguf") && err.contains("make model"), "{err}");
+        let err = resolve("smollm2-135m-instruct", &dir)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("SmolLM2-135M-Instruct.Q4_1.gguf") && err.contains("make model"),
+            "{err}"
+        );
 
         std::fs::write(dir.join("SmolLM2-135M-Instruct.Q4_1.gguf"), b"x").unwrap();
         let loc = resolve("SmolLM2-135M-Instruct", &dir).unwrap();
@@ -96,8 +107,14 @@ mod tests {
         let loc = resolve(other.to_str().unwrap(), &dir).unwrap();
         assert_eq!(loc.name, "my-model.Q8_0");
 
-        assert!(matches!(resolve("no-such-model", &dir), Err(ModelError::UnknownName(..))));
-        assert!(matches!(resolve("/nope/x.gguf", &dir), Err(ModelError::NotFound { .. })));
+        assert!(matches!(
+            resolve("no-such-model", &dir),
+            Err(ModelError::UnknownName(..))
+        ));
+        assert!(matches!(
+            resolve("/nope/x.gguf", &dir),
+            Err(ModelError::NotFound { .. })
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

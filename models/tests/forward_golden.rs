@@ -34,7 +34,12 @@ fn logprobs_agree_with_llama_cpp_along_the_greedy_paths() {
         tokens.extend_from_slice(&greedy[..greedy.len() - 1]);
         let (mut kv, table) = kv_for(tokens.len());
         let batch = StepBatch {
-            seqs: vec![SeqChunk { tokens: tokens.clone(), start_pos: 0, block_table: table, logits: Logits::All }],
+            seqs: vec![SeqChunk {
+                tokens: tokens.clone(),
+                start_pos: 0,
+                block_table: table,
+                logits: Logits::All,
+            }],
         };
         let out = rows(&m.llama().forward(&batch, &mut kv).unwrap());
         for (i, step) in steps.iter().enumerate() {
@@ -60,7 +65,10 @@ fn logprobs_agree_with_llama_cpp_along_the_greedy_paths() {
     let mad = abs_diff / compared as f64;
     eprintln!("top-1 agreement {top1:.4} over {positions} positions; mean |Δ logprob| {mad:.4}");
     assert!(top1 >= 0.95, "top-1 agreement {top1:.4} < 0.95");
-    assert!(mad <= 0.15, "mean absolute logprob difference {mad:.4} > 0.15");
+    assert!(
+        mad <= 0.15,
+        "mean absolute logprob difference {mad:.4} > 0.15"
+    );
 }
 
 /// Sixteen prompts of different lengths, built from the golden chats.
@@ -70,7 +78,11 @@ fn sixteen_prompts() -> Vec<Vec<u32>> {
         .map(|i| {
             let line = &lines[i % lines.len()];
             let mut p = common::ids(&line["prompt_ids"]);
-            p.extend(common::ids(&line["greedy_ids"]).into_iter().take(i * 3 % 40));
+            p.extend(
+                common::ids(&line["greedy_ids"])
+                    .into_iter()
+                    .take(i * 3 % 40),
+            );
             p.truncate(p.len() - i % 5);
             p
         })
@@ -82,8 +94,16 @@ fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
     let m = common::model();
     let prompts = sixteen_prompts();
     let lens: std::collections::BTreeSet<usize> = prompts.iter().map(Vec::len).collect();
-    assert!(lens.len() >= 8, "the prompts should differ in length: {lens:?}");
-    let per_seq = prompts.iter().map(|p| p.len() + 2).max().unwrap().div_ceil(16);
+    assert!(
+        lens.len() >= 8,
+        "the prompts should differ in length: {lens:?}"
+    );
+    let per_seq = prompts
+        .iter()
+        .map(|p| p.len() + 2)
+        .max()
+        .unwrap()
+        .div_ceil(16);
     let table = |s: usize| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect::<Vec<u32>>();
     let new_kv = || KvStore::new(m.config(), 16 * per_seq, 16).unwrap();
 
@@ -91,9 +111,23 @@ fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
     let mut alone = Vec::new();
     for (s, p) in prompts.iter().enumerate() {
         let mut kv = new_kv();
-        let prefill = StepBatch { seqs: vec![SeqChunk { tokens: p.clone(), start_pos: 0, block_table: table(s), logits: Logits::Last }] };
+        let prefill = StepBatch {
+            seqs: vec![SeqChunk {
+                tokens: p.clone(),
+                start_pos: 0,
+                block_table: table(s),
+                logits: Logits::Last,
+            }],
+        };
         let a = rows(&m.llama().forward(&prefill, &mut kv).unwrap()).remove(0);
-        let decode = StepBatch { seqs: vec![SeqChunk { tokens: vec![28], start_pos: p.len(), block_table: table(s), logits: Logits::Last }] };
+        let decode = StepBatch {
+            seqs: vec![SeqChunk {
+                tokens: vec![28],
+                start_pos: p.len(),
+                block_table: table(s),
+                logits: Logits::Last,
+            }],
+        };
         let b = rows(&m.llama().forward(&decode, &mut kv).unwrap()).remove(0);
         alone.push((a, b));
     }
@@ -104,7 +138,12 @@ fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
         seqs: prompts
             .iter()
             .enumerate()
-            .map(|(s, p)| SeqChunk { tokens: p.clone(), start_pos: 0, block_table: table(s), logits: Logits::Last })
+            .map(|(s, p)| SeqChunk {
+                tokens: p.clone(),
+                start_pos: 0,
+                block_table: table(s),
+                logits: Logits::Last,
+            })
             .collect(),
     };
     let together = rows(&m.llama().forward(&prefill, &mut kv).unwrap());
@@ -112,13 +151,24 @@ fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
         seqs: prompts
             .iter()
             .enumerate()
-            .map(|(s, p)| SeqChunk { tokens: vec![28], start_pos: p.len(), block_table: table(s), logits: Logits::Last })
+            .map(|(s, p)| SeqChunk {
+                tokens: vec![28],
+                start_pos: p.len(),
+                block_table: table(s),
+                logits: Logits::Last,
+            })
             .collect(),
     };
     let together_decode = rows(&m.llama().forward(&decode, &mut kv).unwrap());
     for s in 0..16 {
-        assert!(bits_equal(&alone[s].0, &together[s]), "prefill logits of sequence {s} differ in a batch");
-        assert!(bits_equal(&alone[s].1, &together_decode[s]), "decode logits of sequence {s} differ in a batch");
+        assert!(
+            bits_equal(&alone[s].0, &together[s]),
+            "prefill logits of sequence {s} differ in a batch"
+        );
+        assert!(
+            bits_equal(&alone[s].1, &together_decode[s]),
+            "decode logits of sequence {s} differ in a batch"
+        );
     }
 
     // Chunked, mixed with other sequences' decodes: each prompt in chunks of 1..=13 tokens while
@@ -139,15 +189,26 @@ fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
             }];
             // Earlier sequences re-run their decode position (same token, same slot).
             for &o in &done {
-                seqs.push(SeqChunk { tokens: vec![28], start_pos: prompts[o].len(), block_table: table(o), logits: Logits::Last });
+                seqs.push(SeqChunk {
+                    tokens: vec![28],
+                    start_pos: prompts[o].len(),
+                    block_table: table(o),
+                    logits: Logits::Last,
+                });
             }
             let out = rows(&m.llama().forward(&StepBatch { seqs }, &mut kv).unwrap());
             let mut it = out.iter();
             if last {
-                assert!(bits_equal(&alone[s].0, it.next().unwrap()), "chunked prefill of sequence {s} differs");
+                assert!(
+                    bits_equal(&alone[s].0, it.next().unwrap()),
+                    "chunked prefill of sequence {s} differs"
+                );
             }
             for &o in &done {
-                assert!(bits_equal(&alone[o].1, it.next().unwrap()), "decode of {o} differs beside a prefill");
+                assert!(
+                    bits_equal(&alone[o].1, it.next().unwrap()),
+                    "decode of {o} differs beside a prefill"
+                );
             }
             start = end;
         }
@@ -164,14 +225,22 @@ fn bad_batches_are_refused_before_anything_runs() {
     let m = common::model();
     let mut kv = KvStore::new(m.config(), 2, 16).unwrap();
     let chunk = |tokens: Vec<u32>, start_pos, block_table: Vec<u32>| StepBatch {
-        seqs: vec![SeqChunk { tokens, start_pos, block_table, logits: Logits::Last }],
+        seqs: vec![SeqChunk {
+            tokens,
+            start_pos,
+            block_table,
+            logits: Logits::Last,
+        }],
     };
     let cases = [
         (chunk(vec![1; 17], 0, vec![0]), "needs 2 blocks"),
         (chunk(vec![1], 0, vec![5]), "outside the KV store"),
         (chunk(vec![49152], 0, vec![0]), "outside the vocabulary"),
         (chunk(vec![], 0, vec![0]), "feeds no tokens"),
-        (chunk(vec![1], 8192, vec![0; 513]), "beyond the context length"),
+        (
+            chunk(vec![1], 8192, vec![0; 513]),
+            "beyond the context length",
+        ),
     ];
     for (batch, want) in cases {
         let err = m.llama().forward(&batch, &mut kv).unwrap_err().to_string();

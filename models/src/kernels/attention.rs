@@ -43,7 +43,11 @@ pub fn attend(
     scores.clear();
     let mut max = f32::NEG_INFINITY;
     for t in 0..ctx_len {
-        let base = kv.offset(block_table[t / kv.block_size] as usize, kv_head, t % kv.block_size);
+        let base = kv.offset(
+            block_table[t / kv.block_size] as usize,
+            kv_head,
+            t % kv.block_size,
+        );
         let s = dot(path, q, &kv.k[base..base + hd]) * scale;
         max = max.max(s);
         scores.push(s);
@@ -55,7 +59,11 @@ pub fn attend(
     }
     out.fill(0.0);
     for (t, p) in scores.iter().enumerate() {
-        let base = kv.offset(block_table[t / kv.block_size] as usize, kv_head, t % kv.block_size);
+        let base = kv.offset(
+            block_table[t / kv.block_size] as usize,
+            kv_head,
+            t % kv.block_size,
+        );
         for (o, v) in out.iter_mut().zip(&kv.v[base..base + hd]) {
             *o = p.mul_add(*v, *o);
         }
@@ -79,8 +87,15 @@ mod tests {
         let blocks = 6;
         let mut k = vec![0.0; blocks * heads * bs * hd];
         let mut v = vec![0.0; blocks * heads * bs * hd];
-        let val = |t: usize, d: usize, salt: usize| ((t * 31 + d * 7 + salt) % 13) as f32 / 13.0 - 0.5;
-        let view_dims = KvView { k: &[], v: &[], block_size: bs, kv_heads: heads, head_dim: hd };
+        let val =
+            |t: usize, d: usize, salt: usize| ((t * 31 + d * 7 + salt) % 13) as f32 / 13.0 - 0.5;
+        let view_dims = KvView {
+            k: &[],
+            v: &[],
+            block_size: bs,
+            kv_heads: heads,
+            head_dim: hd,
+        };
         for t in 0..ctx {
             let o = view_dims.offset(table[t / bs] as usize, 1, t % bs);
             for d in 0..hd {
@@ -89,18 +104,39 @@ mod tests {
             }
         }
         let q: Vec<f32> = (0..hd).map(|d| d as f32 / 4.0 - 1.0).collect();
-        let view = KvView { k: &k, v: &v, ..view_dims };
+        let view = KvView {
+            k: &k,
+            v: &v,
+            ..view_dims
+        };
         let mut out = vec![0.0; hd];
-        attend(best_path(), &q, &view, 1, &table, ctx, 0.3, &mut Vec::new(), &mut out);
+        attend(
+            best_path(),
+            &q,
+            &view,
+            1,
+            &table,
+            ctx,
+            0.3,
+            &mut Vec::new(),
+            &mut out,
+        );
 
         let s: Vec<f64> = (0..ctx)
-            .map(|t| (0..hd).map(|d| f64::from(q[d]) * f64::from(val(t, d, 1))).sum::<f64>() * 0.3)
+            .map(|t| {
+                (0..hd)
+                    .map(|d| f64::from(q[d]) * f64::from(val(t, d, 1)))
+                    .sum::<f64>()
+                    * 0.3
+            })
             .collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-        for d in 0..hd {
-            let e: f64 = (0..ctx).map(|t| (s[t] - m).exp() / z * f64::from(val(t, d, 2))).sum();
-            assert!((f64::from(out[d]) - e).abs() < 1e-5, "{d}: {} vs {e}", out[d]);
+        for (d, got) in out.iter().enumerate() {
+            let e: f64 = (0..ctx)
+                .map(|t| (s[t] - m).exp() / z * f64::from(val(t, d, 2)))
+                .sum();
+            assert!((f64::from(*got) - e).abs() < 1e-5, "{d}: {got} vs {e}");
         }
     }
 }

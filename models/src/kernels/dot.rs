@@ -152,7 +152,9 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
@@ -167,7 +169,12 @@ mod tests {
             let x = random(3 * k, &mut seed);
             let w = random(4 * k, &mut seed);
             let xp = [x.as_ptr(), x[k..].as_ptr(), x[2 * k..].as_ptr()];
-            let wp = [w.as_ptr(), w[k..].as_ptr(), w[2 * k..].as_ptr(), w[3 * k..].as_ptr()];
+            let wp = [
+                w.as_ptr(),
+                w[k..].as_ptr(),
+                w[2 * k..].as_ptr(),
+                w[3 * k..].as_ptr(),
+            ];
             // SAFETY: each pointer has k floats after it.
             let reference = unsafe { scalar_tile::<3, 4>(xp, wp, k) };
             let best = unsafe { tile::<3, 4>(best_path(), xp, wp, k) };
@@ -185,13 +192,24 @@ mod tests {
     #[test]
     fn edge_values_agree() {
         let k = 77;
-        for special in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0, f32::MIN_POSITIVE, 1e30] {
+        for special in [
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+            1e30,
+        ] {
             let mut x = vec![1.0f32; k];
             let w = vec![0.5f32; k];
             x[k / 2] = special;
             let r = unsafe { scalar_tile::<1, 1>([x.as_ptr()], [w.as_ptr()], k) }[0][0];
             let b = dot(best_path(), &x, &w);
-            assert!(r.to_bits() == b.to_bits() || (r.is_nan() && b.is_nan()), "{special}: {r} vs {b}");
+            assert!(
+                r.to_bits() == b.to_bits() || (r.is_nan() && b.is_nan()),
+                "{special}: {r} vs {b}"
+            );
         }
     }
 
@@ -200,7 +218,11 @@ mod tests {
         let mut seed = 3;
         let a = random(1536, &mut seed);
         let b = random(1536, &mut seed);
-        let exact: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+        let exact: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| f64::from(*x) * f64::from(*y))
+            .sum();
         assert!((f64::from(dot(best_path(), &a, &b)) - exact).abs() < 1e-3);
     }
 }

@@ -25,7 +25,14 @@ unsafe impl Sync for OutPtr {}
 
 /// Computes `out[r][c] = Σ_k x[r][k] · w[c][k]` for `rows` rows of `x` (`rows × k`) and the
 /// `n × k` row-major weight matrix `w`, writing `out` as `rows × n`.
-pub fn matmul_t(pool: &rayon::ThreadPool, x: &[f32], rows: usize, w: &[f32], n: usize, out: &mut [f32]) {
+pub fn matmul_t(
+    pool: &rayon::ThreadPool,
+    x: &[f32],
+    rows: usize,
+    w: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
     if rows == 0 || n == 0 {
         return;
     }
@@ -115,19 +122,30 @@ mod tests {
     use crate::kernels::dot::dot;
 
     fn pool(threads: usize) -> rayon::ThreadPool {
-        rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
     }
 
     fn data(n: usize, salt: u32) -> Vec<f32> {
         (0..n)
-            .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(salt) % 1000) as f32 / 500.0 - 1.0)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(salt) % 1000) as f32 / 500.0 - 1.0
+            })
             .collect()
     }
 
     #[test]
     fn every_element_is_the_reference_dot_whatever_the_batch() {
         let path = best_path();
-        for (rows, k, n) in [(1, 576, 192), (3, 576, 37), (67, 64, 9), (5, 1536, 576), (130, 8, 5)] {
+        for (rows, k, n) in [
+            (1, 576, 192),
+            (3, 576, 37),
+            (67, 64, 9),
+            (5, 1536, 576),
+            (130, 8, 5),
+        ] {
             let x = data(rows * k, 1);
             let w = data(n * k, 2);
             for threads in [1, 2, 3] {

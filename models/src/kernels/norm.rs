@@ -3,7 +3,11 @@
 /// `out = x / sqrt(mean(x²) + eps) * weight` for each row of `x` (`rows × weight.len()`).
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
-    assert_eq!(x.len(), out.len(), "rms_norm: input and output differ in length");
+    assert_eq!(
+        x.len(),
+        out.len(),
+        "rms_norm: input and output differ in length"
+    );
     assert_eq!(x.len() % d, 0, "rms_norm: input is not whole rows");
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         // Accumulate in f64: cheap at this width and removes the order question entirely.

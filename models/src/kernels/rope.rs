@@ -27,7 +27,12 @@ impl RopeTable {
                 sin.push(angle.sin() as f32);
             }
         }
-        Self { half, max_positions, cos, sin }
+        Self {
+            half,
+            max_positions,
+            cos,
+            sin,
+        }
     }
 
     pub fn max_positions(&self) -> usize {
@@ -36,7 +41,10 @@ impl RopeTable {
 
     /// Rotates every head of one token (`heads × head_dim`, contiguous) to position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
-        assert!(pos < self.max_positions, "position {pos} beyond the RoPE table");
+        assert!(
+            pos < self.max_positions,
+            "position {pos} beyond the RoPE table"
+        );
         let cos = &self.cos[pos * self.half..(pos + 1) * self.half];
         let sin = &self.sin[pos * self.half..(pos + 1) * self.half];
         for head in x.chunks_exact_mut(2 * self.half) {

@@ -1,0 +1,183 @@
+//! `make bench`: the engine-free figures of the forward pass on this machine.
+//!
+//! Prints model load time, RSS after load, prefill tok/s for a 512-token prompt, single-stream
+//! decode tok/s at context 512, and batched decode tok/s at batch 4, 16 and 64 (every sequence
+//! at context 512, sharing the prompt's KV blocks as a prefix cache would). With `--peer FILE`
+//! (the JSON line of ../shared/peers/llamacpp_bench.py, measured in the same run) it prints the
+//! ratios to llama.cpp too.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use sluice_models::{registry, KvStore, Logits, Model, ModelOptions, SeqChunk, StepBatch};
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, env = "SLUICE_MODEL", default_value = "smollm2-135m-instruct")]
+    model: String,
+    #[arg(long, env = "SLUICE_MODEL_DIR", default_value = "models/cache")]
+    model_dir: PathBuf,
+    /// Compute threads (the peer uses 2).
+    #[arg(long, env = "SLUICE_THREADS", default_value_t = 2)]
+    threads: usize,
+    /// Decode steps per measurement.
+    #[arg(long, default_value_t = 64)]
+    steps: usize,
+    /// Batch sizes for batched decode.
+    #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
+    batches: Vec<usize>,
+    /// The peer's JSON figures, to print ratios.
+    #[arg(long)]
+    peer: Option<PathBuf>,
+}
+
+const CONTEXT: usize = 512;
+const BLOCK: usize = 16;
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let location = registry::resolve(&args.model, &args.model_dir)?;
+    let t0 = Instant::now();
+    let model = Model::load(
+        &location.path,
+        &ModelOptions {
+            threads: args.threads,
+            ..Default::default()
+        },
+    )?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let rss_mib = rss_mib().unwrap_or(f64::NAN);
+
+    // The same text as the peer's script, cut to 512 tokens.
+    let words =
+        "the quick brown fox jumps over the lazy dog while seven wise owls count stars ".repeat(60);
+    let prompt: Vec<u32> = model
+        .tokenizer()
+        .encode(&words, false)?
+        .into_iter()
+        .take(CONTEXT)
+        .collect();
+    anyhow::ensure!(
+        prompt.len() == CONTEXT,
+        "the bench prompt is only {} tokens",
+        prompt.len()
+    );
+
+    let max_batch = args.batches.iter().copied().max().unwrap_or(1).max(1);
+    let prompt_blocks = CONTEXT / BLOCK;
+    let own_blocks = args.steps.div_ceil(BLOCK) + 1;
+    let mut kv = KvStore::new(
+        model.config(),
+        prompt_blocks + max_batch * own_blocks,
+        BLOCK,
+    )?;
+    let shared: Vec<u32> = (0..prompt_blocks as u32).collect();
+    let table = |s: usize| {
+        let mut t = shared.clone();
+        let first = (prompt_blocks + s * own_blocks) as u32;
+        t.extend(first..first + own_blocks as u32);
+        t
+    };
+
+    // Prefill: best of three.
+    let mut prefill_s = f64::INFINITY;
+    for _ in 0..3 {
+        let batch = StepBatch {
+            seqs: vec![SeqChunk {
+                tokens: prompt.clone(),
+                start_pos: 0,
+                block_table: table(0),
+                logits: Logits::Last,
+            }],
+        };
+        let t = Instant::now();
+        model.llama().forward(&batch, &mut kv)?;
+        prefill_s = prefill_s.min(t.elapsed().as_secs_f64());
+    }
+    let prefill = CONTEXT as f64 / prefill_s;
+
+    let decode = |batch_size: usize, kv: &mut KvStore| -> Result<f64> {
+        let t = Instant::now();
+        for step in 0..args.steps {
+            let seqs = (0..batch_size)
+                .map(|s| SeqChunk {
+                    tokens: vec![prompt[(step + s) % CONTEXT]],
+                    start_pos: CONTEXT + step,
+                    block_table: table(s),
+                    logits: Logits::Last,
+                })
+                .collect();
+            model.llama().forward(&StepBatch { seqs }, kv)?;
+        }
+        Ok((batch_size * args.steps) as f64 / t.elapsed().as_secs_f64())
+    };
+    decode(1, &mut kv)?; // warm-up
+    let single = decode(1, &mut kv)?;
+    let mut batched = Vec::new();
+    for &b in &args.batches {
+        batched.push((b, decode(b, &mut kv)?));
+    }
+
+    println!(
+        "sluice forward pass ({} threads, {})",
+        model.llama().threads(),
+        location.path.display()
+    );
+    println!("  load time              {load_s:>8.2} s");
+    println!("  RSS after load         {rss_mib:>8.0} MiB");
+    println!("  prefill, 512 tokens    {prefill:>8.1} tok/s");
+    println!("  decode at context 512  {single:>8.1} tok/s");
+    for (b, v) in &batched {
+        println!(
+            "  batched decode, {b:>3}    {v:>8.1} tok/s  ({:.2}x single stream)",
+            v / single
+        );
+    }
+    if let Some(peer) = &args.peer {
+        let text =
+            std::fs::read_to_string(peer).with_context(|| format!("reading {}", peer.display()))?;
+        let line = text
+            .lines()
+            .rev()
+            .find(|l| l.trim_start().starts_with('{'))
+            .context("no JSON in the peer output")?;
+        let p: serde_json::Value = serde_json::from_str(line)?;
+        let pp = p["prefill_512_tok_s"]
+            .as_f64()
+            .context("peer prefill figure")?;
+        let tg = p["decode_tok_s_at_ctx_512"]
+            .as_f64()
+            .context("peer decode figure")?;
+        println!(
+            "peer: {} ({} threads), same run",
+            p["peer"].as_str().unwrap_or("?"),
+            p["threads"]
+        );
+        println!(
+            "  prefill, 512 tokens    {pp:>8.1} tok/s   sluice/peer {:.2}",
+            prefill / pp
+        );
+        println!(
+            "  decode at context 512  {tg:>8.1} tok/s   sluice/peer {:.2}",
+            single / tg
+        );
+    } else {
+        println!("peer: not measured (make bench runs it when the llama.cpp venv exists; see ../shared/peers)");
+    }
+    Ok(())
+}
+
+/// Resident set size from /proc (Linux); `None` elsewhere.
+fn rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
