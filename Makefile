@@ -19,6 +19,7 @@ run: model
 
 ## Every test, against the real model.
 test: model
+	$(CARGO) build --workspace --examples
 	$(CARGO) test --workspace --all-targets
 
 ## Release figures of the forward pass, with ratios to llama.cpp measured in the same run.
