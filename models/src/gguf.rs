@@ -160,22 +160,30 @@ impl GgufFile {
         Ok(())
     }
 
-    /// Reads a tensor and dequantizes it to f32, flattened in row-major order.
-    pub fn read_f32(&mut self, name: &str) -> Result<Vec<f32>> {
+    fn read_qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
         self.tensor_info(name)?;
         let info = &self.content.tensor_infos[name];
-        let qtensor = info
-            .read(
-                &mut self.reader,
-                self.content.tensor_data_offset,
-                &Device::Cpu,
-            )
-            .map_err(|source| ModelError::Gguf {
-                path: self.path.clone(),
-                source,
-            })?;
-        let tensor = qtensor.dequantize(&Device::Cpu)?;
+        info.read(
+            &mut self.reader,
+            self.content.tensor_data_offset,
+            &Device::Cpu,
+        )
+        .map_err(|source| ModelError::Gguf {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// Reads a tensor and dequantizes it to f32, flattened in row-major order.
+    pub fn read_f32(&mut self, name: &str) -> Result<Vec<f32>> {
+        let tensor = self.read_qtensor(name)?.dequantize(&Device::Cpu)?;
         Ok(tensor.flatten_all()?.to_vec1::<f32>()?)
+    }
+
+    /// A tensor's type and its raw bytes as stored (ggml blocks).
+    pub fn read_raw(&mut self, name: &str) -> Result<(GgmlDType, Vec<u8>)> {
+        let q = self.read_qtensor(name)?;
+        Ok((q.dtype(), q.data()?.into_owned()))
     }
 
     /// Reads a 1-D tensor of the expected length.

@@ -25,6 +25,7 @@ pub mod gguf;
 #[allow(unsafe_code)]
 pub mod kernels;
 pub mod kv;
+pub mod linear;
 pub mod llama;
 pub mod logits;
 pub mod model;

@@ -10,25 +10,26 @@ use rayon::prelude::*;
 use crate::batch::{Logits, StepBatch};
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
-use crate::gguf::{GgufFile, Matrix};
+use crate::gguf::GgufFile;
 use crate::kernels::activation::silu_mul;
 use crate::kernels::attention::attend;
 use crate::kernels::dot::best_path;
-use crate::kernels::matmul::matmul_t;
 use crate::kernels::norm::rms_norm;
+use crate::kernels::quant::QuantActs;
 use crate::kernels::rope::RopeTable;
 use crate::kv::KvStore;
+use crate::linear::Linear;
 
 #[derive(Debug)]
 struct Layer {
     attn_norm: Vec<f32>,
     /// `[q; k; v]` stacked: `(heads + 2·kv_heads)·head_dim` rows.
-    wqkv: Matrix,
-    wo: Matrix,
+    wqkv: Linear,
+    wo: Linear,
     ffn_norm: Vec<f32>,
     /// `[gate; up]` stacked: `2·ff` rows.
-    wgate_up: Matrix,
-    wdown: Matrix,
+    wgate_up: Linear,
+    wdown: Linear,
 }
 
 /// A loaded Llama model, ready to run batches. Immutable: all per-step state lives in the
@@ -36,9 +37,9 @@ struct Layer {
 #[derive(Debug)]
 pub struct Llama {
     config: LlamaConfig,
-    embed: Matrix,
+    embed: Linear,
     /// `None` when the output projection is tied to the embeddings.
-    output: Option<Matrix>,
+    output: Option<Linear>,
     output_norm: Vec<f32>,
     layers: Vec<Layer>,
     rope: RopeTable,
@@ -55,9 +56,9 @@ impl Llama {
             config.head_dim,
         );
         let kv = config.kv_width();
-        let embed = file.read_matrix("token_embd.weight", config.vocab_size, d)?;
+        let embed = Linear::load(file, "token_embd.weight", config.vocab_size, d)?;
         let output = if file.has_tensor("output.weight") {
-            Some(file.read_matrix("output.weight", config.vocab_size, d)?)
+            Some(Linear::load(file, "output.weight", config.vocab_size, d)?)
         } else {
             None
         };
@@ -65,18 +66,18 @@ impl Llama {
         let mut layers = Vec::with_capacity(config.block_count);
         for i in 0..config.block_count {
             let name = |t: &str| format!("blk.{i}.{t}.weight");
-            let q = file.read_matrix(&name("attn_q"), config.head_count * hd, d)?;
-            let k = file.read_matrix(&name("attn_k"), kv, d)?;
-            let v = file.read_matrix(&name("attn_v"), kv, d)?;
-            let gate = file.read_matrix(&name("ffn_gate"), ff, d)?;
-            let up = file.read_matrix(&name("ffn_up"), ff, d)?;
+            let q = Linear::load(file, &name("attn_q"), config.head_count * hd, d)?;
+            let k = Linear::load(file, &name("attn_k"), kv, d)?;
+            let v = Linear::load(file, &name("attn_v"), kv, d)?;
+            let gate = Linear::load(file, &name("ffn_gate"), ff, d)?;
+            let up = Linear::load(file, &name("ffn_up"), ff, d)?;
             layers.push(Layer {
                 attn_norm: file.read_vector(&name("attn_norm"), d)?,
-                wqkv: Matrix::stack(vec![q, k, v])?,
-                wo: file.read_matrix(&name("attn_output"), d, config.head_count * hd)?,
+                wqkv: Linear::stack(vec![q, k, v])?,
+                wo: Linear::load(file, &name("attn_output"), d, config.head_count * hd)?,
                 ffn_norm: file.read_vector(&name("ffn_norm"), d)?,
-                wgate_up: Matrix::stack(vec![gate, up])?,
-                wdown: file.read_matrix(&name("ffn_down"), d, ff)?,
+                wgate_up: Linear::stack(vec![gate, up])?,
+                wdown: Linear::load(file, &name("ffn_down"), d, ff)?,
             });
         }
         let rope = RopeTable::new(hd, config.rope_freq_base, config.context_length);
@@ -98,6 +99,18 @@ impl Llama {
 
     pub fn config(&self) -> &LlamaConfig {
         &self.config
+    }
+
+    /// Bytes of weights one forward step streams (every matrix once, the vocabulary product
+    /// included).
+    pub fn weight_bytes(&self) -> usize {
+        let head = self.output.as_ref().unwrap_or(&self.embed).bytes();
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgate_up.bytes() + l.wdown.bytes())
+            .sum();
+        head + layers
     }
 
     /// Compute threads this model runs on.
@@ -159,13 +172,18 @@ impl Llama {
         // Per token: its sequence and its position.
         let mut token_seq = Vec::with_capacity(n);
         let mut token_pos = Vec::with_capacity(n);
-        let mut x = Vec::with_capacity(n * d);
         for (si, s) in batch.seqs.iter().enumerate() {
-            for (j, &t) in s.tokens.iter().enumerate() {
+            for j in 0..s.tokens.len() {
                 token_seq.push(si);
                 token_pos.push(s.start_pos + j);
-                x.extend_from_slice(&self.embed.data[t as usize * d..(t as usize + 1) * d]);
             }
+        }
+        let mut x = vec![0.0f32; n * d];
+        for (row, &t) in x
+            .chunks_exact_mut(d)
+            .zip(batch.seqs.iter().flat_map(|s| &s.tokens))
+        {
+            self.embed.row(t as usize, row);
         }
 
         let mut h = vec![0.0f32; n * d];
@@ -174,10 +192,11 @@ impl Llama {
         let mut proj = vec![0.0f32; n * d];
         let mut gate_up = vec![0.0f32; n * 2 * ff];
         let mut act = vec![0.0f32; n * ff];
+        let mut q8 = QuantActs::default();
 
         for (li, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.attn_norm, c.rms_norm_eps, &mut h);
-            matmul_t(&self.pool, &h, n, &layer.wqkv.data, qkv_w, &mut qkv);
+            layer.wqkv.apply(&self.pool, &h, n, &mut q8, &mut qkv);
             for (t, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
                 let (qk, v) = row.split_at_mut(heads * hd + kv_w);
                 self.rope.apply(qk, token_pos[t]);
@@ -210,20 +229,15 @@ impl Llama {
                         );
                     });
             });
-            matmul_t(&self.pool, &attn, n, &layer.wo.data, d, &mut proj);
+            layer.wo.apply(&self.pool, &attn, n, &mut q8, &mut proj);
             add_into(&mut x, &proj);
 
             rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps, &mut h);
-            matmul_t(
-                &self.pool,
-                &h,
-                n,
-                &layer.wgate_up.data,
-                2 * ff,
-                &mut gate_up,
-            );
+            layer
+                .wgate_up
+                .apply(&self.pool, &h, n, &mut q8, &mut gate_up);
             silu_mul(&gate_up, ff, &mut act);
-            matmul_t(&self.pool, &act, n, &layer.wdown.data, d, &mut proj);
+            layer.wdown.apply(&self.pool, &act, n, &mut q8, &mut proj);
             add_into(&mut x, &proj);
         }
 
@@ -247,14 +261,7 @@ impl Llama {
         rms_norm(&selected, &self.output_norm, c.rms_norm_eps, &mut normed);
         let head = self.output.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0.0f32; rows.len() * c.vocab_size];
-        matmul_t(
-            &self.pool,
-            &normed,
-            rows.len(),
-            &head.data,
-            c.vocab_size,
-            &mut logits,
-        );
+        head.apply(&self.pool, &normed, rows.len(), &mut q8, &mut logits);
         Ok(Tensor::from_vec(
             logits,
             (rows.len(), c.vocab_size),

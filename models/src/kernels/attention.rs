@@ -37,6 +37,70 @@ pub fn attend(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    match path {
+        // SAFETY: `best_path` only reports AVX2+FMA when the CPU has them.
+        #[cfg(target_arch = "x86_64")]
+        DotPath::Avx2Fma => unsafe {
+            attend_avx2(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
+        },
+        DotPath::Scalar => attend_body(
+            path,
+            q,
+            kv,
+            kv_head,
+            block_table,
+            ctx_len,
+            scale,
+            scores,
+            out,
+        ),
+    }
+}
+
+/// The same code compiled with AVX2 and FMA enabled, so the fused multiply-adds are
+/// instructions (not library calls) and the loops over the head dimension vectorise.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_avx2(
+    q: &[f32],
+    kv: &KvView<'_>,
+    kv_head: usize,
+    block_table: &[u32],
+    ctx_len: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend_body(
+        DotPath::Avx2Fma,
+        q,
+        kv,
+        kv_head,
+        block_table,
+        ctx_len,
+        scale,
+        scores,
+        out,
+    )
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_body(
+    path: DotPath,
+    q: &[f32],
+    kv: &KvView<'_>,
+    kv_head: usize,
+    block_table: &[u32],
+    ctx_len: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     let hd = kv.head_dim;
     debug_assert_eq!(q.len(), hd);
     debug_assert_eq!(out.len(), hd);

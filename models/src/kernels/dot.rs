@@ -5,6 +5,9 @@
 //! (`k % 8`) added one by one with fused multiply-adds. The scalar code spells this out with
 //! `f32::mul_add` (one rounding, like the FMA instruction), so the AVX2 path equals it exactly.
 
+// Tiles index several parallel arrays by the same row and column; index loops say that best.
+#![allow(clippy::needless_range_loop)]
+
 use std::sync::OnceLock;
 
 /// Which implementation the running CPU gets.

@@ -21,4 +21,6 @@ pub mod attention;
 pub mod dot;
 pub mod matmul;
 pub mod norm;
+pub mod qmatmul;
+pub mod quant;
 pub mod rope;

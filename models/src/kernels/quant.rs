@@ -1,0 +1,264 @@
+//! Quantized weight formats as the kernels read them, and activations rounded to 8 bits.
+//!
+//! Weights stay in their GGUF block formats but are repacked at load into separate arrays per
+//! output column (scales as f32, quants contiguous), so a kernel streams one column's quants
+//! without parsing 20- or 34-byte structs. Activations are rounded per block of 32 to i8 with one
+//! f32 scale, as llama.cpp does (`Q8_1`: the scale times the sum of quants is kept too, for the
+//! offset term of Q4_1).
+
+use half::f16;
+
+use crate::error::{ModelError, Result};
+
+/// Elements per quantization block (all formats used here).
+pub const QK: usize = 32;
+
+/// Q4_1 weights: `w = d·q + m` with `q ∈ 0..16`, per block of 32. Q4_0 (`w = d·(q − 8)`) is
+/// stored in this form too, with `m = −8d`.
+#[derive(Debug, Clone)]
+pub struct Q4_1Matrix {
+    pub n: usize,
+    pub k: usize,
+    /// `n × nb × 16` bytes: element `e < 16` of a block is the low nibble of byte `e`, element
+    /// `e ≥ 16` the high nibble of byte `e − 16` (ggml's layout).
+    pub qs: Vec<u8>,
+    pub d: Vec<f32>,
+    pub m: Vec<f32>,
+}
+
+/// Q8_0 weights: `w = d·q` with `q ∈ −127..=127`, per block of 32.
+#[derive(Debug, Clone)]
+pub struct Q8_0Matrix {
+    pub n: usize,
+    pub k: usize,
+    /// `n × k` quants, row-major.
+    pub qs: Vec<i8>,
+    pub d: Vec<f32>,
+}
+
+fn check_len(raw: &[u8], n: usize, k: usize, block_bytes: usize, what: &str) -> Result<usize> {
+    if !k.is_multiple_of(QK) {
+        return Err(ModelError::Unsupported(format!(
+            "{what}: row length {k} is not a multiple of {QK}"
+        )));
+    }
+    let nb = k / QK;
+    if raw.len() != n * nb * block_bytes {
+        return Err(ModelError::Unsupported(format!(
+            "{what}: {} bytes for {n} × {k}, expected {}",
+            raw.len(),
+            n * nb * block_bytes
+        )));
+    }
+    Ok(nb)
+}
+
+fn f16_at(raw: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([raw[at], raw[at + 1]]).to_f32()
+}
+
+impl Q4_1Matrix {
+    /// Repacks ggml `block_q4_1` data (`{f16 d; f16 m; u8 qs[16]}` per block) of an `n × k` matrix.
+    pub fn from_q4_1(raw: &[u8], n: usize, k: usize) -> Result<Self> {
+        let nb = check_len(raw, n, k, 20, "Q4_1")?;
+        let mut out = Self::with_capacity(n, k, nb);
+        for block in raw.chunks_exact(20) {
+            out.d.push(f16_at(block, 0));
+            out.m.push(f16_at(block, 2));
+            out.qs.extend_from_slice(&block[4..20]);
+        }
+        Ok(out)
+    }
+
+    /// Repacks ggml `block_q4_0` data (`{f16 d; u8 qs[16]}`, `w = d·(q − 8)`).
+    pub fn from_q4_0(raw: &[u8], n: usize, k: usize) -> Result<Self> {
+        let nb = check_len(raw, n, k, 18, "Q4_0")?;
+        let mut out = Self::with_capacity(n, k, nb);
+        for block in raw.chunks_exact(18) {
+            let d = f16_at(block, 0);
+            out.d.push(d);
+            out.m.push(-8.0 * d);
+            out.qs.extend_from_slice(&block[2..18]);
+        }
+        Ok(out)
+    }
+
+    fn with_capacity(n: usize, k: usize, nb: usize) -> Self {
+        Self {
+            n,
+            k,
+            qs: Vec::with_capacity(n * nb * 16),
+            d: Vec::with_capacity(n * nb),
+            m: Vec::with_capacity(n * nb),
+        }
+    }
+
+    pub fn blocks_per_row(&self) -> usize {
+        self.k / QK
+    }
+
+    /// Row `c` dequantized (embedding look-ups, tests).
+    pub fn dequantize_row(&self, c: usize, out: &mut [f32]) {
+        let nb = self.blocks_per_row();
+        for b in 0..nb {
+            let (d, m) = (self.d[c * nb + b], self.m[c * nb + b]);
+            let qs = &self.qs[(c * nb + b) * 16..(c * nb + b + 1) * 16];
+            for e in 0..16 {
+                out[b * QK + e] = d * f32::from(qs[e] & 0x0F) + m;
+                out[b * QK + e + 16] = d * f32::from(qs[e] >> 4) + m;
+            }
+        }
+    }
+
+    /// Bytes the kernels stream per use of the whole matrix.
+    pub fn bytes(&self) -> usize {
+        self.qs.len() + 4 * (self.d.len() + self.m.len())
+    }
+
+    /// Stacks matrices with the same row length (fused projections).
+    pub fn stack(parts: &[Q4_1Matrix]) -> Self {
+        let k = parts[0].k;
+        let mut out = Self::with_capacity(0, k, 0);
+        for p in parts {
+            assert_eq!(p.k, k, "stacked matrices differ in row length");
+            out.n += p.n;
+            out.qs.extend_from_slice(&p.qs);
+            out.d.extend_from_slice(&p.d);
+            out.m.extend_from_slice(&p.m);
+        }
+        out
+    }
+}
+
+impl Q8_0Matrix {
+    /// Repacks ggml `block_q8_0` data (`{f16 d; i8 qs[32]}` per block).
+    pub fn from_q8_0(raw: &[u8], n: usize, k: usize) -> Result<Self> {
+        let nb = check_len(raw, n, k, 34, "Q8_0")?;
+        let mut qs = Vec::with_capacity(n * k);
+        let mut d = Vec::with_capacity(n * nb);
+        for block in raw.chunks_exact(34) {
+            d.push(f16_at(block, 0));
+            qs.extend(block[2..34].iter().map(|b| *b as i8));
+        }
+        Ok(Self { n, k, qs, d })
+    }
+
+    pub fn blocks_per_row(&self) -> usize {
+        self.k / QK
+    }
+
+    pub fn dequantize_row(&self, c: usize, out: &mut [f32]) {
+        let nb = self.blocks_per_row();
+        for (i, o) in out[..self.k].iter_mut().enumerate() {
+            *o = self.d[c * nb + i / QK] * f32::from(self.qs[c * self.k + i]);
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.qs.len() + 4 * self.d.len()
+    }
+
+    pub fn stack(parts: &[Q8_0Matrix]) -> Self {
+        let k = parts[0].k;
+        let mut out = Self {
+            n: 0,
+            k,
+            qs: Vec::new(),
+            d: Vec::new(),
+        };
+        for p in parts {
+            assert_eq!(p.k, k, "stacked matrices differ in row length");
+            out.n += p.n;
+            out.qs.extend_from_slice(&p.qs);
+            out.d.extend_from_slice(&p.d);
+        }
+        out
+    }
+}
+
+/// A batch of activation rows rounded per block of 32 to i8.
+#[derive(Debug, Clone, Default)]
+pub struct QuantActs {
+    pub rows: usize,
+    pub k: usize,
+    /// `rows × k` quants.
+    pub q: Vec<i8>,
+    /// `rows × nb` scales.
+    pub d: Vec<f32>,
+    /// `rows × nb`: `d · Σq` of each block.
+    pub s: Vec<f32>,
+}
+
+impl QuantActs {
+    /// Rounds `rows × k` activations (`k` a multiple of 32). Each row is rounded on its own, so
+    /// a row's quants never depend on the rest of the batch.
+    pub fn quantize(x: &[f32], rows: usize, k: usize, out: &mut QuantActs) {
+        assert_eq!(x.len(), rows * k, "activations are not rows × k");
+        assert_eq!(k % QK, 0, "k must be a multiple of {QK}");
+        let nb = k / QK;
+        out.rows = rows;
+        out.k = k;
+        out.q.resize(rows * k, 0);
+        out.d.resize(rows * nb, 0.0);
+        out.s.resize(rows * nb, 0.0);
+        for (bi, (xb, qb)) in x
+            .chunks_exact(QK)
+            .zip(out.q.chunks_exact_mut(QK))
+            .enumerate()
+        {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, v) in qb.iter_mut().zip(xb) {
+                // NaN rounds to 0 here; the clamp keeps ±inf-scaled values in range.
+                let r = (v * id).round().clamp(-127.0, 127.0) as i8;
+                *q = r;
+                sum += i32::from(r);
+            }
+            out.d[bi] = d;
+            out.s[bi] = d * sum as f32;
+        }
+    }
+
+    pub fn blocks_per_row(&self) -> usize {
+        self.k / QK
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activations_round_per_block_and_rows_are_independent() {
+        let x: Vec<f32> = (0..128).map(|i| (i as f32 - 50.0) / 7.0).collect();
+        let mut both = QuantActs::default();
+        QuantActs::quantize(&x, 2, 64, &mut both);
+        let mut second = QuantActs::default();
+        QuantActs::quantize(&x[64..], 1, 64, &mut second);
+        assert_eq!(&both.q[64..], &second.q[..]);
+        assert_eq!(&both.d[2..], &second.d[..]);
+        for (i, v) in x.iter().enumerate() {
+            let back = both.d[i / 32] * f32::from(both.q[i]);
+            assert!((back - v).abs() <= both.d[i / 32] * 0.5 + 1e-6);
+        }
+        let zeros = vec![0.0; 32];
+        QuantActs::quantize(&zeros, 1, 32, &mut second);
+        assert!(second.q.iter().all(|q| *q == 0) && second.d[0] == 0.0);
+    }
+
+    #[test]
+    fn q4_0_is_stored_as_q4_1_with_an_offset() {
+        let mut raw = vec![0u8; 18];
+        raw[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        raw[2] = 0x3F; // element 0 = 15, element 16 = 3
+        let m = Q4_1Matrix::from_q4_0(&raw, 1, 32).unwrap();
+        let mut row = vec![0.0; 32];
+        m.dequantize_row(0, &mut row);
+        assert_eq!(row[0], 0.5 * (15.0 - 8.0));
+        assert_eq!(row[16], 0.5 * (3.0 - 8.0));
+        assert_eq!(row[1], -4.0);
+        assert!(Q4_1Matrix::from_q4_0(&raw, 1, 64).is_err());
+    }
+}

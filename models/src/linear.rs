@@ -1,0 +1,140 @@
+//! A weight matrix in the form its kernel runs on: Q4_1 (and Q4_0) or Q8_0 blocks multiplied
+//! directly with 8-bit activations, anything else dequantized to f32 at load.
+
+use candle_core::quantized::GgmlDType;
+
+use crate::error::{ModelError, Result};
+use crate::gguf::{GgufFile, Matrix};
+use crate::kernels::matmul::matmul_t;
+use crate::kernels::qmatmul::{qmatmul, QPath, QWeights};
+use crate::kernels::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs};
+
+/// `rows` outputs × `cols` inputs, applied as `x · Wᵀ`.
+#[derive(Debug, Clone)]
+pub enum Linear {
+    F32(Matrix),
+    Q4_1(Q4_1Matrix),
+    Q8_0(Q8_0Matrix),
+}
+
+impl Linear {
+    /// Loads a matrix of the expected shape, keeping quantized blocks where a kernel runs them.
+    pub fn load(file: &mut GgufFile, name: &str, rows: usize, cols: usize) -> Result<Self> {
+        let dims = file.tensor_dims(name)?;
+        if dims != [rows, cols] {
+            return Err(ModelError::Unsupported(format!(
+                "tensor '{name}' has shape {dims:?}, expected [{rows}, {cols}]"
+            )));
+        }
+        let (dtype, raw) = file.read_raw(name)?;
+        Ok(match dtype {
+            GgmlDType::Q4_1 => Self::Q4_1(Q4_1Matrix::from_q4_1(&raw, rows, cols)?),
+            GgmlDType::Q4_0 => Self::Q4_1(Q4_1Matrix::from_q4_0(&raw, rows, cols)?),
+            GgmlDType::Q8_0 => Self::Q8_0(Q8_0Matrix::from_q8_0(&raw, rows, cols)?),
+            _ => Self::F32(file.read_matrix(name, rows, cols)?),
+        })
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        match self {
+            Self::F32(m) => m.rows,
+            Self::Q4_1(m) => m.n,
+            Self::Q8_0(m) => m.n,
+        }
+    }
+
+    /// Input width.
+    pub fn cols(&self) -> usize {
+        match self {
+            Self::F32(m) => m.cols,
+            Self::Q4_1(m) => m.k,
+            Self::Q8_0(m) => m.k,
+        }
+    }
+
+    /// Bytes of weights one full product streams.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Self::F32(m) => m.data.len() * 4,
+            Self::Q4_1(m) => m.bytes(),
+            Self::Q8_0(m) => m.bytes(),
+        }
+    }
+
+    /// One row of the matrix in f32 (embedding look-up).
+    pub fn row(&self, r: usize, out: &mut [f32]) {
+        match self {
+            Self::F32(m) => out.copy_from_slice(&m.data[r * m.cols..(r + 1) * m.cols]),
+            Self::Q4_1(m) => m.dequantize_row(r, out),
+            Self::Q8_0(m) => m.dequantize_row(r, out),
+        }
+    }
+
+    /// The matrix in f32.
+    fn to_f32(&self) -> Matrix {
+        let (rows, cols) = (self.rows(), self.cols());
+        let mut data = vec![0.0; rows * cols];
+        for (r, row) in data.chunks_exact_mut(cols).enumerate() {
+            self.row(r, row);
+        }
+        Matrix { rows, cols, data }
+    }
+
+    /// Stacks matrices over the same input into one (fused Q/K/V, gate/up). Parts of one
+    /// quantized type stay quantized; mixed types fall back to f32.
+    pub fn stack(parts: Vec<Linear>) -> Result<Linear> {
+        if parts.iter().all(|p| matches!(p, Self::Q4_1(_))) {
+            let ms: Vec<Q4_1Matrix> = parts
+                .into_iter()
+                .map(|p| {
+                    if let Self::Q4_1(m) = p {
+                        m
+                    } else {
+                        unreachable!()
+                    }
+                })
+                .collect();
+            return Ok(Self::Q4_1(Q4_1Matrix::stack(&ms)));
+        }
+        if parts.iter().all(|p| matches!(p, Self::Q8_0(_))) {
+            let ms: Vec<Q8_0Matrix> = parts
+                .into_iter()
+                .map(|p| {
+                    if let Self::Q8_0(m) = p {
+                        m
+                    } else {
+                        unreachable!()
+                    }
+                })
+                .collect();
+            return Ok(Self::Q8_0(Q8_0Matrix::stack(&ms)));
+        }
+        let ms = parts
+            .into_iter()
+            .map(|p| match p {
+                Self::F32(m) => m,
+                other => other.to_f32(),
+            })
+            .collect();
+        Ok(Self::F32(Matrix::stack(ms)?))
+    }
+
+    /// `out = x · Wᵀ` for `rows` rows of `x`; `scratch` holds the rounded activations.
+    pub fn apply(
+        &self,
+        pool: &rayon::ThreadPool,
+        x: &[f32],
+        rows: usize,
+        scratch: &mut QuantActs,
+        out: &mut [f32],
+    ) {
+        let w = match self {
+            Self::F32(m) => return matmul_t(pool, x, rows, &m.data, m.rows, out),
+            Self::Q4_1(m) => QWeights::Q4_1(m),
+            Self::Q8_0(m) => QWeights::Q8_0(m),
+        };
+        QuantActs::quantize(x, rows, self.cols(), scratch);
+        qmatmul(pool, QPath::best(), scratch, w, out);
+    }
+}
