@@ -12,7 +12,8 @@ use crate::kernels::attention::KvView;
 /// Default tokens per block (vLLM's default too).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
 
-/// Per-layer K and V pools, laid out `[block][kv_head][slot][head_dim]` in f32.
+/// Per-layer K and V pools in f32: per block and KV head, keys transposed (`[head_dim][slot]`)
+/// and values as rows (`[slot][head_dim]`), the layout the attention kernel reads.
 #[derive(Debug)]
 pub struct KvStore {
     block_size: usize,
@@ -87,13 +88,22 @@ impl KvStore {
 
     /// Writes one token's K and V (each `kv_heads × head_dim`) at `(block, slot)`.
     pub(crate) fn write(&mut self, layer: usize, block: usize, slot: usize, k: &[f32], v: &[f32]) {
-        let (hd, heads, bs) = (self.head_dim, self.kv_heads, self.block_size);
+        let hd = self.head_dim;
+        // The layout alone (no pools borrowed), for the offsets.
+        let view = KvView {
+            k: &[],
+            v: &[],
+            block_size: self.block_size,
+            kv_heads: self.kv_heads,
+            head_dim: hd,
+        };
         let l = &mut self.layers[layer];
-        for h in 0..heads {
-            // Same formula as `KvView::offset`.
-            let o = ((block * heads + h) * bs + slot) * hd;
-            l.k[o..o + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
-            l.v[o..o + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+        for h in 0..view.kv_heads {
+            let vo = view.v_offset(block, h, slot);
+            l.v[vo..vo + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+            for (d, x) in k[h * hd..(h + 1) * hd].iter().enumerate() {
+                l.k[view.k_offset(block, h, slot, d)] = *x;
+            }
         }
     }
 }

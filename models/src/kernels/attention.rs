@@ -1,9 +1,15 @@
 //! Causal attention of one query head against a sequence's KV blocks, read in place.
 //!
-//! The cache layout is `[block][kv_head][slot][head_dim]`, so one KV head's keys within a block
-//! are contiguous. Nothing is gathered or copied per step: the block table is walked directly.
+//! Within a block, one KV head's keys are stored transposed (`[head_dim][slot]`) and its values
+//! as rows (`[slot][head_dim]`). Scores for a whole block are then `Σ_d q[d]·K[d][·]`, a
+//! multiply-add of one broadcast query element into a vector of slots per dimension, with no
+//! horizontal sums; values accumulate as `out += p·V[slot]`, vectorised over the head dimension.
+//! Nothing is gathered or copied per step: the block table is walked directly.
 
-use super::dot::{dot, DotPath};
+use super::dot::DotPath;
+
+/// Slots (or output dimensions) processed together: one 512-bit vector of f32.
+const LANES: usize = 16;
 
 /// One layer's K and V pools, as the attention kernel reads them.
 #[derive(Debug, Clone, Copy)]
@@ -16,10 +22,22 @@ pub struct KvView<'a> {
 }
 
 impl KvView<'_> {
-    /// Offset of `(block, head, slot)`'s vector in the pool.
+    /// Start of `(block, head)`'s `block_size × head_dim` floats in either pool.
     #[inline]
-    pub fn offset(&self, block: usize, head: usize, slot: usize) -> usize {
-        ((block * self.kv_heads + head) * self.block_size + slot) * self.head_dim
+    pub fn base(&self, block: usize, head: usize) -> usize {
+        (block * self.kv_heads + head) * self.block_size * self.head_dim
+    }
+
+    /// Offset of element `d` of `slot`'s key (transposed layout).
+    #[inline]
+    pub fn k_offset(&self, block: usize, head: usize, slot: usize, d: usize) -> usize {
+        self.base(block, head) + d * self.block_size + slot
+    }
+
+    /// Offset of `slot`'s value vector.
+    #[inline]
+    pub fn v_offset(&self, block: usize, head: usize, slot: usize) -> usize {
+        self.base(block, head) + slot * self.head_dim
     }
 }
 
@@ -40,25 +58,27 @@ pub fn attend(
     match path {
         // SAFETY: `best_path` only reports AVX2+FMA when the CPU has them.
         #[cfg(target_arch = "x86_64")]
-        DotPath::Avx2Fma => unsafe {
-            attend_avx2(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
-        },
-        DotPath::Scalar => attend_body(
-            path,
-            q,
-            kv,
-            kv_head,
-            block_table,
-            ctx_len,
-            scale,
-            scores,
-            out,
-        ),
+        DotPath::Avx2Fma => {
+            if avx512() {
+                // SAFETY: checked just above.
+                unsafe { attend_avx512(q, kv, kv_head, block_table, ctx_len, scale, scores, out) }
+            } else {
+                // SAFETY: AVX2 and FMA are present.
+                unsafe { attend_avx2(q, kv, kv_head, block_table, ctx_len, scale, scores, out) }
+            }
+        }
+        DotPath::Scalar => attend_body(q, kv, kv_head, block_table, ctx_len, scale, scores, out),
     }
 }
 
-/// The same code compiled with AVX2 and FMA enabled, so the fused multiply-adds are
-/// instructions (not library calls) and the loops over the head dimension vectorise.
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| std::is_x86_feature_detected!("avx512f"))
+}
+
+/// The same code compiled for AVX2 + FMA: the multiply-adds become instructions, not library
+/// calls, and the loops vectorise. Every path computes the same operations in the same order.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
@@ -75,23 +95,18 @@ unsafe fn attend_avx2(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    attend_body(
-        DotPath::Avx2Fma,
-        q,
-        kv,
-        kv_head,
-        block_table,
-        ctx_len,
-        scale,
-        scores,
-        out,
-    )
+    attend_body(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
 }
 
-#[inline(always)]
+/// The kernel with explicit 512-bit vectors for full groups of sixteen slots or dimensions,
+/// computing exactly the chains `attend_body` defines (so results equal the other paths).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-fn attend_body(
-    path: DotPath,
+unsafe fn attend_avx512(
     q: &[f32],
     kv: &KvView<'_>,
     kv_head: usize,
@@ -101,37 +116,161 @@ fn attend_body(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    let hd = kv.head_dim;
+    use std::arch::x86_64::*;
+    let (hd, bs) = (kv.head_dim, kv.block_size);
+    assert_eq!(q.len(), hd);
+    assert_eq!(out.len(), hd);
+    assert!(block_table.len() * bs >= ctx_len, "block table too short");
+    scores.clear();
+    scores.resize(ctx_len, 0.0);
+    for (bi, chunk) in scores.chunks_mut(bs).enumerate() {
+        let base = kv.base(block_table[bi] as usize, kv_head);
+        let kt = &kv.k[base..base + hd * bs];
+        for s0 in (0..chunk.len()).step_by(LANES) {
+            let n = (chunk.len() - s0).min(LANES);
+            if n == LANES {
+                let mut acc = _mm512_setzero_ps();
+                for (d, qd) in q.iter().enumerate() {
+                    // SAFETY: d·bs + s0 + 16 <= hd·bs: the group lies inside this block's keys.
+                    let k = unsafe { _mm512_loadu_ps(kt.as_ptr().add(d * bs + s0)) };
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(*qd), k, acc);
+                }
+                // SAFETY: s0 + 16 <= chunk.len().
+                unsafe { _mm512_storeu_ps(chunk.as_mut_ptr().add(s0), acc) };
+            } else {
+                let mut acc = [0f32; LANES];
+                for (d, qd) in q.iter().enumerate() {
+                    for (a, k) in acc[..n].iter_mut().zip(&kt[d * bs + s0..d * bs + s0 + n]) {
+                        *a = qd.mul_add(*k, *a);
+                    }
+                }
+                chunk[s0..s0 + n].copy_from_slice(&acc[..n]);
+            }
+        }
+    }
+    let sum = softmax_numerators(scores, scale);
+    for d0 in (0..hd).step_by(LANES) {
+        let n = (hd - d0).min(LANES);
+        if n == LANES {
+            let mut acc = _mm512_setzero_ps();
+            for (bi, chunk) in scores.chunks(bs).enumerate() {
+                let base = kv.base(block_table[bi] as usize, kv_head) + d0;
+                let vb = &kv.v[base..base + (chunk.len() - 1) * hd + LANES];
+                for (slot, p) in chunk.iter().enumerate() {
+                    // SAFETY: slot·hd + 16 <= vb.len() by the slice bound above.
+                    let v = unsafe { _mm512_loadu_ps(vb.as_ptr().add(slot * hd)) };
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(*p), v, acc);
+                }
+            }
+            // SAFETY: d0 + 16 <= hd = out.len().
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(d0), acc) };
+        } else {
+            let mut acc = [0f32; LANES];
+            for (bi, chunk) in scores.chunks(bs).enumerate() {
+                let base = kv.base(block_table[bi] as usize, kv_head);
+                for (slot, p) in chunk.iter().enumerate() {
+                    let at = base + slot * hd + d0;
+                    for (a, v) in acc[..n].iter_mut().zip(&kv.v[at..at + n]) {
+                        *a = p.mul_add(*v, *a);
+                    }
+                }
+            }
+            out[d0..d0 + n].copy_from_slice(&acc[..n]);
+        }
+    }
+    normalise(out, sum);
+}
+
+/// The kernel. Element-wise vectorisation does not change any result: each score is a
+/// multiply-add chain over `d` in order, each output element a chain over positions in order.
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+fn attend_body(
+    q: &[f32],
+    kv: &KvView<'_>,
+    kv_head: usize,
+    block_table: &[u32],
+    ctx_len: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let (hd, bs) = (kv.head_dim, kv.block_size);
     debug_assert_eq!(q.len(), hd);
     debug_assert_eq!(out.len(), hd);
     scores.clear();
+    scores.resize(ctx_len, 0.0);
+    // Scores, sixteen slots at a time held in registers (one 512-bit vector), the query's
+    // dimensions in order. A partial group computes the same chains on fewer lanes.
+    for (bi, chunk) in scores.chunks_mut(bs).enumerate() {
+        let base = kv.base(block_table[bi] as usize, kv_head);
+        let kt = &kv.k[base..base + hd * bs];
+        for s0 in (0..chunk.len()).step_by(LANES) {
+            let n = (chunk.len() - s0).min(LANES);
+            let mut acc = [0f32; LANES];
+            if n == LANES {
+                for (d, qd) in q.iter().enumerate() {
+                    let row: &[f32; LANES] = kt[d * bs + s0..d * bs + s0 + LANES]
+                        .try_into()
+                        .expect("16 slots");
+                    for l in 0..LANES {
+                        acc[l] = qd.mul_add(row[l], acc[l]);
+                    }
+                }
+            } else {
+                for (d, qd) in q.iter().enumerate() {
+                    for (a, k) in acc[..n].iter_mut().zip(&kt[d * bs + s0..d * bs + s0 + n]) {
+                        *a = qd.mul_add(*k, *a);
+                    }
+                }
+            }
+            chunk[s0..s0 + n].copy_from_slice(&acc[..n]);
+        }
+    }
+    let sum = softmax_numerators(scores, scale);
+    // Values, sixteen output dimensions at a time in registers, positions in order.
+    for d0 in (0..hd).step_by(LANES) {
+        let n = (hd - d0).min(LANES);
+        let mut acc = [0f32; LANES];
+        for (bi, chunk) in scores.chunks(bs).enumerate() {
+            let base = kv.base(block_table[bi] as usize, kv_head);
+            for (slot, p) in chunk.iter().enumerate() {
+                let at = base + slot * hd + d0;
+                if n == LANES {
+                    let v: &[f32; LANES] = kv.v[at..at + LANES].try_into().expect("16 dims");
+                    for l in 0..LANES {
+                        acc[l] = p.mul_add(v[l], acc[l]);
+                    }
+                } else {
+                    for (a, v) in acc[..n].iter_mut().zip(&kv.v[at..at + n]) {
+                        *a = p.mul_add(*v, *a);
+                    }
+                }
+            }
+        }
+        out[d0..d0 + n].copy_from_slice(&acc[..n]);
+    }
+    normalise(out, sum);
+}
+
+/// Scales the raw scores and replaces each with `exp(s − max)`; returns their sum.
+#[inline(always)]
+fn softmax_numerators(scores: &mut [f32], scale: f32) -> f32 {
     let mut max = f32::NEG_INFINITY;
-    for t in 0..ctx_len {
-        let base = kv.offset(
-            block_table[t / kv.block_size] as usize,
-            kv_head,
-            t % kv.block_size,
-        );
-        let s = dot(path, q, &kv.k[base..base + hd]) * scale;
-        max = max.max(s);
-        scores.push(s);
+    for s in scores.iter_mut() {
+        *s *= scale;
+        max = max.max(*s);
     }
     let mut sum = 0.0f32;
     for s in scores.iter_mut() {
         *s = (*s - max).exp();
         sum += *s;
     }
-    out.fill(0.0);
-    for (t, p) in scores.iter().enumerate() {
-        let base = kv.offset(
-            block_table[t / kv.block_size] as usize,
-            kv_head,
-            t % kv.block_size,
-        );
-        for (o, v) in out.iter_mut().zip(&kv.v[base..base + hd]) {
-            *o = p.mul_add(*v, *o);
-        }
-    }
+    sum
+}
+
+#[inline(always)]
+fn normalise(out: &mut [f32], sum: f32) {
     let inv = 1.0 / sum;
     for o in out.iter_mut() {
         *o *= inv;
@@ -161,10 +300,11 @@ mod tests {
             head_dim: hd,
         };
         for t in 0..ctx {
-            let o = view_dims.offset(table[t / bs] as usize, 1, t % bs);
+            let (block, slot) = (table[t / bs] as usize, t % bs);
+            let vo = view_dims.v_offset(block, 1, slot);
             for d in 0..hd {
-                k[o + d] = val(t, d, 1);
-                v[o + d] = val(t, d, 2);
+                k[view_dims.k_offset(block, 1, slot, d)] = val(t, d, 1);
+                v[vo + d] = val(t, d, 2);
             }
         }
         let q: Vec<f32> = (0..hd).map(|d| d as f32 / 4.0 - 1.0).collect();
