@@ -120,18 +120,38 @@ fn main() -> Result<()> {
         batched.push((b, decode(b, &mut kv)?));
     }
 
+    let llama = model.llama();
+    let gb = llama.weight_bytes() as f64 / 1e9;
+    // A step reads the weights once whatever its batch; prefill of the prompt is one step.
+    let rates = |tok_s: f64, steps_s: f64, ctx: usize| {
+        format!(
+            "{:>6.1} GB/s of weights, {:>6.1} GFLOP/s",
+            gb * steps_s,
+            tok_s * llama.flops_per_token(ctx) / 1e9
+        )
+    };
     println!(
         "sluice forward pass ({} threads, {})",
-        model.llama().threads(),
+        llama.threads(),
         location.path.display()
+    );
+    println!(
+        "  weights per step {:.1} MB; {:.3} GFLOP per token at context 512",
+        gb * 1e3,
+        llama.flops_per_token(CONTEXT) / 1e9
     );
     println!("  load time              {load_s:>8.2} s");
     println!("  RSS after load         {rss_mib:>8.0} MiB");
-    println!("  prefill, 512 tokens    {prefill:>8.1} tok/s");
-    println!("  decode at context 512  {single:>8.1} tok/s");
+    let prefill_rates = rates(prefill, 1.0 / prefill_s, CONTEXT / 2);
+    println!("  prefill, 512 tokens    {prefill:>8.1} tok/s   {prefill_rates}");
+    println!(
+        "  decode at context 512  {single:>8.1} tok/s   {}",
+        rates(single, single, CONTEXT)
+    );
     for (b, v) in &batched {
+        let r = rates(*v, v / *b as f64, CONTEXT);
         println!(
-            "  batched decode, {b:>3}    {v:>8.1} tok/s  ({:.2}x single stream)",
+            "  batched decode, {b:>3}    {v:>8.1} tok/s   {r}  ({:.2}x single stream)",
             v / single
         );
     }
@@ -163,6 +183,12 @@ fn main() -> Result<()> {
             "  decode at context 512  {tg:>8.1} tok/s   sluice/peer {:.2}",
             single / tg
         );
+        for (b, v) in &batched {
+            println!(
+                "  batched decode, {b:>3}    sluice/peer single stream {:.2}",
+                v / tg
+            );
+        }
     } else {
         println!("peer: not measured (make bench runs it when the llama.cpp venv exists; see ../shared/peers)");
     }

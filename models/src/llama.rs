@@ -113,6 +113,21 @@ impl Llama {
         head + layers
     }
 
+    /// Floating-point operations (multiply and add counted apart) one token costs at context
+    /// `ctx`: every matrix product plus attention's `q·K` and `p·V`.
+    pub fn flops_per_token(&self, ctx: usize) -> f64 {
+        let c = &self.config;
+        let head = self.output.as_ref().unwrap_or(&self.embed);
+        let linear = |l: &Linear| (l.rows() * l.cols()) as f64;
+        let per_layer: f64 = self
+            .layers
+            .iter()
+            .map(|l| linear(&l.wqkv) + linear(&l.wo) + linear(&l.wgate_up) + linear(&l.wdown))
+            .sum();
+        let attention = (c.block_count * c.head_count * c.head_dim * ctx) as f64 * 2.0;
+        2.0 * (per_layer + linear(head) + attention)
+    }
+
     /// Compute threads this model runs on.
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
