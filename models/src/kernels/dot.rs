@@ -62,7 +62,7 @@ pub fn dot(path: DotPath, a: &[f32], b: &[f32]) -> f32 {
 
 /// The horizontal sum of eight lanes, in the order the SIMD paths use.
 #[inline(always)]
-fn reduce8(l: [f32; 8]) -> f32 {
+pub(crate) fn reduce8(l: [f32; 8]) -> f32 {
     ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
@@ -100,8 +100,20 @@ pub unsafe fn scalar_tile<const R: usize, const C: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
+
+    /// The eight lanes of `v` summed as `reduce8` orders them:
+    /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX.
+    #[inline(always)]
+    pub(crate) unsafe fn reduce(v: __m256) -> f32 {
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 0b01)))
+    }
 
     /// # Safety
     /// The CPU must support AVX2 and FMA; every pointer must be valid for `k` floats.
@@ -131,13 +143,8 @@ mod avx2 {
         let mut out = [[0f32; C]; R];
         for i in 0..R {
             for j in 0..C {
-                let v = acc[i][j];
-                // (l0+l4, l1+l5, l2+l6, l3+l7)
-                let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-                // (l0+l4)+(l2+l6), (l1+l5)+(l3+l7)
-                let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-                let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 0b01));
-                let mut s = _mm_cvtss_f32(s1);
+                // SAFETY: AVX2 is enabled for this function.
+                let mut s = unsafe { reduce(acc[i][j]) };
                 for t in chunks * 8..k {
                     // SAFETY: t < k.
                     let (a, b) = unsafe { (*x[i].add(t), *w[j].add(t)) };

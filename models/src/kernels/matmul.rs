@@ -17,7 +17,7 @@ const TILE_C: usize = 4;
 
 /// A raw pointer to the output that tasks share; each task writes only its own columns.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: tasks write disjoint column ranges of the output, never the same element.
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.
@@ -41,15 +41,25 @@ pub fn matmul_t(
     assert_eq!(w.len(), n * k, "weights are not n × k");
     assert_eq!(out.len(), rows * n, "output is not rows × n");
     let path = best_path();
-    let tasks = n.div_ceil(COLS_PER_TASK);
-    let out_ptr = OutPtr(out.as_mut_ptr());
-    let run = |task: usize| {
-        let c0 = task * COLS_PER_TASK;
-        let c1 = (c0 + COLS_PER_TASK).min(n);
+    split_columns(pool, n, COLS_PER_TASK, out, |c0, c1, out_ptr| {
         // SAFETY: `x`, `w` and `out` have the checked shapes; this task writes only columns
         // c0..c1, which no other task touches.
         unsafe { columns(path, x, rows, k, w, n, c0, c1, out_ptr) };
-    };
+    });
+}
+
+/// Runs `task(c0, c1, out)` over `n` output columns in ranges of `per_task`, on the pool's
+/// threads when there is more than one range. Tasks must write only their own columns of `out`.
+pub(crate) fn split_columns(
+    pool: &rayon::ThreadPool,
+    n: usize,
+    per_task: usize,
+    out: &mut [f32],
+    task: impl Fn(usize, usize, OutPtr) + Sync,
+) {
+    let tasks = n.div_ceil(per_task);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let run = |t: usize| task(t * per_task, ((t + 1) * per_task).min(n), out_ptr);
     if tasks == 1 || pool.current_num_threads() == 1 {
         (0..tasks).for_each(run);
     } else {

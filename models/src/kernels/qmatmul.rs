@@ -16,8 +16,8 @@
 
 use std::sync::OnceLock;
 
-use rayon::prelude::*;
-
+use super::dot::reduce8;
+use super::matmul::{split_columns, OutPtr};
 use super::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs, QK};
 
 /// Quantized weights a product can run on.
@@ -99,13 +99,6 @@ fn avx512_feature(name: &str) -> bool {
 const ROW_BLOCK: usize = 32;
 const COLS_PER_TASK: usize = 32;
 
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint column ranges of the output.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
 /// Computes `out[r][c] = Σ x[r]·w[c]` for every activation row and weight row.
 pub fn qmatmul(
     pool: &rayon::ThreadPool,
@@ -121,19 +114,10 @@ pub fn qmatmul(
     if rows == 0 || n == 0 {
         return;
     }
-    let tasks = n.div_ceil(COLS_PER_TASK);
-    let out_ptr = OutPtr(out.as_mut_ptr());
-    let run = |task: usize| {
-        let c0 = task * COLS_PER_TASK;
-        let c1 = (c0 + COLS_PER_TASK).min(n);
+    split_columns(pool, n, COLS_PER_TASK, out, |c0, c1, out_ptr| {
         // SAFETY: shapes checked above; this task writes only columns c0..c1.
         unsafe { columns(path, acts, w, c0, c1, out_ptr) };
-    };
-    if tasks == 1 || pool.current_num_threads() == 1 {
-        (0..tasks).for_each(run);
-    } else {
-        pool.install(|| (0..tasks).into_par_iter().for_each(run));
-    }
+    });
 }
 
 /// # Safety
@@ -261,12 +245,6 @@ unsafe fn tile(
     }
 }
 
-/// The horizontal sum of eight lanes, in the order every path uses.
-#[inline(always)]
-fn reduce8(l: [f32; 8]) -> f32 {
-    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
-}
-
 /// The scalar reference: the definition of each product's value.
 pub mod reference {
     use super::*;
@@ -342,13 +320,7 @@ mod avx2 {
 
     use super::reference::offset_term;
     use super::*;
-
-    #[inline(always)]
-    unsafe fn reduce(v: __m256) -> f32 {
-        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 0b01)))
-    }
+    use crate::kernels::dot::avx2::reduce;
 
     /// Sixteen Q4_1 weights' nibbles expanded to 32 bytes in element order.
     #[inline(always)]
@@ -459,18 +431,12 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::*;
+    use crate::kernels::dot::avx2::reduce;
 
     /// `[d0 × 8, d1 × 8]`.
     #[inline(always)]
     unsafe fn pair(d0: f32, d1: f32) -> __m512 {
         _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1)
-    }
-
-    #[inline(always)]
-    unsafe fn reduce(v: __m256) -> f32 {
-        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 0b01)))
     }
 
     /// Two consecutive Q4_1 blocks' nibbles (32 bytes) expanded to 64 bytes in element order.
