@@ -185,6 +185,34 @@ unsafe fn tile(
             }
         };
     }
+    /// Every tile shape from 1×1 to 4×4 (the AVX-512 kernels).
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! up_to_4x4 {
+        ($md:ident :: $f:ident, $wm:expr) => {
+            shapes!(
+                $md::$f,
+                $wm,
+                [
+                    (1, 1),
+                    (1, 2),
+                    (1, 3),
+                    (1, 4),
+                    (2, 1),
+                    (2, 2),
+                    (2, 3),
+                    (2, 4),
+                    (3, 1),
+                    (3, 2),
+                    (3, 3),
+                    (3, 4),
+                    (4, 1),
+                    (4, 2),
+                    (4, 3),
+                    (4, 4)
+                ]
+            )
+        };
+    }
     match (path, w) {
         (QPath::Scalar, QWeights::Q4_1(m)) => store(r, c, reference::q4_1(a, r, m, c)),
         (QPath::Scalar, QWeights::Q8_0(m)) => store(r, c, reference::q8_0(a, r, m, c)),
@@ -197,51 +225,9 @@ unsafe fn tile(
             shapes!(avx2::q8_0, m, [(1, 1), (1, 2), (2, 1), (2, 2)])
         }
         #[cfg(target_arch = "x86_64")]
-        (QPath::Avx512Vnni, QWeights::Q4_1(m)) => shapes!(
-            avx512::q4_1,
-            m,
-            [
-                (1, 1),
-                (1, 2),
-                (1, 3),
-                (1, 4),
-                (2, 1),
-                (2, 2),
-                (2, 3),
-                (2, 4),
-                (3, 1),
-                (3, 2),
-                (3, 3),
-                (3, 4),
-                (4, 1),
-                (4, 2),
-                (4, 3),
-                (4, 4)
-            ]
-        ),
+        (QPath::Avx512Vnni, QWeights::Q4_1(m)) => up_to_4x4!(avx512::q4_1, m),
         #[cfg(target_arch = "x86_64")]
-        (QPath::Avx512Vnni, QWeights::Q8_0(m)) => shapes!(
-            avx512::q8_0,
-            m,
-            [
-                (1, 1),
-                (1, 2),
-                (1, 3),
-                (1, 4),
-                (2, 1),
-                (2, 2),
-                (2, 3),
-                (2, 4),
-                (3, 1),
-                (3, 2),
-                (3, 3),
-                (3, 4),
-                (4, 1),
-                (4, 2),
-                (4, 3),
-                (4, 4)
-            ]
-        ),
+        (QPath::Avx512Vnni, QWeights::Q8_0(m)) => up_to_4x4!(avx512::q8_0, m),
     }
 }
 
