@@ -123,22 +123,24 @@ fn forced_ids_give_one_step_per_token_close_to_llama_cpp() {
     }
 }
 
+/// Runs the example with exactly `args` and returns its stderr, asserting that it failed.
+fn run_failing(args: &[&str]) -> String {
+    let out = Command::new(generate_bin()).args(args).output().unwrap();
+    assert!(!out.status.success(), "expected a failure for {args:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_missing_model_fails_with_how_to_get_it() {
-    let out = Command::new(generate_bin())
-        .args([
-            "--model",
-            "smollm2-135m-instruct",
-            "--model-dir",
-            "/nonexistent",
-            "--json",
-            "--tokenize",
-            "x",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = run_failing(&[
+        "--model",
+        "smollm2-135m-instruct",
+        "--model-dir",
+        "/nonexistent",
+        "--json",
+        "--tokenize",
+        "x",
+    ]);
     assert!(
         err.contains("SmolLM2-135M-Instruct.Q4_1.gguf") && err.contains("make model"),
         "{err}"
@@ -148,18 +150,13 @@ fn a_missing_model_fails_with_how_to_get_it() {
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("broken.gguf");
     std::fs::write(&bad, b"GGUF but not really").unwrap();
-    let out = Command::new(generate_bin())
-        .args([
-            "--model",
-            bad.to_str().unwrap(),
-            "--json",
-            "--tokenize",
-            "x",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = run_failing(&[
+        "--model",
+        bad.to_str().unwrap(),
+        "--json",
+        "--tokenize",
+        "x",
+    ]);
     assert!(err.contains("broken.gguf") && err.contains("GGUF"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

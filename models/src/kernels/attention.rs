@@ -138,13 +138,7 @@ unsafe fn attend_avx512(
                 // SAFETY: s0 + 16 <= chunk.len().
                 unsafe { _mm512_storeu_ps(chunk.as_mut_ptr().add(s0), acc) };
             } else {
-                let mut acc = [0f32; LANES];
-                for (d, qd) in q.iter().enumerate() {
-                    for (a, k) in acc[..n].iter_mut().zip(&kt[d * bs + s0..d * bs + s0 + n]) {
-                        *a = qd.mul_add(*k, *a);
-                    }
-                }
-                chunk[s0..s0 + n].copy_from_slice(&acc[..n]);
+                partial_scores(q, kt, bs, &mut chunk[s0..s0 + n], s0);
             }
         }
     }
@@ -165,17 +159,7 @@ unsafe fn attend_avx512(
             // SAFETY: d0 + 16 <= hd = out.len().
             unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(d0), acc) };
         } else {
-            let mut acc = [0f32; LANES];
-            for (bi, chunk) in scores.chunks(bs).enumerate() {
-                let base = kv.base(block_table[bi] as usize, kv_head);
-                for (slot, p) in chunk.iter().enumerate() {
-                    let at = base + slot * hd + d0;
-                    for (a, v) in acc[..n].iter_mut().zip(&kv.v[at..at + n]) {
-                        *a = p.mul_add(*v, *a);
-                    }
-                }
-            }
-            out[d0..d0 + n].copy_from_slice(&acc[..n]);
+            partial_values(scores, kv, kv_head, block_table, d0, &mut out[d0..d0 + n]);
         }
     }
     normalise(out, sum);
@@ -207,50 +191,82 @@ fn attend_body(
         let kt = &kv.k[base..base + hd * bs];
         for s0 in (0..chunk.len()).step_by(LANES) {
             let n = (chunk.len() - s0).min(LANES);
+            if n < LANES {
+                partial_scores(q, kt, bs, &mut chunk[s0..s0 + n], s0);
+                continue;
+            }
             let mut acc = [0f32; LANES];
-            if n == LANES {
-                for (d, qd) in q.iter().enumerate() {
-                    let row: &[f32; LANES] = kt[d * bs + s0..d * bs + s0 + LANES]
-                        .try_into()
-                        .expect("16 slots");
-                    for l in 0..LANES {
-                        acc[l] = qd.mul_add(row[l], acc[l]);
-                    }
-                }
-            } else {
-                for (d, qd) in q.iter().enumerate() {
-                    for (a, k) in acc[..n].iter_mut().zip(&kt[d * bs + s0..d * bs + s0 + n]) {
-                        *a = qd.mul_add(*k, *a);
-                    }
+            for (d, qd) in q.iter().enumerate() {
+                let row: &[f32; LANES] = kt[d * bs + s0..d * bs + s0 + LANES]
+                    .try_into()
+                    .expect("16 slots");
+                for l in 0..LANES {
+                    acc[l] = qd.mul_add(row[l], acc[l]);
                 }
             }
-            chunk[s0..s0 + n].copy_from_slice(&acc[..n]);
+            chunk[s0..s0 + LANES].copy_from_slice(&acc);
         }
     }
     let sum = softmax_numerators(scores, scale);
     // Values, sixteen output dimensions at a time in registers, positions in order.
     for d0 in (0..hd).step_by(LANES) {
         let n = (hd - d0).min(LANES);
+        if n < LANES {
+            partial_values(scores, kv, kv_head, block_table, d0, &mut out[d0..d0 + n]);
+            continue;
+        }
         let mut acc = [0f32; LANES];
         for (bi, chunk) in scores.chunks(bs).enumerate() {
             let base = kv.base(block_table[bi] as usize, kv_head);
             for (slot, p) in chunk.iter().enumerate() {
                 let at = base + slot * hd + d0;
-                if n == LANES {
-                    let v: &[f32; LANES] = kv.v[at..at + LANES].try_into().expect("16 dims");
-                    for l in 0..LANES {
-                        acc[l] = p.mul_add(v[l], acc[l]);
-                    }
-                } else {
-                    for (a, v) in acc[..n].iter_mut().zip(&kv.v[at..at + n]) {
-                        *a = p.mul_add(*v, *a);
-                    }
+                let v: &[f32; LANES] = kv.v[at..at + LANES].try_into().expect("16 dims");
+                for l in 0..LANES {
+                    acc[l] = p.mul_add(v[l], acc[l]);
                 }
             }
         }
-        out[d0..d0 + n].copy_from_slice(&acc[..n]);
+        out[d0..d0 + LANES].copy_from_slice(&acc);
     }
     normalise(out, sum);
+}
+
+/// Scores of fewer than sixteen slots starting at `s0` of one block (`kt` its transposed keys),
+/// as the same chains the full groups compute.
+#[inline(always)]
+fn partial_scores(q: &[f32], kt: &[f32], bs: usize, out: &mut [f32], s0: usize) {
+    let n = out.len();
+    let mut acc = [0f32; LANES];
+    for (d, qd) in q.iter().enumerate() {
+        for (a, k) in acc[..n].iter_mut().zip(&kt[d * bs + s0..d * bs + s0 + n]) {
+            *a = qd.mul_add(*k, *a);
+        }
+    }
+    out.copy_from_slice(&acc[..n]);
+}
+
+/// Output dimensions `d0..d0 + out.len()` (fewer than sixteen) of `Σ_t p[t]·V[t]`.
+#[inline(always)]
+fn partial_values(
+    scores: &[f32],
+    kv: &KvView<'_>,
+    kv_head: usize,
+    block_table: &[u32],
+    d0: usize,
+    out: &mut [f32],
+) {
+    let (n, hd) = (out.len(), kv.head_dim);
+    let mut acc = [0f32; LANES];
+    for (bi, chunk) in scores.chunks(kv.block_size).enumerate() {
+        let base = kv.base(block_table[bi] as usize, kv_head);
+        for (slot, p) in chunk.iter().enumerate() {
+            let at = base + slot * hd + d0;
+            for (a, v) in acc[..n].iter_mut().zip(&kv.v[at..at + n]) {
+                *a = p.mul_add(*v, *a);
+            }
+        }
+    }
+    out.copy_from_slice(&acc[..n]);
 }
 
 /// Scales the raw scores and replaces each with `exp(s − max)`; returns their sum.
@@ -282,12 +298,23 @@ mod tests {
     use super::*;
     use crate::kernels::dot::best_path;
 
-    /// Scattered blocks give the same result as the textbook formula on contiguous K and V.
+    /// Scattered blocks give the same result as the textbook formula on contiguous K and V,
+    /// for shapes with only partial groups of sixteen, only full ones, and both; and every path
+    /// gives the scalar code's bits.
     #[test]
     fn reads_scattered_blocks_like_contiguous_attention() {
-        let (bs, heads, hd, ctx) = (4, 2, 8, 11);
-        let table = [5u32, 0, 3];
-        let blocks = 6;
+        for (bs, hd, ctx) in [(4, 8, 11), (16, 64, 48), (16, 72, 37)] {
+            check_shape(bs, hd, ctx);
+        }
+    }
+
+    fn check_shape(bs: usize, hd: usize, ctx: usize) {
+        let heads = 2;
+        let blocks = ctx.div_ceil(bs) + 3;
+        // Blocks in reverse order, so the table is not the identity.
+        let table: Vec<u32> = (0..ctx.div_ceil(bs))
+            .map(|i| (blocks - 1 - i) as u32)
+            .collect();
         let mut k = vec![0.0; blocks * heads * bs * hd];
         let mut v = vec![0.0; blocks * heads * bs * hd];
         let val =
@@ -307,23 +334,36 @@ mod tests {
                 v[vo + d] = val(t, d, 2);
             }
         }
-        let q: Vec<f32> = (0..hd).map(|d| d as f32 / 4.0 - 1.0).collect();
+        let q: Vec<f32> = (0..hd)
+            .map(|d| d as f32 / (hd as f32 / 2.0) - 1.0)
+            .collect();
         let view = KvView {
             k: &k,
             v: &v,
             ..view_dims
         };
-        let mut out = vec![0.0; hd];
-        attend(
-            best_path(),
-            &q,
-            &view,
-            1,
-            &table,
-            ctx,
-            0.3,
-            &mut Vec::new(),
-            &mut out,
+        let run = |path| {
+            let mut out = vec![0.0; hd];
+            attend(
+                path,
+                &q,
+                &view,
+                1,
+                &table,
+                ctx,
+                0.3,
+                &mut Vec::new(),
+                &mut out,
+            );
+            out
+        };
+        let out = run(best_path());
+        let scalar = run(DotPath::Scalar);
+        assert!(
+            out.iter()
+                .zip(&scalar)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "bs {bs} hd {hd}: SIMD {out:?} vs scalar {scalar:?}"
         );
 
         let s: Vec<f64> = (0..ctx)
@@ -340,7 +380,10 @@ mod tests {
             let e: f64 = (0..ctx)
                 .map(|t| (s[t] - m).exp() / z * f64::from(val(t, d, 2)))
                 .sum();
-            assert!((f64::from(*got) - e).abs() < 1e-5, "{d}: {got} vs {e}");
+            assert!(
+                (f64::from(*got) - e).abs() < 1e-5,
+                "bs {bs} hd {hd} d {d}: {got} vs {e}"
+            );
         }
     }
 }

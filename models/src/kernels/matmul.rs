@@ -87,38 +87,64 @@ unsafe fn columns(
         // SAFETY: r < rows and c < n, within the output; the column belongs to this task.
         unsafe { *out.0.add(r * n + c) = v };
     };
-    for rb in (0..rows).step_by(ROW_BLOCK) {
-        let re = (rb + ROW_BLOCK).min(rows);
+    walk_tiles(
+        rows,
+        c0,
+        c1,
+        ROW_BLOCK,
+        TILE_R,
+        TILE_C,
+        |r, height, c, width| {
+            // Dispatch on the tile's shape; each element's value does not depend on it.
+            macro_rules! run_tile {
+                ($R:literal, $C:literal) => {{
+                    let xs: [*const f32; $R] = std::array::from_fn(|i| xr(r + i));
+                    let ws: [*const f32; $C] = std::array::from_fn(|j| wr(c + j));
+                    // SAFETY: each pointer starts a full row of k floats.
+                    let t = unsafe { tile::<$R, $C>(path, xs, ws, k) };
+                    for (i, row) in t.iter().enumerate() {
+                        for (j, v) in row.iter().enumerate() {
+                            store(r + i, c + j, *v);
+                        }
+                    }
+                }};
+            }
+            match (height, width) {
+                (2, 4) => run_tile!(2, 4),
+                (2, 3) => run_tile!(2, 3),
+                (2, 2) => run_tile!(2, 2),
+                (2, 1) => run_tile!(2, 1),
+                (1, 4) => run_tile!(1, 4),
+                (1, 3) => run_tile!(1, 3),
+                (1, 2) => run_tile!(1, 2),
+                _ => run_tile!(1, 1),
+            }
+        },
+    );
+}
+
+/// Walks the `rows × (c0..c1)` part of an output in tiles of at most `max_r × max_c`: rows in
+/// blocks of `row_block` (kept in cache), within a block every column tile, within that every
+/// row tile, so one tile of weights is reused for all rows of the block. Calls
+/// `tile(row, height, column, width)` for each.
+pub(crate) fn walk_tiles(
+    rows: usize,
+    c0: usize,
+    c1: usize,
+    row_block: usize,
+    max_r: usize,
+    max_c: usize,
+    mut tile: impl FnMut(usize, usize, usize, usize),
+) {
+    for rb in (0..rows).step_by(row_block) {
+        let re = (rb + row_block).min(rows);
         let mut c = c0;
         while c < c1 {
-            let width = (c1 - c).min(TILE_C);
+            let width = (c1 - c).min(max_c);
             let mut r = rb;
             while r < re {
-                let height = (re - r).min(TILE_R);
-                // Dispatch on the tile's shape; each element's value does not depend on it.
-                macro_rules! run_tile {
-                    ($R:literal, $C:literal) => {{
-                        let xs: [*const f32; $R] = std::array::from_fn(|i| xr(r + i));
-                        let ws: [*const f32; $C] = std::array::from_fn(|j| wr(c + j));
-                        // SAFETY: each pointer starts a full row of k floats.
-                        let t = unsafe { tile::<$R, $C>(path, xs, ws, k) };
-                        for (i, row) in t.iter().enumerate() {
-                            for (j, v) in row.iter().enumerate() {
-                                store(r + i, c + j, *v);
-                            }
-                        }
-                    }};
-                }
-                match (height, width) {
-                    (2, 4) => run_tile!(2, 4),
-                    (2, 3) => run_tile!(2, 3),
-                    (2, 2) => run_tile!(2, 2),
-                    (2, 1) => run_tile!(2, 1),
-                    (1, 4) => run_tile!(1, 4),
-                    (1, 3) => run_tile!(1, 3),
-                    (1, 2) => run_tile!(1, 2),
-                    _ => run_tile!(1, 1),
-                }
+                let height = (re - r).min(max_r);
+                tile(r, height, c, width);
                 r += height;
             }
             c += width;

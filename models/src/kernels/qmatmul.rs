@@ -17,7 +17,7 @@
 use std::sync::OnceLock;
 
 use super::dot::reduce8;
-use super::matmul::{split_columns, OutPtr};
+use super::matmul::{split_columns, walk_tiles, OutPtr};
 use super::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs, QK};
 
 /// Quantized weights a product can run on.
@@ -135,21 +135,18 @@ unsafe fn columns(path: QPath, a: &QuantActs, w: QWeights<'_>, c0: usize, c1: us
         #[cfg(target_arch = "x86_64")]
         QPath::Avx512Vnni => (4, 4),
     };
-    for rb in (0..a.rows).step_by(ROW_BLOCK) {
-        let re = (rb + ROW_BLOCK).min(a.rows);
-        let mut c = c0;
-        while c < c1 {
-            let width = (c1 - c).min(max_c);
-            let mut r = rb;
-            while r < re {
-                let height = (re - r).min(max_r);
-                // SAFETY: rows r..r+height and columns c..c+width exist.
-                unsafe { tile(path, a, r, height, w, c, width, &store) };
-                r += height;
-            }
-            c += width;
-        }
-    }
+    walk_tiles(
+        a.rows,
+        c0,
+        c1,
+        ROW_BLOCK,
+        max_r,
+        max_c,
+        |r, height, c, width| {
+            // SAFETY: rows r..r+height and columns c..c+width exist.
+            unsafe { tile(path, a, r, height, w, c, width, &store) };
+        },
+    );
 }
 
 /// Dispatches one tile to the kernel instantiated for its shape.
