@@ -1,4 +1,37 @@
-//! `sluice-engine`: a generation request's life inside one replica (queueing, iteration-level
-//! scheduling, KV block allocation and prefix caching, preemption, sampling, streaming).
+//! `sluice-engine`: a generation request's life inside one replica — queueing, iteration-level
+//! (continuous) batching with chunked prefill, KV block allocation with prefix caching and
+//! preemption, sampling, incremental detokenisation with stop strings, and streaming.
 //!
-//! Empty for now: the engine issue fills it, on top of `sluice_models::Llama::forward`.
+//! The engine knows nothing about HTTP or OpenAI JSON: it takes token ids and sampling
+//! parameters and yields events. The gateway renders and tokenises.
+//!
+//! # Layout
+//! - [`engine`]: [`Engine::start`] runs the step loop on its own OS thread; [`EngineHandle`]
+//!   submits requests, reports [`Load`], and shuts down.
+//! - `scheduler`: which sequences run each step and with how many tokens; preemption.
+//! - [`block_manager`]: free pool, reference counts, the prefix cache and its LRU eviction.
+//! - `sequence`: one choice's state and its output path.
+//! - `sampler`: bias, penalties, temperature, top-k/top-p/min-p, per-choice seeded draws.
+//! - `detokenizer`, `stop`: text that never breaks a character or shows a stop string.
+//! - [`metrics`]: vLLM-named Prometheus series.
+//! - [`request`], [`event`], [`config`], [`error`]: the types callers use.
+
+pub mod block_manager;
+pub mod config;
+mod detokenizer;
+pub mod engine;
+pub mod error;
+pub mod event;
+pub mod metrics;
+pub mod request;
+mod sampler;
+mod scheduler;
+mod sequence;
+mod stop;
+
+pub use config::EngineConfig;
+pub use engine::{Engine, EngineHandle, EventStream, Load};
+pub use error::{EngineError, SubmitError};
+pub use event::{Delta, Event, Finish, FinishReason, MatchedStop, TokenLogprob, Usage};
+pub use metrics::EngineMetrics;
+pub use request::{Request, SamplingParams, MAX_TOP_LOGPROBS};

@@ -1,0 +1,634 @@
+//! The engine thread and its handle: requests in, events out, one forward call per step.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use prometheus::Registry;
+use sluice_models::{KvStore, Logits, Model, SeqChunk, StepBatch};
+use tokio::sync::{mpsc as tmpsc, watch};
+
+use crate::block_manager::BlockManager;
+use crate::config::{EngineConfig, Resolved};
+use crate::error::{EngineError, SubmitError};
+use crate::event::{Event, Finish, FinishReason, MatchedStop, Usage};
+use crate::metrics::EngineMetrics;
+use crate::request::{Limits, Request};
+use crate::sampler::sample;
+use crate::scheduler::{Budget, Plan, Scheduler};
+use crate::sequence::{Ended, RequestInfo, Seq};
+
+/// Starts engines.
+#[derive(Debug)]
+pub struct Engine;
+
+impl Engine {
+    /// Allocates the KV pool and starts the step loop on its own OS thread. Metrics are
+    /// registered in a new registry ([`EngineHandle::registry`]).
+    pub fn start(model: Arc<Model>, config: EngineConfig) -> Result<EngineHandle, EngineError> {
+        Self::start_with_registry(model, config, Registry::new())
+    }
+
+    /// As [`Engine::start`], registering the metrics in `registry` (shared with the gateway's).
+    pub fn start_with_registry(
+        model: Arc<Model>,
+        config: EngineConfig,
+        registry: Registry,
+    ) -> Result<EngineHandle, EngineError> {
+        let resolved = config.resolve(&model)?;
+        let kv = KvStore::new(model.config(), resolved.num_blocks, config.block_size)
+            .map_err(EngineError::Kv)?;
+        let metrics =
+            EngineMetrics::register(&registry, &config.model_name).map_err(EngineError::Metrics)?;
+        let (tx, rx) = mpsc::channel();
+        let (stopped_tx, stopped_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            tx,
+            load: LoadCounters::default(),
+            shutting_down: AtomicBool::new(false),
+            limits: Limits {
+                vocab_size: model.config().vocab_size,
+                max_model_len: resolved.max_model_len,
+                max_n: config.max_n,
+            },
+            max_waiting: config.max_waiting,
+            num_blocks: resolved.num_blocks,
+            metrics: metrics.clone(),
+            registry,
+            model: model.clone(),
+            config: config.clone(),
+            stopped: stopped_rx,
+        });
+        shared
+            .load
+            .blocks_total
+            .store(resolved.num_blocks, Ordering::Relaxed);
+        let load = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("sluice-engine-{}", config.model_name))
+            .spawn(move || {
+                let mut core = Core::new(model, &config, resolved, kv, metrics, load);
+                core.run(rx);
+                let _ = stopped_tx.send(true);
+            })
+            .map_err(EngineError::Thread)?;
+        Ok(EngineHandle { shared })
+    }
+}
+
+/// A cheap, cloneable way to talk to a running engine.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    tx: mpsc::Sender<Command>,
+    load: LoadCounters,
+    shutting_down: AtomicBool,
+    limits: Limits,
+    max_waiting: usize,
+    num_blocks: usize,
+    metrics: EngineMetrics,
+    registry: Registry,
+    model: Arc<Model>,
+    config: EngineConfig,
+    stopped: watch::Receiver<bool>,
+}
+
+#[derive(Debug, Default)]
+struct LoadCounters {
+    /// Submitted but not yet seen by the engine thread.
+    in_flight: AtomicUsize,
+    queued: AtomicUsize,
+    running: AtomicUsize,
+    blocks_used: AtomicUsize,
+    blocks_total: AtomicUsize,
+    prefill_backlog: AtomicUsize,
+}
+
+/// What a router needs to know about an engine's load, as of the last step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Load {
+    /// Sequences waiting for admission (including requests not yet picked up).
+    pub waiting: usize,
+    pub running: usize,
+    /// KV blocks held by sequences (cached but unused blocks do not count).
+    pub kv_blocks_used: usize,
+    pub kv_blocks_total: usize,
+    /// Prompt tokens still to prefill, waiting and running.
+    pub prefill_tokens_waiting: usize,
+}
+
+enum Command {
+    Submit(Box<Submission>),
+    Shutdown,
+}
+
+struct Submission {
+    request: Request,
+    max_tokens: usize,
+    events: tmpsc::UnboundedSender<Event>,
+    arrival: Instant,
+}
+
+impl EngineHandle {
+    /// Queues a request. It is checked here, so a request that cannot run fails at once; an
+    /// accepted one always ends with a `Finish` event per choice. Dropping the stream aborts
+    /// the request within one step.
+    pub fn submit(&self, request: Request) -> Result<EventStream, SubmitError> {
+        let s = &self.shared;
+        if s.shutting_down.load(Ordering::Acquire) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let max_tokens = request.validate(&s.limits)?;
+        let waiting = s.load.in_flight.fetch_add(1, Ordering::AcqRel)
+            + s.load.queued.load(Ordering::Acquire);
+        if waiting >= s.max_waiting {
+            s.load.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::QueueFull {
+                max_waiting: s.max_waiting,
+            });
+        }
+        let (events, rx) = tmpsc::unbounded_channel();
+        let sub = Submission {
+            request,
+            max_tokens,
+            events,
+            arrival: Instant::now(),
+        };
+        if s.tx.send(Command::Submit(Box::new(sub))).is_err() {
+            s.load.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::ShuttingDown);
+        }
+        Ok(EventStream { rx })
+    }
+
+    /// Queue, running and KV figures as of the last step.
+    pub fn load(&self) -> Load {
+        let l = &self.shared.load;
+        Load {
+            waiting: l.in_flight.load(Ordering::Acquire) + l.queued.load(Ordering::Acquire),
+            running: l.running.load(Ordering::Acquire),
+            kv_blocks_used: l.blocks_used.load(Ordering::Acquire),
+            kv_blocks_total: l.blocks_total.load(Ordering::Acquire),
+            prefill_tokens_waiting: l.prefill_backlog.load(Ordering::Acquire),
+        }
+    }
+
+    /// The registry holding this engine's metrics.
+    pub fn registry(&self) -> &Registry {
+        &self.shared.registry
+    }
+
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.shared.metrics
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.shared.model
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared.config
+    }
+
+    /// Longest prompt + completion accepted.
+    pub fn max_model_len(&self) -> usize {
+        self.shared.limits.max_model_len
+    }
+
+    pub fn num_kv_blocks(&self) -> usize {
+        self.shared.num_blocks
+    }
+
+    /// Stops accepting requests; the engine finishes those it has, then its thread exits.
+    pub fn shutdown(&self) {
+        self.shared.shutting_down.store(true, Ordering::Release);
+        let _ = self.shared.tx.send(Command::Shutdown);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        *self.shared.stopped.borrow()
+    }
+
+    /// Waits until the engine thread has exited (after [`EngineHandle::shutdown`]).
+    pub async fn stopped(&self) {
+        let mut rx = self.shared.stopped.clone();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+/// A request's events: deltas and one `Finish` per choice, then the end.
+#[derive(Debug)]
+pub struct EventStream {
+    rx: tmpsc::UnboundedReceiver<Event>,
+}
+
+impl EventStream {
+    pub async fn next_event(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// An event already sent, without waiting.
+    pub fn try_next(&mut self) -> Option<Event> {
+        self.rx.try_recv().ok()
+    }
+
+    /// For callers outside an async runtime (benchmarks, tests on plain threads).
+    pub fn blocking_next(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+}
+
+impl futures_core::Stream for EventStream {
+    type Item = Event;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+/// The state the engine thread owns.
+struct Core {
+    model: Arc<Model>,
+    kv: KvStore,
+    sched: Scheduler,
+    metrics: EngineMetrics,
+    shared: Arc<Shared>,
+    budget: Budget,
+    caching: bool,
+    next_arrival: u64,
+    draining: bool,
+}
+
+impl Core {
+    fn new(
+        model: Arc<Model>,
+        config: &EngineConfig,
+        resolved: Resolved,
+        kv: KvStore,
+        metrics: EngineMetrics,
+        shared: Arc<Shared>,
+    ) -> Self {
+        let budget = Budget {
+            max_num_seqs: config.max_num_seqs,
+            max_num_batched_tokens: config.max_num_batched_tokens,
+            block_size: config.block_size,
+            watermark_blocks: resolved.watermark_blocks,
+        };
+        let blocks = BlockManager::new(resolved.num_blocks, config.enable_prefix_caching);
+        Self {
+            model,
+            kv,
+            sched: Scheduler::new(budget, blocks),
+            metrics,
+            shared,
+            budget,
+            caching: config.enable_prefix_caching,
+            next_arrival: 0,
+            draining: false,
+        }
+    }
+
+    fn run(&mut self, rx: mpsc::Receiver<Command>) {
+        loop {
+            if self.sched.is_idle() {
+                if self.draining {
+                    break;
+                }
+                match rx.recv() {
+                    Ok(cmd) => self.command(cmd),
+                    // Every handle is gone and nothing is left to do.
+                    Err(_) => break,
+                }
+            }
+            while let Ok(cmd) = rx.try_recv() {
+                self.command(cmd);
+            }
+            self.step();
+        }
+    }
+
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit(sub) => {
+                self.shared.load.in_flight.fetch_sub(1, Ordering::AcqRel);
+                self.accept(*sub);
+            }
+            Command::Shutdown => self.draining = true,
+        }
+        self.publish_load();
+    }
+
+    fn accept(&mut self, sub: Submission) {
+        let tok = self.model.tokenizer();
+        let p = &sub.request.sampling;
+        let eos = if p.ignore_eos {
+            Vec::new()
+        } else {
+            tok.eos_ids().iter().copied().collect()
+        };
+        self.next_arrival += 1;
+        let info = Arc::new(RequestInfo {
+            params: sub.request.sampling.clone(),
+            max_tokens: sub.max_tokens,
+            priority: sub.request.priority,
+            prompt_len: sub.request.prompt.len(),
+            arrival: sub.arrival,
+            arrival_seq: self.next_arrival,
+            events: sub.events,
+            eos,
+        });
+        let seq = Seq::new(info, 0, sub.request.prompt);
+        self.sched.enqueue(seq);
+    }
+
+    /// One iteration: drop aborted requests, plan, run the forward pass, sample, stream.
+    fn step(&mut self) {
+        let started = Instant::now();
+        self.reap_aborted();
+        if self.sched.is_idle() {
+            self.publish_load();
+            return;
+        }
+        let plan = self.sched.plan();
+        self.count_plan(&plan);
+        let scheduled: Vec<usize> = (0..plan.tokens.len())
+            .filter(|&i| plan.tokens[i] > 0)
+            .collect();
+        if scheduled.is_empty() {
+            // Nothing fits this step (every block held by sequences waiting to grow cannot
+            // happen: the newest is preempted). Publish and try again after new commands.
+            self.publish_load();
+            return;
+        }
+        let mut batch = StepBatch::new();
+        for &i in &scheduled {
+            let s = &mut self.sched.running[i];
+            let n = plan.tokens[i];
+            let start = s.num_computed;
+            s.timing.first_scheduled.get_or_insert(started);
+            batch.push(SeqChunk {
+                tokens: s.tokens[start..start + n].to_vec(),
+                start_pos: start,
+                block_table: s.blocks.clone(),
+                logits: if start + n == s.tokens.len() {
+                    Logits::Last
+                } else {
+                    Logits::None
+                },
+            });
+        }
+        self.metrics
+            .batch_tokens
+            .observe(batch.num_tokens() as f64);
+        self.metrics
+            .batch_sequences
+            .observe(batch.seqs.len() as f64);
+        let model = self.model.clone();
+        let kv = &mut self.kv;
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let logits = model.llama().forward(&batch, kv)?;
+            logits.flatten_all()?.to_vec1::<f32>().map_err(Into::into)
+        }));
+        let logits: Vec<f32> = match result {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                let e: sluice_models::ModelError = e;
+                self.fail_running(&format!("the forward pass failed: {e}"), false);
+                return;
+            }
+            Err(_) => {
+                self.fail_running("the forward pass panicked", true);
+                return;
+            }
+        };
+        let vocab = self.model.config().vocab_size;
+        self.after_forward(&scheduled, &plan, &logits, vocab);
+        self.metrics
+            .step_seconds
+            .observe(started.elapsed().as_secs_f64());
+        self.publish_load();
+    }
+
+    fn count_plan(&self, plan: &Plan) {
+        self.metrics.preemptions.inc_by(plan.preempted as u64);
+        self.metrics.prefix_queries.inc_by(plan.cache_queried as u64);
+        self.metrics.prefix_hits.inc_by(plan.cache_hits as u64);
+    }
+
+    /// Advances every scheduled sequence, samples those whose chunk reached their end, and
+    /// retires the finished.
+    fn after_forward(&mut self, scheduled: &[usize], plan: &Plan, logits: &[f32], vocab: usize) {
+        let bs = self.budget.block_size;
+        let now = Instant::now();
+        let mut row = 0;
+        let mut ended: Vec<(usize, Ended)> = Vec::new();
+        let mut forked: Vec<Seq> = Vec::new();
+        for &i in scheduled {
+            let s = &mut self.sched.running[i];
+            s.num_computed += plan.tokens[i];
+            if self.caching {
+                while s.hashes.len() < s.num_computed / bs {
+                    let b = s.hashes.len();
+                    let h = crate::block_manager::block_hash(
+                        s.hashes.last().copied(),
+                        &s.tokens[b * bs..(b + 1) * bs],
+                    );
+                    self.sched.blocks.register(s.blocks[b], h);
+                    s.hashes.push(h);
+                }
+            }
+            if s.num_computed < s.tokens.len() {
+                continue;
+            }
+            let raw = &logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            if s.forks_left > 0 {
+                forked.extend(self.fork(i, raw));
+            }
+            let s = &mut self.sched.running[i];
+            if let Some(end) = Self::emit_token(&self.model, &self.metrics, s, raw, now) {
+                ended.push((i, end));
+            }
+        }
+        // Finished sequences leave in descending index order so indices stay valid.
+        ended.sort_by(|a, b| b.0.cmp(&a.0));
+        for (i, end) in ended {
+            let seq = self.sched.finish_running(i);
+            self.finish(seq, end.reason, end.matched);
+        }
+        for mut child in forked {
+            child.timing.first_scheduled.get_or_insert(now);
+            self.sched.add_running(child);
+        }
+    }
+
+    /// Samples one token for `s` from `raw` and streams it; returns how it ended, if it did.
+    fn emit_token(
+        model: &Model,
+        metrics: &EngineMetrics,
+        s: &mut Seq,
+        raw: &[f32],
+        now: Instant,
+    ) -> Option<Ended> {
+        let suppress = s.suppressed();
+        let params = s.req.params.clone();
+        let sampled = sample(raw, &params, &mut s.sampler, &suppress);
+        Self::record_token(metrics, s, now);
+        s.append(model.tokenizer(), sampled.token, sampled.logprob)
+    }
+
+    fn record_token(metrics: &EngineMetrics, s: &mut Seq, now: Instant) {
+        metrics.generation_tokens.inc();
+        match s.timing.last_token {
+            None => {
+                if s.index == 0 {
+                    metrics.prompt_tokens.inc_by(s.req.prompt_len as u64);
+                }
+                metrics
+                    .ttft
+                    .observe(now.duration_since(s.req.arrival).as_secs_f64());
+                s.timing.first_token = Some(now);
+            }
+            Some(last) => metrics.itl.observe(now.duration_since(last).as_secs_f64()),
+        }
+        s.timing.last_token = Some(now);
+    }
+
+    /// Creates choices 1..n of running sequence `i`, whose prompt just finished: each shares
+    /// the prompt's full blocks, draws its first token from the same logits, and recomputes
+    /// only the prompt's partial last block.
+    fn fork(&mut self, i: usize, raw: &[f32]) -> Vec<Seq> {
+        let bs = self.budget.block_size;
+        let parent = &mut self.sched.running[i];
+        let n = std::mem::take(&mut parent.forks_left);
+        let prompt = parent.tokens.clone();
+        let full = prompt.len() / bs;
+        let shared_blocks = parent.blocks[..full].to_vec();
+        let hashes = parent.hashes[..full.min(parent.hashes.len())].to_vec();
+        let req = parent.req.clone();
+        let (cached, first_scheduled) = (parent.cached_prompt, parent.timing.first_scheduled);
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for index in 1..=n {
+            let mut child = Seq::new(req.clone(), index, prompt.clone());
+            child.cached_prompt = cached;
+            child.timing.first_scheduled = first_scheduled;
+            for &b in &shared_blocks {
+                self.sched.blocks.share(b);
+            }
+            child.blocks = shared_blocks.clone();
+            // Without the prefix cache the shared blocks have no hashes: recompute them all.
+            if hashes.len() == full {
+                child.hashes = hashes.clone();
+                child.num_computed = full * bs;
+            } else {
+                self.sched.blocks.release(&child.blocks);
+                child.blocks.clear();
+            }
+            if let Some(end) = Self::emit_token(&self.model, &self.metrics, &mut child, raw, now) {
+                self.sched.blocks.release(&child.blocks);
+                child.blocks.clear();
+                self.finish(child, end.reason, end.matched);
+                continue;
+            }
+            out.push(child);
+        }
+        out
+    }
+
+    /// Sends the choice's finish and records its metrics. Its blocks are already released.
+    fn finish(&self, seq: Seq, reason: FinishReason, matched: Option<MatchedStop>) {
+        let now = Instant::now();
+        let m = &self.metrics;
+        let arrival = seq.req.arrival;
+        m.e2e.observe(now.duration_since(arrival).as_secs_f64());
+        if let Some(sched) = seq.timing.first_scheduled {
+            m.queue_time
+                .observe(sched.duration_since(arrival).as_secs_f64());
+            if let Some(first) = seq.timing.first_token {
+                m.prefill_time
+                    .observe(first.duration_since(sched).as_secs_f64());
+                m.decode_time.observe(now.duration_since(first).as_secs_f64());
+            }
+        }
+        m.finished(reason.label());
+        let usage = Usage {
+            prompt_tokens: seq.req.prompt_len,
+            completion_tokens: seq.output_len(),
+            cached_prompt_tokens: seq.cached_prompt.unwrap_or(0),
+        };
+        let _ = seq.req.events.send(Event::Finish(Finish {
+            index: seq.index,
+            reason,
+            usage,
+            matched_stop: matched,
+        }));
+    }
+
+    /// Aborts every sequence whose stream was dropped.
+    fn reap_aborted(&mut self) {
+        let mut i = 0;
+        while i < self.sched.running.len() {
+            if self.sched.running[i].req.events.is_closed() {
+                let seq = self.sched.finish_running(i);
+                self.finish(seq, FinishReason::Abort, None);
+            } else {
+                i += 1;
+            }
+        }
+        let gone: Vec<_> = self
+            .sched
+            .waiting
+            .iter()
+            .filter(|(_, s)| s.req.events.is_closed())
+            .map(|(k, _)| *k)
+            .collect();
+        for k in gone {
+            let seq = self.sched.waiting.remove(&k).expect("key just listed");
+            self.finish(seq, FinishReason::Abort, None);
+        }
+    }
+
+    /// Ends every running sequence with an error. After a panic the block bookkeeping may be
+    /// half-updated, so it starts over (the prefix cache is lost; waiting sequences hold no
+    /// blocks and stay queued).
+    fn fail_running(&mut self, message: &str, reset_blocks: bool) {
+        tracing::error!("{message}; failing {} running sequences", self.sched.running.len());
+        let running = std::mem::take(&mut self.sched.running);
+        for seq in running {
+            if !reset_blocks {
+                self.sched.blocks.release(&seq.blocks);
+            }
+            self.finish(seq, FinishReason::Error(message.to_string()), None);
+        }
+        if reset_blocks {
+            self.sched.blocks = BlockManager::new(self.sched.blocks.num_blocks(), self.caching);
+        }
+        self.publish_load();
+    }
+
+    fn publish_load(&self) {
+        let l = &self.shared.load;
+        let waiting = self.sched.waiting.len();
+        let running = self.sched.running.len();
+        let used = self.sched.blocks.num_in_use();
+        l.queued.store(waiting, Ordering::Release);
+        l.running.store(running, Ordering::Release);
+        l.blocks_used.store(used, Ordering::Release);
+        l.prefill_backlog
+            .store(self.sched.prefill_backlog(), Ordering::Release);
+        let m = &self.metrics;
+        m.requests_waiting.set(waiting as i64);
+        m.requests_running.set(running as i64);
+        m.kv_cache_usage
+            .set(used as f64 / self.sched.blocks.num_blocks() as f64);
+    }
+}

@@ -1,0 +1,54 @@
+//! The engine's error types: why a request was refused at submission, and why an engine could
+//! not start.
+
+use thiserror::Error;
+
+/// Why `EngineHandle::submit` refused a request. Each is decided before the request is queued,
+/// so a refused request costs the engine nothing.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum SubmitError {
+    /// Prompt plus `max_tokens` does not fit the model's context.
+    #[error(
+        "this model's maximum context length is {max_model_len} tokens; the request asks for \
+         {prompt_tokens} prompt tokens plus {max_tokens} completion tokens"
+    )]
+    ContextLength {
+        max_model_len: usize,
+        prompt_tokens: usize,
+        max_tokens: usize,
+    },
+    /// The waiting queue already holds `max_waiting` requests.
+    #[error("the engine's queue is full ({max_waiting} requests waiting); retry later")]
+    QueueFull { max_waiting: usize },
+    /// The engine is draining or has stopped.
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    /// A parameter is out of range or inconsistent; the message names it.
+    #[error("{0}")]
+    InvalidRequest(String),
+}
+
+impl SubmitError {
+    /// A short stable label for counting rejections by reason.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::ContextLength { .. } => "context_length",
+            Self::QueueFull { .. } => "queue_full",
+            Self::ShuttingDown => "shutting_down",
+            Self::InvalidRequest(_) => "invalid_request",
+        }
+    }
+}
+
+/// Why an engine could not start.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    #[error("allocating the KV cache")]
+    Kv(#[source] sluice_models::ModelError),
+    #[error("registering metrics")]
+    Metrics(#[source] prometheus::Error),
+    #[error("starting the engine thread")]
+    Thread(#[source] std::io::Error),
+}

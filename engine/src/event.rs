@@ -1,0 +1,83 @@
+//! What a request's stream yields: text deltas per choice, then one finish per choice.
+
+/// One item of a request's event stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Delta(Delta),
+    Finish(Finish),
+}
+
+/// New output of one choice. `text` never ends inside a UTF-8 character and never contains
+/// any part of a matched stop string; concatenating a choice's deltas gives its whole text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delta {
+    /// The choice (0..n).
+    pub index: usize,
+    pub text: String,
+    /// The tokens whose text this delta releases (held-back tokens come with later text).
+    pub token_ids: Vec<u32>,
+    /// Per token of `token_ids`, when the request asked for log-probabilities.
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// The log-probability of a sampled token under the model (before penalties, bias and
+/// temperature), and the most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// Most likely first; as many as the request asked for.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why a choice ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` reached (or the model's context).
+    Length,
+    /// The caller dropped the stream, or the engine shut down before it could finish.
+    Abort,
+    /// The engine failed on this request; the message says why.
+    Error(String),
+}
+
+impl FinishReason {
+    /// The `finished_reason` label (and OpenAI's `finish_reason` for the first two).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+            Self::Error(_) => "error",
+        }
+    }
+}
+
+/// Token counts for one choice. The prompt is shared by every choice of a request: add up
+/// `completion_tokens` across choices, take the prompt figures once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache instead of being computed.
+    pub cached_prompt_tokens: usize,
+}
+
+/// The end of one choice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    pub index: usize,
+    pub reason: FinishReason,
+    pub usage: Usage,
+    /// The stop string or token that ended it, if one did.
+    pub matched_stop: Option<MatchedStop>,
+}
+
+/// What matched, for callers that report it (vLLM's `stop_reason`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MatchedStop {
+    Token(u32),
+    Text(String),
+}

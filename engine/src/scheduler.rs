@@ -1,0 +1,220 @@
+//! Which sequences run in the next step, and with how many tokens each.
+//!
+//! Every step: running sequences that decode (one token each) come first, oldest first; then
+//! the rest of the token budget goes to prefill chunks of running sequences whose prompt is not
+//! done; then waiting sequences are admitted by priority (higher first, arrival order within a
+//! level) while the budget, `max_num_seqs` and the KV pool allow. Decodes therefore run in
+//! every step: a long prompt delays them by at most one chunk.
+//!
+//! When a sequence needs a block and none is available, the most recently admitted running
+//! sequence is preempted by recompute: its blocks are released (its full blocks stay in the
+//! prefix cache, so recomputing them is often free) and it returns to the waiting queue ahead
+//! of later arrivals of its priority.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+
+use crate::block_manager::{prefix_hashes, BlockManager};
+use crate::sequence::Seq;
+
+/// Waiting-queue order: priority (higher first), then arrival, then choice.
+pub(crate) type QueueKey = (Reverse<i32>, u64, usize);
+
+/// The scheduler's limits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub block_size: usize,
+    pub watermark_blocks: usize,
+}
+
+#[derive(Debug)]
+pub(crate) struct Scheduler {
+    pub waiting: BTreeMap<QueueKey, Seq>,
+    /// In admission order (the last is the newest).
+    pub running: Vec<Seq>,
+    pub blocks: BlockManager,
+    budget: Budget,
+    admissions: u64,
+}
+
+/// The outcome of planning one step.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    /// Tokens to feed per running sequence (same indices as `running`; 0 = not this step).
+    pub tokens: Vec<usize>,
+    /// Sequences preempted while planning.
+    pub preempted: usize,
+    /// Prefix cache figures of the sequences admitted: tokens queried and found.
+    pub cache_queried: usize,
+    pub cache_hits: usize,
+}
+
+impl Scheduler {
+    pub fn new(budget: Budget, blocks: BlockManager) -> Self {
+        Self {
+            waiting: BTreeMap::new(),
+            running: Vec::new(),
+            blocks,
+            budget,
+            admissions: 0,
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    pub fn enqueue(&mut self, seq: Seq) {
+        let key = queue_key(&seq);
+        self.waiting.insert(key, seq);
+    }
+
+    /// Plans the next step; running sequences may be preempted and waiting ones admitted.
+    pub fn plan(&mut self) -> Plan {
+        let mut plan = Plan {
+            tokens: vec![0; self.running.len()],
+            ..Plan::default()
+        };
+        let mut left = self.budget.max_num_batched_tokens;
+        // Decodes, then prefill chunks of running sequences.
+        for decodes in [true, false] {
+            let mut i = 0;
+            while i < self.running.len() {
+                let rem = self.running[i].remaining();
+                if (rem == 1) != decodes || plan.tokens[i] > 0 {
+                    i += 1;
+                    continue;
+                }
+                let want = rem.min(left);
+                if want == 0 {
+                    break;
+                }
+                match self.grow(i, want, &mut plan, &mut left) {
+                    Grown::Yes => {
+                        plan.tokens[i] = want;
+                        left -= want;
+                        i += 1;
+                    }
+                    Grown::SelfPreempted => break,
+                }
+            }
+        }
+        if plan.preempted == 0 {
+            self.admit(&mut plan, &mut left);
+        }
+        plan
+    }
+
+    /// Gives running sequence `i` the blocks for `n` more tokens, preempting the newest
+    /// sequences while none are available.
+    fn grow(&mut self, i: usize, n: usize, plan: &mut Plan, left: &mut usize) -> Grown {
+        let bs = self.budget.block_size;
+        let need = (self.running[i].num_computed + n).div_ceil(bs);
+        while self.running[i].blocks.len() < need {
+            if let Some(b) = self.blocks.allocate() {
+                self.running[i].blocks.push(b);
+                continue;
+            }
+            let victim = self.running.len() - 1;
+            *left += plan.tokens.pop().expect("one entry per running sequence");
+            self.preempt_last();
+            plan.preempted += 1;
+            if victim == i {
+                return Grown::SelfPreempted;
+            }
+        }
+        Grown::Yes
+    }
+
+    /// Moves the newest running sequence back to the waiting queue, releasing its blocks.
+    fn preempt_last(&mut self) {
+        let mut seq = self.running.pop().expect("a running sequence to preempt");
+        self.blocks.release(&seq.blocks);
+        seq.blocks.clear();
+        seq.hashes.clear();
+        seq.num_computed = 0;
+        self.enqueue(seq);
+    }
+
+    /// Admits waiting sequences while they fit.
+    fn admit(&mut self, plan: &mut Plan, left: &mut usize) {
+        let bs = self.budget.block_size;
+        while *left > 0 {
+            let Some((&key, seq)) = self.waiting.first_key_value() else {
+                break;
+            };
+            // Choice 0 of an n-way request brings its siblings with it after the prompt.
+            let seats = 1 + seq.forks_left;
+            if self.running.len() + seats > self.budget.max_num_seqs {
+                break;
+            }
+            // At least one token is computed, so the last prompt token's logits exist.
+            let hashes = prefix_hashes(&seq.tokens[..seq.tokens.len() - 1], bs);
+            let hits = self.blocks.cached_prefix_len(&hashes);
+            let total = seq.tokens.len().div_ceil(bs);
+            let takes = total - hits + self.blocks.unused_in_prefix(&hashes, hits);
+            let available = self.blocks.num_available();
+            // The watermark keeps room for running sequences to grow; with nothing running
+            // there is nothing to protect, and the pool always holds one longest sequence.
+            let reserve = if self.running.is_empty() {
+                0
+            } else {
+                self.budget.watermark_blocks
+            };
+            if takes + reserve > available {
+                break;
+            }
+            let mut seq = self.waiting.remove(&key).expect("first key exists");
+            seq.blocks = self.blocks.acquire_prefix(&hashes[..hits]);
+            seq.hashes = hashes[..hits].to_vec();
+            seq.num_computed = hits * bs;
+            plan.cache_queried += seq.tokens.len();
+            plan.cache_hits += seq.num_computed;
+            seq.cached_prompt.get_or_insert(seq.num_computed);
+            self.admissions += 1;
+            seq.admitted = self.admissions;
+            let n = seq.remaining().min(*left);
+            let need = (seq.num_computed + n).div_ceil(bs);
+            while seq.blocks.len() < need {
+                let b = self.blocks.allocate().expect("checked against the available blocks");
+                seq.blocks.push(b);
+            }
+            *left -= n;
+            self.running.push(seq);
+            plan.tokens.push(n);
+        }
+    }
+
+    /// Adds a sequence straight to the running set (a forked choice sharing its parent's
+    /// prompt blocks).
+    pub fn add_running(&mut self, mut seq: Seq) {
+        self.admissions += 1;
+        seq.admitted = self.admissions;
+        self.running.push(seq);
+    }
+
+    /// Removes running sequence `i`, releasing its blocks.
+    pub fn finish_running(&mut self, i: usize) -> Seq {
+        let seq = self.running.remove(i);
+        self.blocks.release(&seq.blocks);
+        seq
+    }
+
+    /// Tokens still to prefill across the queue and the running set.
+    pub fn prefill_backlog(&self) -> usize {
+        let pending = |s: &Seq| s.remaining().saturating_sub(1);
+        self.waiting.values().map(|s| s.remaining()).sum::<usize>()
+            + self.running.iter().map(pending).sum::<usize>()
+    }
+}
+
+enum Grown {
+    Yes,
+    SelfPreempted,
+}
+
+fn queue_key(seq: &Seq) -> QueueKey {
+    (Reverse(seq.req.priority), seq.req.arrival_seq, seq.index)
+}

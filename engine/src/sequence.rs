@@ -1,0 +1,209 @@
+//! One choice of a request as the engine tracks it: its tokens, how many are in the KV cache,
+//! its blocks, and the output path (sampler state, detokeniser, stop matcher).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice_models::tokenizer::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::block_manager::BlockHash;
+use crate::detokenizer::Detokenizer;
+use crate::event::{Delta, Event, FinishReason, MatchedStop, TokenLogprob};
+use crate::request::SamplingParams;
+use crate::sampler::SamplerState;
+use crate::stop::StopMatcher;
+
+/// What all choices of one request share.
+#[derive(Debug)]
+pub(crate) struct RequestInfo {
+    pub params: SamplingParams,
+    pub max_tokens: usize,
+    pub priority: i32,
+    pub prompt_len: usize,
+    pub arrival: Instant,
+    /// Arrival order, for first-come-first-served within a priority.
+    pub arrival_seq: u64,
+    pub events: UnboundedSender<Event>,
+    /// End-of-sequence ids that stop this request (empty with `ignore_eos`).
+    pub eos: Vec<u32>,
+}
+
+/// A choice's timestamps, for the latency histograms.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    pub first_scheduled: Option<Instant>,
+    pub first_token: Option<Instant>,
+    pub last_token: Option<Instant>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Seq {
+    pub req: Arc<RequestInfo>,
+    /// The choice index.
+    pub index: usize,
+    /// Prompt then output.
+    pub tokens: Vec<u32>,
+    /// Tokens whose K and V are in the cache.
+    pub num_computed: usize,
+    /// The block table: block `i` holds positions `i·B..(i+1)·B`.
+    pub blocks: Vec<u32>,
+    /// Hashes of the leading full, computed blocks (registered in the prefix cache).
+    pub hashes: Vec<BlockHash>,
+    /// Order of admission to the running set (the newest is preempted first).
+    pub admitted: u64,
+    /// Prompt tokens that came from the prefix cache at first admission.
+    pub cached_prompt: Option<usize>,
+    /// Choices still to fork from this one when its prompt is done (choice 0 of n > 1).
+    pub forks_left: usize,
+    pub sampler: SamplerState,
+    detok: Detokenizer,
+    stop: StopMatcher,
+    /// Output tokens whose text has not been released yet, with their log-probabilities.
+    pending_ids: Vec<u32>,
+    pending_logprobs: Vec<TokenLogprob>,
+    pub timing: Timing,
+}
+
+/// How a choice ended.
+#[derive(Debug)]
+pub(crate) struct Ended {
+    pub reason: FinishReason,
+    pub matched: Option<MatchedStop>,
+}
+
+impl Seq {
+    pub fn new(req: Arc<RequestInfo>, index: usize, tokens: Vec<u32>) -> Self {
+        let p = &req.params;
+        let sampler = SamplerState::new(p.seed, index, &tokens[..req.prompt_len]);
+        let detok = Detokenizer::new(p.skip_special_tokens);
+        let stop = StopMatcher::new(p.stop.clone());
+        let forks_left = if index == 0 { p.n - 1 } else { 0 };
+        Self {
+            req,
+            index,
+            tokens,
+            num_computed: 0,
+            blocks: Vec::new(),
+            hashes: Vec::new(),
+            admitted: 0,
+            cached_prompt: None,
+            forks_left,
+            sampler,
+            detok,
+            stop,
+            pending_ids: Vec::new(),
+            pending_logprobs: Vec::new(),
+            timing: Timing {
+                first_scheduled: None,
+                first_token: None,
+                last_token: None,
+            },
+        }
+    }
+
+    pub fn output_len(&self) -> usize {
+        self.tokens.len() - self.req.prompt_len
+    }
+
+    /// Tokens still to feed before the next sample (1 for a decode).
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// Tokens that must not be sampled now: until `min_tokens` exist, the end-of-sequence
+    /// and stop tokens.
+    pub fn suppressed(&self) -> Vec<u32> {
+        let p = &self.req.params;
+        if self.output_len() >= p.min_tokens {
+            return Vec::new();
+        }
+        let mut s = self.req.eos.clone();
+        s.extend_from_slice(&p.stop_token_ids);
+        s
+    }
+
+    /// Appends a sampled token, streams the text it releases, and says whether the choice
+    /// ended.
+    pub fn append(
+        &mut self,
+        tok: &Tokenizer,
+        token: u32,
+        logprob: Option<TokenLogprob>,
+    ) -> Option<Ended> {
+        self.tokens.push(token);
+        self.sampler.push(token);
+        let p = &self.req.params;
+        let stop_token = self.req.eos.contains(&token) || p.stop_token_ids.contains(&token);
+        if stop_token {
+            // Not part of the text (vLLM's and OpenAI's behaviour). Before `min_tokens` these
+            // tokens are suppressed, so they cannot arrive here early.
+            self.flush_text(tok);
+            return Some(Ended {
+                reason: FinishReason::Stop,
+                matched: Some(MatchedStop::Token(token)),
+            });
+        }
+        self.pending_ids.push(token);
+        self.pending_logprobs.extend(logprob);
+        let text = match self.detok.push(tok, token) {
+            Ok(t) => t,
+            Err(e) => {
+                return Some(Ended {
+                    reason: FinishReason::Error(format!("detokenising: {e}")),
+                    matched: None,
+                })
+            }
+        };
+        if !text.is_empty() {
+            // Stop strings apply once `min_tokens` exist.
+            let m = if self.output_len() >= p.min_tokens {
+                self.stop.push(&text)
+            } else {
+                crate::stop::Matched {
+                    emit: self.stop.flush() + &text,
+                    stop: None,
+                }
+            };
+            if let Some(s) = m.stop {
+                self.emit(m.emit, true);
+                return Some(Ended {
+                    reason: FinishReason::Stop,
+                    matched: Some(MatchedStop::Text(s)),
+                });
+            }
+            self.emit(m.emit, false);
+        }
+        if self.output_len() >= self.req.max_tokens {
+            self.flush_text(tok);
+            return Some(Ended {
+                reason: FinishReason::Length,
+                matched: None,
+            });
+        }
+        None
+    }
+
+    /// Releases everything held back (generation ended for a reason other than a stop
+    /// string).
+    fn flush_text(&mut self, tok: &Tokenizer) {
+        let tail = self.detok.flush(tok).unwrap_or_default();
+        let text = self.stop.flush() + &tail;
+        self.emit(text, true);
+    }
+
+    /// Sends text with the tokens waiting for it. Empty text waits, unless `last`.
+    fn emit(&mut self, text: String, last: bool) {
+        if text.is_empty() && !(last && !self.pending_ids.is_empty()) {
+            return;
+        }
+        let delta = Delta {
+            index: self.index,
+            text,
+            token_ids: std::mem::take(&mut self.pending_ids),
+            logprobs: std::mem::take(&mut self.pending_logprobs),
+        };
+        // A closed stream is noticed (and the choice aborted) at the next step.
+        let _ = self.req.events.send(Event::Delta(delta));
+    }
+}

@@ -1,0 +1,142 @@
+//! Harness for engine tests on the real default model.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use sluice_engine::{
+    Engine, EngineConfig, EngineHandle, Event, FinishReason, MatchedStop, Request, SamplingParams,
+    TokenLogprob, Usage,
+};
+use sluice_models::{registry, Model, ModelOptions};
+
+pub fn model_dir() -> PathBuf {
+    std::env::var_os("SLUICE_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/cache"))
+}
+
+/// One model per test binary; fails (never skips) when it is missing.
+pub fn model() -> Arc<Model> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let path = match registry::resolve(registry::default_model().name, &model_dir()) {
+                Ok(loc) => loc.path,
+                Err(e) => panic!("{e} (the engine tests need the real model: run `make model`)"),
+            };
+            Arc::new(Model::load(&path, &ModelOptions::default()).expect("the model loads"))
+        })
+        .clone()
+}
+
+/// The default config with a small KV pool (tests need far less than 1 GiB).
+pub fn config() -> EngineConfig {
+    let mut c = EngineConfig::for_model(&model());
+    c.num_kv_blocks = Some(2048);
+    c
+}
+
+pub fn start(f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
+    let mut c = config();
+    f(&mut c);
+    Engine::start(model(), c).expect("the engine starts")
+}
+
+/// A chat prompt for `text`, tokenised as the gateway would.
+pub fn prompt(text: &str) -> Vec<u32> {
+    let m = model();
+    let tpl = m.chat_template().expect("the model has a chat template");
+    let rendered = tpl
+        .render(&[sluice_models::chat_template::ChatMessage::new("user", text)], true)
+        .unwrap();
+    m.tokenizer().encode(&rendered, true).unwrap()
+}
+
+pub fn request(prompt: Vec<u32>, sampling: SamplingParams) -> Request {
+    Request {
+        prompt,
+        sampling,
+        priority: 0,
+    }
+}
+
+/// One choice's result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    pub text: String,
+    pub deltas: Vec<String>,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub reason: FinishReason,
+    pub matched: Option<MatchedStop>,
+    pub usage: Usage,
+}
+
+/// Collects a stream until every choice finished.
+pub fn collect(mut stream: sluice_engine::EventStream, n: usize) -> Vec<Choice> {
+    let mut choices: Vec<Option<Choice>> = vec![None; n];
+    let mut partial: Vec<(Vec<String>, Vec<u32>, Vec<TokenLogprob>)> = vec![Default::default(); n];
+    let mut done = 0;
+    while done < n {
+        match stream.blocking_next().expect("the stream ends only after every finish") {
+            Event::Delta(d) => {
+                assert!(choices[d.index].is_none(), "delta after finish");
+                let p = &mut partial[d.index];
+                p.0.push(d.text);
+                p.1.extend(d.token_ids);
+                p.2.extend(d.logprobs);
+            }
+            Event::Finish(f) => {
+                let (deltas, ids, lps) = std::mem::take(&mut partial[f.index]);
+                choices[f.index] = Some(Choice {
+                    text: deltas.concat(),
+                    deltas,
+                    token_ids: ids,
+                    logprobs: lps,
+                    reason: f.reason,
+                    matched: f.matched_stop,
+                    usage: f.usage,
+                });
+                done += 1;
+            }
+        }
+    }
+    assert!(stream.blocking_next().is_none(), "nothing after the last finish");
+    choices.into_iter().map(|c| c.unwrap()).collect()
+}
+
+pub fn run(engine: &EngineHandle, req: Request) -> Vec<Choice> {
+    let n = req.sampling.n;
+    collect(engine.submit(req).expect("accepted"), n)
+}
+
+/// Waits for `cond` on the engine's load, failing after a generous timeout.
+pub fn wait_for(engine: &EngineHandle, what: &str, cond: impl Fn(&sluice_engine::Load) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let l = engine.load();
+        if cond(&l) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}: {l:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Sum of tokens fed to forward calls so far (the `sluice_engine_batch_tokens` histogram).
+pub fn tokens_fed(engine: &EngineHandle) -> f64 {
+    engine.metrics().batch_tokens.get_sample_sum()
+}
+
+pub const TOPICS: &[&str] = &[
+    "Name three colours.",
+    "What is the capital of France?",
+    "Write a haiku about rivers.",
+    "Explain what a CPU does in two sentences.",
+    "Count from one to ten in words.",
+    "Give me a short recipe for pancakes.",
+    "Why is the sky blue?",
+    "Tell me a fun fact about octopuses.",
+];
