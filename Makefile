@@ -6,7 +6,7 @@ export SLUICE_MODEL_DIR ?= $(CURDIR)/models/cache
 LLAMACPP_PY ?= /tmp/llamacpp/bin/python
 PEERS ?= $(CURDIR)/../shared/peers
 
-.PHONY: model run test bench lint fmt
+.PHONY: model run test bench bench-engine lint fmt
 
 ## Fetch the default model (SmolLM2-135M-Instruct Q4_1) into $(SLUICE_MODEL_DIR), verified.
 model:
@@ -25,6 +25,11 @@ test: model
 ## Release figures of the forward pass, with ratios to llama.cpp measured in the same run.
 bench: model
 	@scripts/bench.sh "$(LLAMACPP_PY)" "$(PEERS)"
+
+## Closed-loop load on the engine handle (no HTTP): throughput, TTFT and ITL per concurrency.
+bench-engine: model
+	$(CARGO) build --release -p sluice-engine --example bench_engine
+	target/release/examples/bench_engine --model-dir "$(SLUICE_MODEL_DIR)"
 
 ## Formatting and clippy, warnings as errors.
 lint:

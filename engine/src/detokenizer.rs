@@ -65,14 +65,63 @@ impl Detokenizer {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
+    /// The default model's tokenizer (byte-level BPE, which splits multi-byte characters).
+    fn tokenizer() -> Tokenizer {
+        let dir = std::env::var_os("SLUICE_MODEL_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/cache"));
+        let loc = sluice_models::registry::resolve(
+            sluice_models::registry::default_model().name,
+            &dir,
+        )
+        .expect("the default model is cached (make model)");
+        let file = sluice_models::gguf::GgufFile::open(&loc.path).unwrap();
+        Tokenizer::from_gguf(file.content()).unwrap()
+    }
+
     /// Feeds `ids` one by one and returns the deltas, flush included.
-    pub fn deltas(tok: &Tokenizer, ids: &[u32]) -> Vec<String> {
+    fn deltas(tok: &Tokenizer, ids: &[u32]) -> Vec<String> {
         let mut d = Detokenizer::new(true);
         let mut out: Vec<String> = ids.iter().map(|&i| d.push(tok, i).unwrap()).collect();
         out.push(d.flush(tok).unwrap());
         out
+    }
+
+    #[test]
+    fn multibyte_characters_are_held_until_whole() {
+        let tok = tokenizer();
+        for text in [
+            "plain ascii words",
+            "crab 🦀 and 🦀🦀, 日本語のテキスト, café, naïve ✓ — done",
+            "👩‍👩‍👧 family emoji and 🇫🇷 flag",
+            "\u{1F600}\u{1F601} ключ 한국어",
+        ] {
+            let ids = tok.encode(text, false).unwrap();
+            let d = deltas(&tok, &ids);
+            assert_eq!(d.concat(), tok.decode(&ids, true).unwrap(), "{text}");
+            assert_eq!(d.concat(), text);
+            for piece in &d {
+                assert!(!piece.contains('\u{FFFD}'), "{text}: broken delta {piece:?}");
+            }
+            if text.chars().any(|c| c.len_utf8() > 2) {
+                assert!(d.iter().any(String::is_empty), "{text}: something was held back");
+            }
+        }
+    }
+
+    #[test]
+    fn an_incomplete_character_at_the_end_is_flushed_as_the_whole_decodes_it() {
+        let tok = tokenizer();
+        let ids = tok.encode("ok 🦀", false).unwrap();
+        // Drop the last byte token: the crab is incomplete.
+        let cut = &ids[..ids.len() - 1];
+        let d = deltas(&tok, cut);
+        assert_eq!(d.concat(), tok.decode(cut, true).unwrap());
+        assert!(d.last().unwrap().contains('\u{FFFD}'));
     }
 }

@@ -459,7 +459,7 @@ impl Core {
             }
         }
         // Finished sequences leave in descending index order so indices stay valid.
-        ended.sort_by(|a, b| b.0.cmp(&a.0));
+        ended.sort_by_key(|e| std::cmp::Reverse(e.0));
         for (i, end) in ended {
             let seq = self.sched.finish_running(i);
             self.finish(seq, end.reason, end.matched);

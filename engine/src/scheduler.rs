@@ -204,7 +204,8 @@ impl Scheduler {
 
     /// Tokens still to prefill across the queue and the running set.
     pub fn prefill_backlog(&self) -> usize {
-        let pending = |s: &Seq| s.remaining().saturating_sub(1);
+        // A running sequence with one token left is decoding, not prefilling.
+        let pending = |s: &Seq| if s.remaining() > 1 { s.remaining() } else { 0 };
         self.waiting.values().map(|s| s.remaining()).sum::<usize>()
             + self.running.iter().map(pending).sum::<usize>()
     }
@@ -217,4 +218,139 @@ enum Grown {
 
 fn queue_key(seq: &Seq) -> QueueKey {
     (Reverse(seq.req.priority), seq.req.arrival_seq, seq.index)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use super::*;
+    use crate::request::SamplingParams;
+    use crate::sequence::RequestInfo;
+
+    fn seq(prompt_len: usize, priority: i32, arrival_seq: u64) -> Seq {
+        let (events, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let req = Arc::new(RequestInfo {
+            params: SamplingParams::greedy(100),
+            max_tokens: 100,
+            priority,
+            prompt_len,
+            arrival: Instant::now(),
+            arrival_seq,
+            events,
+            eos: Vec::new(),
+        });
+        // Distinct tokens per request, so prompts share no cached prefix by accident.
+        let tokens = (0..prompt_len as u32).map(|t| t + 1000 * arrival_seq as u32).collect();
+        Seq::new(req, 0, tokens)
+    }
+
+    fn scheduler(num_blocks: usize, block_size: usize, max_tokens: usize) -> Scheduler {
+        Scheduler::new(
+            Budget {
+                max_num_seqs: 4,
+                max_num_batched_tokens: max_tokens,
+                block_size,
+                watermark_blocks: 0,
+            },
+            BlockManager::new(num_blocks, true),
+        )
+    }
+
+    /// Applies a plan as the engine would after the forward pass, and samples token 7 for
+    /// sequences that reached their end.
+    fn apply(s: &mut Scheduler, plan: &Plan) {
+        for (seq, &n) in s.running.iter_mut().zip(&plan.tokens) {
+            seq.num_computed += n;
+            if n > 0 && seq.num_computed == seq.tokens.len() {
+                seq.tokens.push(7);
+            }
+        }
+    }
+
+    #[test]
+    fn decodes_come_first_and_prefill_takes_the_rest_of_the_budget() {
+        let mut s = scheduler(64, 4, 32);
+        s.enqueue(seq(5, 0, 1));
+        s.enqueue(seq(5, 0, 2));
+        let p = s.plan();
+        assert_eq!(p.tokens, [5, 5]);
+        apply(&mut s, &p);
+        s.enqueue(seq(100, 0, 3));
+        let p = s.plan();
+        assert_eq!(p.tokens, [1, 1, 30]);
+        apply(&mut s, &p);
+        // The long prompt continues in chunks next to the decodes.
+        let p = s.plan();
+        assert_eq!(p.tokens, [1, 1, 30]);
+        assert_eq!(s.prefill_backlog(), 70);
+    }
+
+    #[test]
+    fn the_newest_sequence_is_preempted_when_blocks_run_out() {
+        let mut s = scheduler(4, 4, 64);
+        s.enqueue(seq(8, 0, 1));
+        s.enqueue(seq(7, 0, 2));
+        let p = s.plan();
+        assert_eq!(p.tokens, [8, 7]);
+        assert_eq!(s.blocks.num_available(), 0);
+        apply(&mut s, &p);
+        // Both decode next: the first needs a third block; the second is evicted for it.
+        let p = s.plan();
+        assert_eq!(p.preempted, 1);
+        assert_eq!(p.tokens, [1]);
+        assert_eq!(s.running.len(), 1);
+        let back = s.waiting.values().next().unwrap();
+        assert_eq!((back.num_computed, back.blocks.len()), (0, 0));
+        // Its prompt and sampled token are recomputed when it returns.
+        assert_eq!(back.remaining(), 8);
+    }
+
+    #[test]
+    fn priority_then_arrival_orders_admission() {
+        let mut s = scheduler(64, 4, 64);
+        s.budget.max_num_seqs = 1;
+        s.enqueue(seq(3, 0, 1));
+        s.enqueue(seq(3, 5, 2));
+        s.enqueue(seq(3, 5, 3));
+        s.plan();
+        assert_eq!(s.running[0].req.arrival_seq, 2);
+        let order: Vec<u64> = s.waiting.values().map(|q| q.req.arrival_seq).collect();
+        assert_eq!(order, [3, 1]);
+    }
+
+    #[test]
+    fn admission_waits_for_blocks_and_respects_the_watermark() {
+        let mut s = scheduler(6, 4, 64);
+        s.budget.watermark_blocks = 2;
+        s.enqueue(seq(12, 0, 1)); // 3 blocks: alone, the watermark does not apply
+        s.enqueue(seq(5, 0, 2)); // 2 blocks: 3 free − 2 < watermark 2
+        let p = s.plan();
+        assert_eq!(p.tokens, [12]);
+        assert_eq!(s.waiting.len(), 1);
+    }
+
+    #[test]
+    fn cached_prefix_blocks_skip_prefill() {
+        let mut s = scheduler(16, 4, 64);
+        let a = seq(10, 0, 1);
+        let mut b = seq(10, 0, 2);
+        b.tokens = a.tokens.clone();
+        b.tokens[9] = 99;
+        s.enqueue(a);
+        let p = s.plan();
+        apply(&mut s, &p);
+        // Register the computed full blocks as the engine does.
+        let hashes = prefix_hashes(&s.running[0].tokens[..8], 4);
+        for (i, h) in hashes.iter().enumerate() {
+            let blk = s.running[0].blocks[i];
+            s.blocks.register(blk, *h);
+        }
+        s.enqueue(b);
+        let p = s.plan();
+        assert_eq!(p.tokens, [1, 2]);
+        assert_eq!((p.cache_queried, p.cache_hits), (10, 8));
+        assert_eq!(s.running[1].blocks[..2], s.running[0].blocks[..2]);
+    }
 }

@@ -194,7 +194,8 @@ impl Seq {
 
     /// Sends text with the tokens waiting for it. Empty text waits, unless `last`.
     fn emit(&mut self, text: String, last: bool) {
-        if text.is_empty() && !(last && !self.pending_ids.is_empty()) {
+        // Tokens without text (a trailing special token) still go out with the last delta.
+        if text.is_empty() && (!last || self.pending_ids.is_empty()) {
             return;
         }
         let delta = Delta {

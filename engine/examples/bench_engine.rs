@@ -1,0 +1,237 @@
+//! `make bench-engine`: closed-loop load straight on an `EngineHandle` (no HTTP).
+//!
+//! For each concurrency level, that many clients each submit requests back to back: a
+//! ~200-token prompt (distinct per request, so nothing is cached) and 128 output tokens
+//! (`ignore_eos`). Reports output tokens/s, TTFT and inter-token latency p50/p99; then the
+//! prefix-cache case, where every prompt shares a long prefix. The end-to-end peer
+//! (llama.cpp's server over HTTP) is measured by the load tester; its figures from
+//! `shared/peers/README.md` are printed for orientation only, not as a same-run ratio.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use sluice_engine::{Engine, EngineConfig, EngineHandle, Event, Request, SamplingParams};
+use sluice_models::{registry, Model, ModelOptions};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Registry name or path of a GGUF file.
+    #[arg(long, default_value = "smollm2-135m-instruct")]
+    model: String,
+    #[arg(long, env = "SLUICE_MODEL_DIR", default_value = "models/cache")]
+    model_dir: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Concurrency levels to run.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    concurrency: Vec<usize>,
+    /// Requests per client at each level.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    #[arg(long, default_value_t = 128)]
+    output_tokens: usize,
+    #[arg(long, default_value_t = 200)]
+    prompt_tokens: usize,
+    /// Step token budget (the engine's default when unset).
+    #[arg(long)]
+    max_num_batched_tokens: Option<usize>,
+}
+
+#[derive(Debug, Default)]
+struct Sample {
+    ttft: Duration,
+    itl: Vec<Duration>,
+    tokens: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let path = registry::resolve(&args.model, &args.model_dir)?.path;
+    let model = Arc::new(Model::load(
+        &path,
+        &ModelOptions {
+            threads: args.threads,
+            ..ModelOptions::default()
+        },
+    )?);
+    let mut config = EngineConfig::for_model(&model);
+    if let Some(t) = args.max_num_batched_tokens {
+        config.max_num_batched_tokens = t;
+    }
+    let max_c = args.concurrency.iter().copied().max().unwrap_or(1);
+    config.max_num_seqs = config.max_num_seqs.max(max_c);
+    config.max_num_batched_tokens = config.max_num_batched_tokens.max(max_c);
+    println!(
+        "sluice engine, closed loop on the handle ({} threads, step budget {} tokens, {} KV blocks)",
+        model.llama().threads(),
+        config.max_num_batched_tokens,
+        config.num_kv_blocks.map_or("default".to_string(), |n| n.to_string())
+    );
+    println!(
+        "  prompts ~{} tokens, {} output tokens, {} requests per client",
+        args.prompt_tokens, args.output_tokens, args.rounds
+    );
+    let engine = Engine::start(model.clone(), config)?;
+    // Warm-up: page in the weights and the first KV blocks.
+    run_level(&engine, &model, 1, 1, 16, args.prompt_tokens, None);
+    for &c in &args.concurrency {
+        let (elapsed, samples) = run_level(
+            &engine,
+            &model,
+            c,
+            args.rounds,
+            args.output_tokens,
+            args.prompt_tokens,
+            None,
+        );
+        report(&format!("concurrency {c:>3}"), elapsed, &samples);
+    }
+    let c = 16.min(max_c);
+    let hits_before = engine.metrics().prefix_hits.get();
+    let queries_before = engine.metrics().prefix_queries.get();
+    let (elapsed, samples) = run_level(
+        &engine,
+        &model,
+        c,
+        args.rounds,
+        args.output_tokens,
+        args.prompt_tokens,
+        Some(args.prompt_tokens * 9 / 10),
+    );
+    report(&format!("prefix {c:>3}   "), elapsed, &samples);
+    let hits = engine.metrics().prefix_hits.get() - hits_before;
+    let queries = engine.metrics().prefix_queries.get() - queries_before;
+    println!(
+        "  prefix case: 90% of each prompt shared; cache hit rate {:.0}% of prompt tokens",
+        100.0 * hits as f64 / queries.max(1) as f64
+    );
+    println!("peer figures from shared/peers/README.md (llama.cpp server over HTTP, for orientation):");
+    println!("  concurrency   1: 58 output tok/s, TTFT p50 0.75 s, ITL p50 10.8 ms");
+    println!("  concurrency   4: 89 output tok/s, TTFT p50 2.65 s, ITL p50 29 ms");
+    println!("  concurrency  16: 101 output tok/s, TTFT p50 6.8 s, ITL p50 89 ms");
+    Ok(())
+}
+
+/// A prompt of about `len` tokens, distinct per `id`, or sharing its first `shared` tokens
+/// with every other prompt of the run.
+fn make_prompt(model: &Model, id: usize, len: usize, shared: Option<usize>) -> Vec<u32> {
+    let tok = model.tokenizer();
+    let words = [
+        "river", "stone", "lantern", "harbor", "meadow", "copper", "signal", "orchard", "beacon",
+        "thistle", "canyon", "ember", "glacier", "willow", "quartz", "falcon",
+    ];
+    let mut text = String::new();
+    let mut state = (id as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut out = Vec::new();
+    if let Some(n) = shared {
+        let base = tok
+            .encode(&"Shared context: the sluice gate opens at dawn. ".repeat(n / 8 + 2), false)
+            .expect("tokenises");
+        out.extend_from_slice(&base[..n.min(base.len())]);
+    }
+    while out.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        text.push_str(words[(state % words.len() as u64) as usize]);
+        text.push(' ');
+        if text.len() > 64 {
+            out.extend(tok.encode(&text, false).expect("tokenises"));
+            text.clear();
+        }
+    }
+    out.truncate(len);
+    out
+}
+
+fn run_level(
+    engine: &EngineHandle,
+    model: &Arc<Model>,
+    clients: usize,
+    rounds: usize,
+    output_tokens: usize,
+    prompt_tokens: usize,
+    shared: Option<usize>,
+) -> (Duration, Vec<Sample>) {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let started = Instant::now();
+    let workers: Vec<_> = (0..clients)
+        .map(|_| {
+            let engine = engine.clone();
+            let model = model.clone();
+            std::thread::spawn(move || {
+                let mut samples = Vec::new();
+                for _ in 0..rounds {
+                    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let prompt = make_prompt(&model, id, prompt_tokens, shared);
+                    let sampling = SamplingParams {
+                        ignore_eos: true,
+                        ..SamplingParams::greedy(output_tokens)
+                    };
+                    let submitted = Instant::now();
+                    let mut stream = engine
+                        .submit(Request {
+                            prompt,
+                            sampling,
+                            priority: 0,
+                        })
+                        .expect("accepted");
+                    let mut s = Sample::default();
+                    let mut last = None::<Instant>;
+                    while let Some(ev) = stream.blocking_next() {
+                        match ev {
+                            Event::Delta(d) => {
+                                let now = Instant::now();
+                                let n = d.token_ids.len().max(1);
+                                match last {
+                                    None => s.ttft = now - submitted,
+                                    Some(l) => {
+                                        let gap = (now - l) / n as u32;
+                                        s.itl.extend(std::iter::repeat_n(gap, n));
+                                    }
+                                }
+                                s.tokens += d.token_ids.len();
+                                last = Some(now);
+                            }
+                            Event::Finish(f) => {
+                                assert_eq!(f.usage.completion_tokens, output_tokens);
+                                break;
+                            }
+                        }
+                    }
+                    samples.push(s);
+                }
+                samples
+            })
+        })
+        .collect();
+    let samples = workers
+        .into_iter()
+        .flat_map(|w| w.join().expect("client thread"))
+        .collect();
+    (started.elapsed(), samples)
+}
+
+fn percentile(v: &mut [Duration], p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort();
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn report(label: &str, elapsed: Duration, samples: &[Sample]) {
+    let tokens: usize = samples.iter().map(|s| s.tokens).sum();
+    let mut ttft: Vec<Duration> = samples.iter().map(|s| s.ttft).collect();
+    let mut itl: Vec<Duration> = samples.iter().flat_map(|s| s.itl.iter().copied()).collect();
+    println!(
+        "  {label}: {:>6.1} output tok/s   TTFT p50 {:>6.3} s p99 {:>6.3} s   ITL p50 {:>6.1} ms p99 {:>6.1} ms",
+        tokens as f64 / elapsed.as_secs_f64(),
+        percentile(&mut ttft, 0.5).as_secs_f64(),
+        percentile(&mut ttft, 0.99).as_secs_f64(),
+        percentile(&mut itl, 0.5).as_secs_f64() * 1e3,
+        percentile(&mut itl, 0.99).as_secs_f64() * 1e3,
+    );
+}

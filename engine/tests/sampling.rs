@@ -1,0 +1,292 @@
+//! Sampling, stopping, streaming text and submission errors on the real model.
+
+mod common;
+
+use common::*;
+use sluice_engine::{Event, FinishReason, MatchedStop, SamplingParams, SubmitError};
+
+fn sampled(seed: u64, max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: Some(seed),
+        max_tokens: Some(max_tokens),
+        ..SamplingParams::default()
+    }
+}
+
+/// The same seed gives the same tokens alone and in a busy batch; another seed differs.
+#[test]
+fn seeded_sampling_is_reproducible_whatever_shares_the_batch() {
+    let engine = start(|_| {});
+    let p = prompt("Write a short poem about the sea.");
+    let alone = run(&engine, request(p.clone(), sampled(42, 32))).remove(0);
+    let noise: Vec<_> = (0..7)
+        .map(|i| {
+            engine
+                .submit(request(prompt(TOPICS[i]), sampled(1000 + i as u64, 40)))
+                .unwrap()
+        })
+        .collect();
+    let busy = run(&engine, request(p.clone(), sampled(42, 32))).remove(0);
+    for s in noise {
+        collect(s, 1);
+    }
+    assert_eq!(alone.token_ids, busy.token_ids);
+    let other = run(&engine, request(p, sampled(43, 32))).remove(0);
+    assert_ne!(alone.token_ids, other.token_ids);
+}
+
+/// A stop string that spans two tokens ends the text right before it; it is never emitted,
+/// not even in part.
+#[test]
+fn a_stop_string_split_across_tokens_cuts_the_text() {
+    let engine = start(|_| {});
+    let m = model();
+    let tok = m.tokenizer();
+    let p = prompt("Explain how rain forms, in detail.");
+    let full = run(&engine, request(p.clone(), SamplingParams::greedy(60))).remove(0);
+    // A boundary between two tokens with at least two ASCII letters on each side.
+    let ids = &full.token_ids;
+    let (stop, expected) = (1..ids.len() - 1)
+        .find_map(|k| {
+            let before = tok.decode(&ids[..k], true).unwrap();
+            let after = tok.decode(&ids[k..k + 1], true).unwrap();
+            let tail: String = before.chars().rev().take(2).collect();
+            let head: String = after.chars().take(2).collect();
+            let ok = |s: &str| s.len() == 2 && s.chars().all(|c| c.is_ascii_alphabetic());
+            (ok(&tail) && ok(&head)).then(|| {
+                let stop = format!("{}{}", tail.chars().rev().collect::<String>(), head);
+                let cut = full.text.find(&stop).expect("the stop occurs in the text");
+                (stop, full.text[..cut].to_string())
+            })
+        })
+        .expect("some token boundary inside a word");
+    let mut params = SamplingParams::greedy(60);
+    params.stop = vec!["no such stop string".into(), stop.clone()];
+    let got = run(&engine, request(p, params)).remove(0);
+    assert_eq!(got.text, expected);
+    assert_eq!(got.reason, FinishReason::Stop);
+    assert_eq!(got.matched, Some(MatchedStop::Text(stop.clone())));
+    for d in &got.deltas {
+        assert!(!d.contains(&stop));
+    }
+}
+
+/// Text streams without broken characters, and the deltas add up to the decoded output.
+#[test]
+fn streamed_text_never_breaks_a_character() {
+    let engine = start(|_| {});
+    let p = prompt("Reply with only these characters, repeated three times: 🦀 日本語 é ✓");
+    let got = run(&engine, request(p, SamplingParams::greedy(40))).remove(0);
+    let m = model();
+    let tok = m.tokenizer();
+    assert_eq!(got.text, tok.decode(&got.token_ids, true).unwrap());
+    let whole_has_fffd = got.text.contains('\u{FFFD}');
+    for d in &got.deltas {
+        assert!(whole_has_fffd || !d.contains('\u{FFFD}'), "delta {d:?}");
+    }
+    assert!(
+        got.text.chars().any(|c| c.len_utf8() > 1),
+        "the model was expected to echo multi-byte text: {:?}",
+        got.text
+    );
+}
+
+/// n > 1: greedy choices equal the single greedy answer; seeded choice 0 equals the n = 1
+/// request with that seed; the prompt is computed once and shared.
+#[test]
+fn n_choices_share_the_prompt() {
+    let engine = start(|_| {});
+    let p = prompt(&"Describe a forest at dawn, with birds and light. ".repeat(3));
+    let greedy = run(&engine, request(p.clone(), SamplingParams::greedy(12))).remove(0);
+    let fresh = start(|_| {});
+    let mut params = SamplingParams::greedy(12);
+    params.n = 3;
+    params.ignore_eos = true;
+    let before = tokens_fed(&fresh);
+    let choices = run(&fresh, request(p.clone(), params));
+    let fed = tokens_fed(&fresh) - before;
+    assert_eq!(choices.len(), 3);
+    for c in &choices {
+        assert_eq!(c.token_ids, greedy.token_ids);
+        assert_eq!(c.usage.completion_tokens, 12);
+        assert_eq!(c.usage.prompt_tokens, p.len());
+    }
+    // The parent prefills the prompt; each other choice recomputes only the prompt's partial
+    // last block (plus its first token); then every choice decodes its remaining tokens.
+    let bs = fresh.config().block_size;
+    let expected = p.len() + 11 + 2 * (p.len() % bs + 11);
+    assert_eq!(fed as usize, expected);
+
+    let mut params = sampled(7, 24);
+    params.n = 4;
+    let four = run(&engine, request(p.clone(), params));
+    let one = run(&engine, request(p, sampled(7, 24))).remove(0);
+    assert_eq!(four[0].token_ids, one.token_ids);
+    let distinct: std::collections::HashSet<_> = four.iter().map(|c| &c.token_ids).collect();
+    assert!(distinct.len() > 1, "four sampled choices were all identical");
+}
+
+/// Penalties, logit bias, min_tokens, ignore_eos and stop tokens change what is generated.
+#[test]
+fn penalties_bias_and_stop_tokens_apply() {
+    let engine = start(|_| {});
+    // Plain completion of a repetitive text: greedy decoding keeps repeating it.
+    let p = model()
+        .tokenizer()
+        .encode(&"one two three, one two three, ".repeat(4), false)
+        .unwrap();
+    let greedy = |max| SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(max)
+    };
+    let plain = run(&engine, request(p.clone(), greedy(40))).remove(0);
+    let distinct = |ids: &[u32]| ids.iter().collect::<std::collections::HashSet<_>>().len();
+    for f in [
+        |s: &mut SamplingParams| s.frequency_penalty = 2.0,
+        |s: &mut SamplingParams| s.presence_penalty = 2.0,
+        |s: &mut SamplingParams| s.repetition_penalty = 1.8,
+    ] {
+        let mut params = greedy(40);
+        f(&mut params);
+        let got = run(&engine, request(p.clone(), params)).remove(0);
+        assert!(
+            distinct(&got.token_ids) > distinct(&plain.token_ids),
+            "penalised {:?} is no more varied than {:?}",
+            got.text,
+            plain.text
+        );
+    }
+    // Banning the greedy first token changes the first token; forcing one repeats it.
+    let mut ban = SamplingParams::greedy(5);
+    ban.logit_bias.insert(plain.token_ids[0], -100.0);
+    let banned = run(&engine, request(p.clone(), ban)).remove(0);
+    assert_ne!(banned.token_ids[0], plain.token_ids[0]);
+    let forced_id = model().tokenizer().encode(" river", false).unwrap()[0];
+    let mut force = SamplingParams::greedy(5);
+    force.logit_bias.insert(forced_id, 100.0);
+    let forced = run(&engine, request(p.clone(), force)).remove(0);
+    assert_eq!(forced.token_ids, vec![forced_id; 5]);
+
+    // A short answer ends with EOS; min_tokens holds it off, ignore_eos runs to the limit.
+    let short = prompt("Answer with one word: what colour is grass?");
+    let eos = run(&engine, request(short.clone(), SamplingParams::greedy(64))).remove(0);
+    assert_eq!(eos.reason, FinishReason::Stop);
+    assert!(matches!(eos.matched, Some(MatchedStop::Token(_))));
+    let n = eos.usage.completion_tokens;
+    let mut min = SamplingParams::greedy(64);
+    min.min_tokens = n + 5;
+    let longer = run(&engine, request(short.clone(), min)).remove(0);
+    assert!(longer.usage.completion_tokens >= n + 5);
+    let mut ign = SamplingParams::greedy(30);
+    ign.ignore_eos = true;
+    let all = run(&engine, request(short.clone(), ign)).remove(0);
+    assert_eq!(all.reason, FinishReason::Length);
+    assert_eq!(all.usage.completion_tokens, 30);
+
+    // A stop token ends the choice and is not part of the text.
+    let stop_at = plain.token_ids[3];
+    let first = plain.token_ids.iter().position(|&t| t == stop_at).unwrap();
+    let mut st = SamplingParams::greedy(40);
+    st.stop_token_ids = vec![stop_at];
+    let stopped = run(&engine, request(p, st)).remove(0);
+    assert_eq!(stopped.token_ids, plain.token_ids[..first]);
+    assert_eq!(stopped.matched, Some(MatchedStop::Token(stop_at)));
+    assert_eq!(stopped.usage.completion_tokens, first + 1);
+}
+
+/// Log-probabilities: one entry per token, the greedy token is the most likely, the top
+/// alternatives come sorted.
+#[test]
+fn logprobs_come_with_every_token() {
+    let engine = start(|_| {});
+    let mut params = SamplingParams::greedy(16);
+    params.logprobs = Some(5);
+    params.ignore_eos = true;
+    let got = run(&engine, request(prompt(TOPICS[6]), params)).remove(0);
+    assert_eq!(got.logprobs.len(), got.token_ids.len());
+    for (lp, &t) in got.logprobs.iter().zip(&got.token_ids) {
+        assert_eq!(lp.token, t);
+        assert_eq!(lp.top.len(), 5);
+        assert_eq!(lp.top[0].0, t);
+        assert_eq!(lp.top[0].1, lp.logprob);
+        assert!(lp.logprob <= 0.0);
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+    }
+}
+
+/// A request that cannot fit, a full queue and bad parameters fail at submission.
+#[test]
+fn submission_errors_are_typed() {
+    let engine = start(|c| {
+        c.max_model_len = Some(128);
+        c.max_waiting = 2;
+        c.max_num_seqs = 1;
+    });
+    let p = prompt(TOPICS[0]);
+    assert!(matches!(
+        engine.submit(request(p.clone(), SamplingParams::greedy(128))),
+        Err(SubmitError::ContextLength {
+            max_model_len: 128,
+            ..
+        })
+    ));
+    assert!(matches!(
+        engine.submit(request(vec![], SamplingParams::greedy(1))),
+        Err(SubmitError::InvalidRequest(_))
+    ));
+    let running = engine
+        .submit(request(p.clone(), SamplingParams::greedy(60)))
+        .unwrap();
+    wait_for(&engine, "one running", |l| l.running == 1);
+    let w1 = engine.submit(request(p.clone(), SamplingParams::greedy(2))).unwrap();
+    let w2 = engine.submit(request(p.clone(), SamplingParams::greedy(2))).unwrap();
+    let full = engine.submit(request(p.clone(), SamplingParams::greedy(2)));
+    assert_eq!(full.unwrap_err(), SubmitError::QueueFull { max_waiting: 2 });
+    for s in [running, w1, w2] {
+        collect(s, 1);
+    }
+    // Room again.
+    assert!(engine.submit(request(p, SamplingParams::greedy(2))).is_ok());
+}
+
+/// A 400-token prefix processed once is reused: the second request reports cached prompt
+/// tokens and prefills only what follows the prefix.
+#[test]
+fn a_shared_prefix_is_prefilled_once() {
+    let engine = start(|_| {});
+    let doc = "Sluice routes requests across replicas and batches them continuously. ".repeat(32);
+    let a = prompt(&format!("{doc}\nQuestion: what does it route?"));
+    let b = prompt(&format!("{doc}\nQuestion: how does it batch?"));
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(shared >= 400, "shared prefix {shared}");
+    let first = run(&engine, request(a, SamplingParams::greedy(4))).remove(0);
+    assert_eq!(first.usage.cached_prompt_tokens, 0);
+    let before = tokens_fed(&engine);
+    let hits_before = engine.metrics().prefix_hits.get();
+    let second = run(&engine, request(b.clone(), SamplingParams::greedy(4))).remove(0);
+    let fed = (tokens_fed(&engine) - before) as usize;
+    let bs = engine.config().block_size;
+    let cached = second.usage.cached_prompt_tokens;
+    assert_eq!(cached, shared / bs * bs);
+    assert_eq!(fed, b.len() - cached + 3, "prefilled tokens plus 3 decodes");
+    assert_eq!(engine.metrics().prefix_hits.get() - hits_before, cached as u64);
+    // And the answer is the one computed without the cache.
+    let cold = start(|c| c.enable_prefix_caching = false);
+    let reference = run(&cold, request(b, SamplingParams::greedy(4))).remove(0);
+    assert_eq!(second.token_ids, reference.token_ids);
+}
+
+/// Dropping a stream ends the request as aborted; its finish is counted.
+#[test]
+fn a_dropped_stream_is_aborted() {
+    let engine = start(|_| {});
+    let mut s = engine
+        .submit(request(prompt(TOPICS[5]), SamplingParams::greedy(300)))
+        .unwrap();
+    assert!(matches!(s.blocking_next(), Some(Event::Delta(_))));
+    drop(s);
+    wait_for(&engine, "abort", |l| l.running == 0 && l.kv_blocks_used == 0);
+    assert_eq!(engine.metrics().finished_count("abort"), 1);
+}
