@@ -11,6 +11,8 @@
 //!
 //! - [`dot`]: the fixed-order dot product and its SIMD variants.
 //! - [`matmul`]: `activations × weightsᵀ` over a whole ragged batch, split by output columns.
+//! - [`kquant`] and [`kqmatmul`]: llama.cpp's k-quants (Q4_K, Q6_K) repacked, and the Q6_K
+//!   product (Q4_K runs on the Q4_1 kernels of [`qmatmul`]).
 //! - [`norm`]: RMS normalisation.
 //! - [`rope`]: rotary position embeddings from a precomputed table.
 //! - [`attention`]: causal grouped-query attention reading KV blocks in place.
@@ -19,6 +21,8 @@
 pub mod activation;
 pub mod attention;
 pub mod dot;
+pub mod kqmatmul;
+pub mod kquant;
 pub mod matmul;
 pub mod norm;
 pub mod qmatmul;
