@@ -5,7 +5,7 @@ use candle_core::quantized::GgmlDType;
 
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Matrix};
-use crate::kernels::kqmatmul::q6k_matmul;
+use crate::kernels::kqmatmul::{kqmatmul, KWeights};
 use crate::kernels::kquant::{Q4KMatrix, Q6KMatrix};
 use crate::kernels::matmul::matmul_t;
 use crate::kernels::qmatmul::{qmatmul, QPath, QWeights};
@@ -17,7 +17,6 @@ pub enum Linear {
     F32(Matrix),
     Q4_1(Q4_1Matrix),
     Q8_0(Q8_0Matrix),
-    /// Q4_K, stored as Q4_1 blocks (one per sub-block of 32).
     Q4K(Q4KMatrix),
     Q6K(Q6KMatrix),
 }
@@ -48,7 +47,7 @@ impl Linear {
             Self::F32(m) => m.rows,
             Self::Q4_1(m) => m.n,
             Self::Q8_0(m) => m.n,
-            Self::Q4K(m) => m.n(),
+            Self::Q4K(m) => m.n,
             Self::Q6K(m) => m.n,
         }
     }
@@ -59,7 +58,7 @@ impl Linear {
             Self::F32(m) => m.cols,
             Self::Q4_1(m) => m.k,
             Self::Q8_0(m) => m.k,
-            Self::Q4K(m) => m.k(),
+            Self::Q4K(m) => m.k,
             Self::Q6K(m) => m.k,
         }
     }
@@ -174,13 +173,23 @@ impl Linear {
             Self::F32(m) => return matmul_t(pool, x, rows, &m.data, m.rows, out),
             Self::Q4_1(m) => QWeights::Q4_1(m),
             Self::Q8_0(m) => QWeights::Q8_0(m),
-            Self::Q4K(m) => QWeights::Q4_1(m.blocks()),
-            Self::Q6K(m) => {
-                QuantActs::quantize(x, rows, m.k, scratch);
-                return q6k_matmul(pool, QPath::best(), scratch, m, out);
-            }
+            Self::Q4K(m) => return kquant(pool, x, rows, scratch, KWeights::Q4K(m), out),
+            Self::Q6K(m) => return kquant(pool, x, rows, scratch, KWeights::Q6K(m), out),
         };
         QuantActs::quantize(x, rows, self.cols(), scratch);
         qmatmul(pool, QPath::best(), scratch, w, out);
     }
+}
+
+/// `out = x · Wᵀ` on k-quant weights, rounding `x` into `scratch` first.
+fn kquant(
+    pool: &rayon::ThreadPool,
+    x: &[f32],
+    rows: usize,
+    scratch: &mut QuantActs,
+    w: KWeights<'_>,
+    out: &mut [f32],
+) {
+    QuantActs::quantize(x, rows, w.k(), scratch);
+    kqmatmul(pool, QPath::best(), scratch, w, out);
 }

@@ -1,21 +1,26 @@
-//! `out = x · wᵀ` for Q6_K weights ([`Q6KMatrix`]) against 8-bit activations ([`QuantActs`]).
-//! (Q4_K is stored as Q4_1 blocks and runs on [`super::qmatmul`].)
+//! `out = x · wᵀ` for k-quant weights ([`Q4KMatrix`], [`Q6KMatrix`]) against 8-bit activations
+//! ([`QuantActs`]): integer dot products inside each block of 32, f32 across blocks.
 //!
 //! # The fixed order
-//! A block of 32 activations (`b`, scale `d_x[b]`) spans two Q6_K sub-blocks of 16 (`2b`,
-//! `2b + 1`). For one output element and block `b`, eight integer lanes
-//! `I[j] = Σ_{i<4} (q[4j+i] − 32)·x[4j+i]` are exact; lanes 0–3 lie in sub-block `2b`, lanes 4–7
-//! in `2b + 1`, so lane `j` is scaled by `S[2b + j/4]·d_x[b]` (one f32 product) and accumulated as
-//! `acc_{b mod 2}[j] = fma(I[j], S[2b + j/4]·d_x[b], acc_{b mod 2}[j])` over blocks in order. The
-//! result is `reduce8(acc_0 + acc_1)`. Nothing depends on the tile shape, the batch or the thread,
-//! so results are batch invariant; [`reference`] spells it out and every SIMD path is tested equal
-//! to it bit for bit.
+//! For one output element and activation block `b` (32 elements, scale `d_x[b]`), eight integer
+//! lanes `I[j] = Σ_{i<4} w[4j+i]·x[4j+i]` are exact in any order, and are accumulated in f32 as
+//! `acc_{b mod 2}[j] = fma(I[j], scale_j, acc_{b mod 2}[j])` over blocks in order (even blocks in
+//! one set of eight lanes, odd in another: AVX-512 holds both in one register); the result is
+//! `reduce8(acc_0 + acc_1)`.
+//! - **Q4_K**: sub-block `b` is the activation block; `w = q ∈ 0..16`, `scale_j = d[b]·d_x[b]`.
+//!   The minimums follow as `Σ_b m[b]·s_x[b]` in eight lanes (`b mod 8`, rows are whole
+//!   super-blocks so there is no tail), reduced the same way and subtracted.
+//! - **Q6_K**: a block of 32 spans two sub-blocks of 16 (`2b`, `2b + 1`): lanes 0–3 lie in the
+//!   first, 4–7 in the second, so `w = q − 32` and `scale_j = S[2b + j/4]·d_x[b]`.
+//!
+//! Nothing depends on the tile shape, the batch or the thread, so results are batch invariant;
+//! [`reference`] spells it out and every SIMD path is tested equal to it bit for bit.
 
 // Tiles index several parallel arrays by the same row and column; index loops say that best.
 #![allow(clippy::needless_range_loop)]
 
 use super::dot::reduce8;
-use super::kquant::{Q6KMatrix, Q6K_SUB};
+use super::kquant::{Q4KMatrix, Q6KMatrix, Q6K_SUB, QK_K};
 use super::matmul::{split_columns, walk_tiles, OutPtr};
 use super::qmatmul::QPath;
 use super::quant::{QuantActs, QK};
@@ -23,25 +28,63 @@ use super::quant::{QuantActs, QK};
 const ROW_BLOCK: usize = 32;
 const COLS_PER_TASK: usize = 32;
 
-/// Computes `out[r][c] = Σ x[r]·w[c]` for every activation row and Q6_K weight row.
-pub fn q6k_matmul(
+/// k-quant weights a product can run on.
+#[derive(Debug, Clone, Copy)]
+pub enum KWeights<'a> {
+    Q4K(&'a Q4KMatrix),
+    Q6K(&'a Q6KMatrix),
+}
+
+impl KWeights<'_> {
+    pub fn n(&self) -> usize {
+        match self {
+            Self::Q4K(w) => w.n,
+            Self::Q6K(w) => w.n,
+        }
+    }
+
+    pub fn k(&self) -> usize {
+        match self {
+            Self::Q4K(w) => w.k,
+            Self::Q6K(w) => w.k,
+        }
+    }
+
+    /// Panics unless the arrays hold `n × k` weights in whole super-blocks.
+    fn check(&self) {
+        let (n, k) = (self.n(), self.k());
+        assert_eq!(k % QK_K, 0, "k-quant rows are whole super-blocks");
+        match self {
+            Self::Q4K(w) => {
+                assert_eq!(w.qs.len(), n * k / 2, "Q4_K quants are not n × k");
+                assert_eq!(w.d.len(), n * k / QK, "Q4_K scales are not n × k/32");
+                assert_eq!(w.m.len(), n * k / QK, "Q4_K minimums are not n × k/32");
+            }
+            Self::Q6K(w) => {
+                assert_eq!(w.q.len(), n * k, "Q6_K quants are not n × k");
+                assert_eq!(
+                    w.scale.len(),
+                    n * k / Q6K_SUB,
+                    "Q6_K scales are not n × k/16"
+                );
+            }
+        }
+    }
+}
+
+/// Computes `out[r][c] = Σ x[r]·w[c]` for every activation row and weight row.
+pub fn kqmatmul(
     pool: &rayon::ThreadPool,
     path: QPath,
     acts: &QuantActs,
-    w: &Q6KMatrix,
+    w: KWeights<'_>,
     out: &mut [f32],
 ) {
-    let (rows, n, k) = (acts.rows, w.n, w.k);
+    let (rows, n, k) = (acts.rows, w.n(), w.k());
     assert_eq!(acts.k, k, "activations and weights differ in k");
     assert_eq!(out.len(), rows * n, "output is not rows × n");
     assert_eq!(acts.q.len(), rows * k, "activations are not rows × k");
-    assert_eq!(w.q.len(), n * k, "weights are not n × k");
-    assert_eq!(
-        w.scale.len(),
-        n * k / Q6K_SUB,
-        "weight scales are not n × k/16"
-    );
-    assert_eq!(k % (2 * QK), 0, "Q6_K rows are whole super-blocks");
+    w.check();
     if rows == 0 || n == 0 {
         return;
     }
@@ -52,9 +95,9 @@ pub fn q6k_matmul(
 }
 
 /// # Safety
-/// Shapes as checked by `q6k_matmul`; only columns `c0..c1` of `out` are written.
-unsafe fn columns(path: QPath, a: &QuantActs, w: &Q6KMatrix, c0: usize, c1: usize, out: OutPtr) {
-    let n = w.n;
+/// Shapes as checked by `kqmatmul`; only columns `c0..c1` of `out` are written.
+unsafe fn columns(path: QPath, a: &QuantActs, w: KWeights<'_>, c0: usize, c1: usize, out: OutPtr) {
+    let n = w.n();
     let store = |r: usize, c: usize, v: f32| {
         // SAFETY: r < rows, c < n: inside the output, in this task's columns.
         unsafe { *out.0.add(r * n + c) = v };
@@ -90,17 +133,17 @@ unsafe fn tile(
     a: &QuantActs,
     r: usize,
     h: usize,
-    w: &Q6KMatrix,
+    w: KWeights<'_>,
     c: usize,
     wd: usize,
     store: &impl Fn(usize, usize, f32),
 ) {
     macro_rules! shapes {
-        ($md:ident :: $f:ident, [$(($R:literal, $C:literal)),*]) => {
+        ($md:ident :: $f:ident, $wm:expr, [$(($R:literal, $C:literal)),*]) => {
             match (h, wd) {
                 $(($R, $C) => {
                     // SAFETY: the caller guarantees the rows, columns and CPU features.
-                    let t = unsafe { $md::$f::<$R, $C>(a, r, w, c) };
+                    let t = unsafe { $md::$f::<$R, $C>(a, r, $wm, c) };
                     for (i, row) in t.iter().enumerate() {
                         for (j, v) in row.iter().enumerate() {
                             store(r + i, c + j, *v);
@@ -111,38 +154,80 @@ unsafe fn tile(
             }
         };
     }
-    match path {
-        QPath::Scalar => store(r, c, reference::q6k(a, r, w, c)),
+    /// Every tile shape from 1×1 to 4×4 (the AVX-512 kernels).
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! up_to_4x4 {
+        ($md:ident :: $f:ident, $wm:expr) => {
+            shapes!(
+                $md::$f,
+                $wm,
+                [
+                    (1, 1),
+                    (1, 2),
+                    (1, 3),
+                    (1, 4),
+                    (2, 1),
+                    (2, 2),
+                    (2, 3),
+                    (2, 4),
+                    (3, 1),
+                    (3, 2),
+                    (3, 3),
+                    (3, 4),
+                    (4, 1),
+                    (4, 2),
+                    (4, 3),
+                    (4, 4)
+                ]
+            )
+        };
+    }
+    match (path, w) {
+        (QPath::Scalar, KWeights::Q4K(m)) => store(r, c, reference::q4k(a, r, m, c)),
+        (QPath::Scalar, KWeights::Q6K(m)) => store(r, c, reference::q6k(a, r, m, c)),
         #[cfg(target_arch = "x86_64")]
-        QPath::Avx2 => shapes!(avx2::q6k, [(1, 1), (1, 2), (2, 1), (2, 2)]),
+        (QPath::Avx2, KWeights::Q4K(m)) => shapes!(avx2::q4k, m, [(1, 1), (1, 2), (2, 1), (2, 2)]),
         #[cfg(target_arch = "x86_64")]
-        QPath::Avx512Vnni => shapes!(
-            avx512::q6k,
-            [
-                (1, 1),
-                (1, 2),
-                (1, 3),
-                (1, 4),
-                (2, 1),
-                (2, 2),
-                (2, 3),
-                (2, 4),
-                (3, 1),
-                (3, 2),
-                (3, 3),
-                (3, 4),
-                (4, 1),
-                (4, 2),
-                (4, 3),
-                (4, 4)
-            ]
-        ),
+        (QPath::Avx2, KWeights::Q6K(m)) => shapes!(avx2::q6k, m, [(1, 1), (1, 2), (2, 1), (2, 2)]),
+        #[cfg(target_arch = "x86_64")]
+        (QPath::Avx512Vnni, KWeights::Q4K(m)) => up_to_4x4!(avx512::q4k, m),
+        #[cfg(target_arch = "x86_64")]
+        (QPath::Avx512Vnni, KWeights::Q6K(m)) => up_to_4x4!(avx512::q6k, m),
     }
 }
 
 /// The scalar reference: the definition of each product's value.
 pub mod reference {
     use super::*;
+
+    /// `Σ_b m[b]·s[b]` in eight lanes (`b mod 8`; the length is a multiple of 8), reduced.
+    pub(super) fn min_term(m: &[f32], s: &[f32]) -> f32 {
+        let mut lanes = [0f32; 8];
+        for (mc, sc) in m.chunks_exact(8).zip(s.chunks_exact(8)) {
+            for l in 0..8 {
+                lanes[l] = mc[l].mul_add(sc[l], lanes[l]);
+            }
+        }
+        reduce8(lanes)
+    }
+
+    /// Row `r` of `a` times Q4_K column `c`.
+    pub fn q4k(a: &QuantActs, r: usize, w: &Q4KMatrix, c: usize) -> f32 {
+        let (k, nb) = (w.k, w.blocks_per_row());
+        let mut acc = [[0f32; 8]; 2];
+        for b in 0..nb {
+            let x = &a.q[r * k + b * QK..r * k + (b + 1) * QK];
+            let scale = w.d[c * nb + b] * a.d[r * nb + b];
+            for (j, lane) in acc[b % 2].iter_mut().enumerate() {
+                let isum: i32 = (4 * j..4 * j + 4)
+                    .map(|e| i32::from(w.quant(c, b, e)) * i32::from(x[e]))
+                    .sum();
+                *lane = (isum as f32).mul_add(scale, *lane);
+            }
+        }
+        let main = reduce8(std::array::from_fn(|j| acc[0][j] + acc[1][j]));
+        main - min_term(&w.m[c * nb..(c + 1) * nb], &a.s[r * nb..(r + 1) * nb])
+    }
 
     /// Row `r` of `a` times Q6_K column `c`.
     pub fn q6k(a: &QuantActs, r: usize, w: &Q6KMatrix, c: usize) -> f32 {
@@ -164,12 +249,97 @@ pub mod reference {
     }
 }
 
+/// The minimum term of Q4_K in AVX, as `reference::min_term` defines it.
+///
+/// # Safety
+/// AVX and FMA; `m` and `s` point at `nb` floats, `nb` a multiple of 8.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn min_term_avx(m: *const f32, s: *const f32, nb: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut lanes = _mm256_setzero_ps();
+    for ch in (0..nb).step_by(8) {
+        // SAFETY: ch + 8 <= nb.
+        lanes = unsafe {
+            _mm256_fmadd_ps(
+                _mm256_loadu_ps(m.add(ch)),
+                _mm256_loadu_ps(s.add(ch)),
+                lanes,
+            )
+        };
+    }
+    // SAFETY: AVX is present.
+    unsafe { crate::kernels::dot::avx2::reduce(lanes) }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
     use super::*;
     use crate::kernels::dot::avx2::reduce;
+
+    /// # Safety
+    /// AVX2 and FMA; rows `r..r+R` and columns `c..c+C` exist; `k` is a multiple of 64.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn q4k<const R: usize, const C: usize>(
+        a: &QuantActs,
+        r: usize,
+        w: &Q4KMatrix,
+        c: usize,
+    ) -> [[f32; C]; R] {
+        let (k, nb) = (w.k, w.blocks_per_row());
+        let ones = _mm256_set1_epi16(1);
+        let mask = _mm256_set1_epi8(0x0F);
+        let mut acc = [[[_mm256_setzero_ps(); 2]; C]; R];
+        // Sub-blocks in pairs (they share 32 bytes of nibbles), each accumulator named statically.
+        for b0 in (0..nb).step_by(2) {
+            for half in 0..2 {
+                let b = b0 + half;
+                let mut wv = [_mm256_setzero_si256(); C];
+                for j in 0..C {
+                    // SAFETY: sub-blocks b0, b0+1 of column c+j exist.
+                    let q = unsafe {
+                        _mm256_loadu_si256(w.qs.as_ptr().add((c + j) * k / 2 + b0 * 16) as *const _)
+                    };
+                    wv[j] = _mm256_and_si256(
+                        if half == 0 {
+                            q
+                        } else {
+                            _mm256_srli_epi16(q, 4)
+                        },
+                        mask,
+                    );
+                }
+                for i in 0..R {
+                    // SAFETY: block b of row r+i exists.
+                    let x = unsafe {
+                        _mm256_loadu_si256(a.q.as_ptr().add((r + i) * k + b * QK) as *const __m256i)
+                    };
+                    let dx = a.d[(r + i) * nb + b];
+                    for j in 0..C {
+                        let isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[j], x), ones);
+                        let scale = _mm256_set1_ps(w.d[(c + j) * nb + b] * dx);
+                        acc[i][j][half] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j][half]);
+                    }
+                }
+            }
+        }
+        let mut out = [[0f32; C]; R];
+        for i in 0..R {
+            for j in 0..C {
+                // SAFETY: AVX2 and FMA are enabled; both minimum arrays hold nb floats here.
+                unsafe {
+                    let main = reduce(_mm256_add_ps(acc[i][j][0], acc[i][j][1]));
+                    let m = w.m.as_ptr().add((c + j) * nb);
+                    let s = a.s.as_ptr().add((r + i) * nb);
+                    out[i][j] = main - min_term_avx(m, s, nb);
+                }
+            }
+        }
+        out
+    }
 
     /// # Safety
     /// AVX2 and FMA; rows `r..r+R` and columns `c..c+C` exist; `k` is a multiple of 64.
@@ -243,6 +413,75 @@ mod avx512 {
     use super::*;
     use crate::kernels::dot::avx2::reduce;
 
+    /// `[d0 × 8, d1 × 8]` from two consecutive floats.
+    #[inline(always)]
+    unsafe fn pair_at(p: *const f32) -> __m512 {
+        let spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        // SAFETY: the caller points at two readable floats.
+        let two = unsafe { _mm_castpd_ps(_mm_load_sd(p as *const f64)) };
+        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(two))
+    }
+
+    /// # Safety
+    /// AVX-512 F/BW/DQ/VL/VNNI and FMA; rows `r..r+R` and columns `c..c+C` exist; `k` is a
+    /// multiple of 64.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma")]
+    pub unsafe fn q4k<const R: usize, const C: usize>(
+        a: &QuantActs,
+        r: usize,
+        w: &Q4KMatrix,
+        c: usize,
+    ) -> [[f32; C]; R] {
+        let (k, nb) = (w.k, w.blocks_per_row());
+        let mask = _mm512_set1_epi8(0x0F);
+        // The same 32 bytes in both halves; the upper half shifted to its high nibbles.
+        let shifts = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        for b in (0..nb).step_by(2) {
+            let mut wv = [_mm512_setzero_si512(); C];
+            let mut dw = [_mm512_setzero_ps(); C];
+            for j in 0..C {
+                // SAFETY: sub-blocks b, b+1 of column c+j (32 bytes, two scales) exist.
+                unsafe {
+                    let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        w.qs.as_ptr().add((c + j) * k / 2 + b * 16) as *const __m256i,
+                    ));
+                    wv[j] = _mm512_and_si512(_mm512_srlv_epi64(q, shifts), mask);
+                    dw[j] = pair_at(w.d.as_ptr().add((c + j) * nb + b));
+                }
+            }
+            for i in 0..R {
+                // SAFETY: blocks b and b+1 of row r+i exist.
+                let (x, dx) = unsafe {
+                    (
+                        _mm512_loadu_si512(a.q.as_ptr().add((r + i) * k + b * QK) as *const _),
+                        pair_at(a.d.as_ptr().add((r + i) * nb + b)),
+                    )
+                };
+                for j in 0..C {
+                    let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[j], x);
+                    let scale = _mm512_mul_ps(dw[j], dx);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[i][j]);
+                }
+            }
+        }
+        let mut out = [[0f32; C]; R];
+        for i in 0..R {
+            for j in 0..C {
+                let even = _mm512_castps512_ps256(acc[i][j]);
+                let odd = _mm512_extractf32x8_ps(acc[i][j], 1);
+                // SAFETY: AVX and FMA are enabled; both minimum arrays hold nb floats here.
+                unsafe {
+                    let main = reduce(_mm256_add_ps(even, odd));
+                    let m = w.m.as_ptr().add((c + j) * nb);
+                    let s = a.s.as_ptr().add((r + i) * nb);
+                    out[i][j] = main - min_term_avx(m, s, nb);
+                }
+            }
+        }
+        out
+    }
+
     /// # Safety
     /// AVX-512 F/BW/DQ/VL/VNNI and FMA; rows `r..r+R` and columns `c..c+C` exist; `k` is a
     /// multiple of 64.
@@ -307,8 +546,8 @@ mod avx512 {
 mod tests {
     use super::*;
     use crate::kernels::kquant::testdata::*;
-    use crate::kernels::kquant::Q4KMatrix;
     use crate::kernels::qmatmul::{qmatmul, QWeights};
+    use crate::kernels::quant::Q4_1Matrix;
 
     fn acts(rows: usize, k: usize, rng: &mut Rng, extreme: bool) -> QuantActs {
         let x: Vec<f32> = (0..rows * k)
@@ -332,12 +571,8 @@ mod tests {
             .unwrap()
     }
 
-    /// Both k-quant formats through a path: Q6_K here, Q4_K on the Q4_1 kernels.
     fn product(path: QPath, threads: usize, a: &QuantActs, w: &Weights, out: &mut [f32]) {
-        match w {
-            Weights::Q4K(m) => qmatmul(&pool(threads), path, a, QWeights::Q4_1(m.blocks()), out),
-            Weights::Q6K(m) => q6k_matmul(&pool(threads), path, a, m, out),
-        }
+        kqmatmul(&pool(threads), path, a, w.kw(), out)
     }
 
     enum Weights {
@@ -346,6 +581,13 @@ mod tests {
     }
 
     impl Weights {
+        fn kw(&self) -> KWeights<'_> {
+            match self {
+                Weights::Q4K(m) => KWeights::Q4K(m),
+                Weights::Q6K(m) => KWeights::Q6K(m),
+            }
+        }
+
         fn dequantize_row(&self, c: usize, out: &mut [f32]) {
             match self {
                 Weights::Q4K(m) => m.dequantize_row(c, out),
@@ -472,6 +714,13 @@ mod tests {
         let (n, k) = (576, 1536);
         let mut rng = Rng(99);
         let [q4k, q6k] = both(n, k, &mut rng, false);
+        let q4_1 = Q4_1Matrix {
+            n,
+            k,
+            qs: (0..n * k / 2).map(|_| rng.next() as u8).collect(),
+            d: (0..n * k / QK).map(|_| rng.f() * 0.01).collect(),
+            m: (0..n * k / QK).map(|_| rng.f() * 0.01).collect(),
+        };
         let mut wf = vec![0.0; n * k];
         for (c, row) in wf.chunks_exact_mut(k).enumerate() {
             q6k.dequantize_row(c, row);
@@ -504,12 +753,7 @@ mod tests {
                 for path in QPath::available() {
                     let us = median(&mut || {
                         QuantActs::quantize(&x, rows, k, &mut a);
-                        match w {
-                            Weights::Q4K(m) => {
-                                qmatmul(&pool, path, &a, QWeights::Q4_1(m.blocks()), &mut out)
-                            }
-                            Weights::Q6K(m) => q6k_matmul(&pool, path, &a, m, &mut out),
-                        }
+                        kqmatmul(&pool, path, &a, w.kw(), &mut out);
                     });
                     eprintln!(
                         "rows={rows:2} threads={threads} {name} {path:?}: {us:8.1} µs ({:.2}× f32)",
@@ -517,6 +761,16 @@ mod tests {
                     );
                 }
             }
+            // For comparison: the Q4_1 kernel on the same shape (Q4_K's cost as Q4_1 blocks).
+            let path = QPath::best();
+            let us = median(&mut || {
+                QuantActs::quantize(&x, rows, k, &mut a);
+                qmatmul(&pool, path, &a, QWeights::Q4_1(&q4_1), &mut out);
+            });
+            eprintln!(
+                "rows={rows:2} threads={threads} Q4_1 {path:?}: {us:8.1} µs ({:.2}× f32)",
+                f32_us / us
+            );
         }
     }
 }

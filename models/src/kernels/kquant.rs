@@ -7,17 +7,16 @@
 //! kernels never decode the 6-bit scale packing and the dequantized values equal ggml's bit for bit.
 //!
 //! - **Q4_K** (`{f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}`): eight sub-blocks of 32 with a 6-bit
-//!   scale and a 6-bit minimum, `w = d·sc·q − dmin·m` with `q ∈ 0..16`. A sub-block of 32 is
-//!   exactly a Q4_1 block (`w = d'·q + m'` with `d' = d·sc`, `m' = −dmin·m`), so Q4_K is stored as
-//!   a [`Q4_1Matrix`] and runs on the Q4_1 kernels of [`super::qmatmul`].
+//!   scale and a 6-bit minimum, `w = d·sc·q − dmin·m` with `q ∈ 0..16`. The nibbles keep ggml's
+//!   order (two sub-blocks per 32 bytes), one f32 scale and one f32 minimum per sub-block.
 //! - **Q6_K** (`{u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}`): sixteen sub-blocks of 16 with an
 //!   i8 scale, `w = d·sc·(q − 32)` with `q ∈ 0..64` split into a low nibble and two high bits.
 //!   Stored as one byte per weight (`q`, unsigned) and one f32 scale per sub-block; the product is
-//!   in [`super::kqmatmul`].
+//!   in [`super::kqmatmul`], as is Q4_K's.
 
 use half::f16;
 
-use super::quant::{Q4_1Matrix, QK};
+use super::quant::QK;
 use crate::error::{ModelError, Result};
 
 /// Elements per k-quant super-block.
@@ -65,72 +64,95 @@ fn q4k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Q4_K weights in the Q4_1 form: per block of 32, `w = d·q + m` with `d = d_K·sc` and
-/// `m = −dmin·m_K` (both f32), nibbles in the Q4_1 order.
+/// Q4_K weights: `w = d[b]·q − m[b]` for sub-block `b` of 32, `q ∈ 0..16`.
 #[derive(Debug, Clone)]
-pub struct Q4KMatrix(Q4_1Matrix);
+pub struct Q4KMatrix {
+    pub n: usize,
+    pub k: usize,
+    /// `n × k/2` bytes in ggml's order: 32 bytes per pair of sub-blocks `2g, 2g+1`, element `e`
+    /// of sub-block `2g` in the low nibble of byte `e` and of `2g+1` in the high nibble, so one
+    /// 32-byte load, a mask and a shift give 64 weights in element order.
+    pub qs: Vec<u8>,
+    /// `n × k/32` f32 scales `d·sc`.
+    pub d: Vec<f32>,
+    /// `n × k/32` f32 minimums `dmin·m` (subtracted).
+    pub m: Vec<f32>,
+}
 
 impl Q4KMatrix {
     /// Repacks ggml `block_q4_K` data of an `n × k` matrix (`k` a multiple of 256).
     pub fn from_q4_k(raw: &[u8], n: usize, k: usize) -> Result<Self> {
         check_len(raw, n, k, Q4K_BYTES, "Q4_K")?;
-        let blocks = n * k / QK;
-        let mut m = Q4_1Matrix {
+        let subs = n * k / QK;
+        let mut out = Self {
             n,
             k,
-            qs: Vec::with_capacity(blocks * 16),
-            d: Vec::with_capacity(blocks),
-            m: Vec::with_capacity(blocks),
+            qs: Vec::with_capacity(n * k / 2),
+            d: Vec::with_capacity(subs),
+            m: Vec::with_capacity(subs),
         };
         for sb in raw.chunks_exact(Q4K_BYTES) {
             let (d, dmin) = (f16_at(sb, 0), f16_at(sb, 2));
-            let scales = &sb[4..16];
-            let qs = &sb[16..Q4K_BYTES];
             for j in 0..QK_K / QK {
-                let (sc, mn) = q4k_scale_min(j, scales);
-                m.d.push(d * f32::from(sc));
-                m.m.push(-(dmin * f32::from(mn)));
-                // Sub-blocks 2g and 2g+1 share 32 bytes: low nibbles, then high nibbles.
-                let bytes = &qs[32 * (j / 2)..32 * (j / 2) + 32];
-                let q = |e: usize| {
-                    if j % 2 == 0 {
-                        bytes[e] & 0x0F
-                    } else {
-                        bytes[e] >> 4
-                    }
-                };
-                m.qs.extend((0..16).map(|e| q(e) | (q(e + 16) << 4)));
+                let (sc, mn) = q4k_scale_min(j, &sb[4..16]);
+                out.d.push(d * f32::from(sc));
+                out.m.push(dmin * f32::from(mn));
             }
+            out.qs.extend_from_slice(&sb[16..Q4K_BYTES]);
         }
-        Ok(Self(m))
+        Ok(out)
     }
 
-    /// The blocks as the Q4_1 kernels take them.
-    pub fn blocks(&self) -> &Q4_1Matrix {
-        &self.0
+    /// Sub-blocks (of 32) per row.
+    pub fn blocks_per_row(&self) -> usize {
+        self.k / QK
     }
 
-    pub fn n(&self) -> usize {
-        self.0.n
-    }
-
-    pub fn k(&self) -> usize {
-        self.0.k
+    /// Quant `e < 32` of sub-block `b` of row `c`.
+    #[inline(always)]
+    pub fn quant(&self, c: usize, b: usize, e: usize) -> u8 {
+        let byte = self.qs[c * self.k / 2 + (b / 2) * QK + e];
+        if b.is_multiple_of(2) {
+            byte & 0x0F
+        } else {
+            byte >> 4
+        }
     }
 
     /// Row `c` dequantized; equal bit for bit to ggml's `dequantize_row_q4_K`.
     pub fn dequantize_row(&self, c: usize, out: &mut [f32]) {
-        self.0.dequantize_row(c, out)
+        let nb = self.blocks_per_row();
+        for b in 0..nb {
+            let (d, m) = (self.d[c * nb + b], self.m[c * nb + b]);
+            for e in 0..QK {
+                out[b * QK + e] = d * f32::from(self.quant(c, b, e)) - m;
+            }
+        }
     }
 
+    /// Bytes the kernel streams per use of the whole matrix.
     pub fn bytes(&self) -> usize {
-        self.0.bytes()
+        self.qs.len() + 4 * (self.d.len() + self.m.len())
     }
 
     /// Stacks matrices with the same row length (fused projections).
     pub fn stack(parts: &[Q4KMatrix]) -> Self {
-        let inner: Vec<Q4_1Matrix> = parts.iter().map(|p| p.0.clone()).collect();
-        Self(Q4_1Matrix::stack(&inner))
+        let k = parts[0].k;
+        let mut out = Self {
+            n: 0,
+            k,
+            qs: Vec::new(),
+            d: Vec::new(),
+            m: Vec::new(),
+        };
+        for p in parts {
+            assert_eq!(p.k, k, "stacked matrices differ in row length");
+            out.n += p.n;
+            out.qs.extend_from_slice(&p.qs);
+            out.d.extend_from_slice(&p.d);
+            out.m.extend_from_slice(&p.m);
+        }
+        out
     }
 }
 
@@ -368,9 +390,6 @@ mod tests {
             Q4KMatrix::from_q4_k(&b, 2, 256).unwrap(),
         ]);
         let whole = Q4KMatrix::from_q4_k(&[a, b].concat(), 3, 256).unwrap();
-        assert_eq!(s.n(), 3);
-        assert_eq!(s.blocks().qs, whole.blocks().qs);
-        assert_eq!(s.blocks().d, whole.blocks().d);
-        assert_eq!(s.blocks().m, whole.blocks().m);
+        assert_eq!((s.n, s.qs, s.d, s.m), (3, whole.qs, whole.d, whole.m));
     }
 }

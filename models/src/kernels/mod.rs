@@ -11,8 +11,8 @@
 //!
 //! - [`dot`]: the fixed-order dot product and its SIMD variants.
 //! - [`matmul`]: `activations × weightsᵀ` over a whole ragged batch, split by output columns.
-//! - [`kquant`] and [`kqmatmul`]: llama.cpp's k-quants (Q4_K, Q6_K) repacked, and the Q6_K
-//!   product (Q4_K runs on the Q4_1 kernels of [`qmatmul`]).
+//! - [`qmatmul`] and [`quant`]: 8-bit activations against Q4_1 / Q4_0 / Q8_0 weights.
+//! - [`kquant`] and [`kqmatmul`]: llama.cpp's k-quants (Q4_K, Q6_K) repacked, and their product.
 //! - [`norm`]: RMS normalisation.
 //! - [`rope`]: rotary position embeddings from a precomputed table.
 //! - [`attention`]: causal grouped-query attention reading KV blocks in place.
