@@ -1,10 +1,12 @@
-//! A weight matrix in the form its kernel runs on: Q4_1 (and Q4_0) or Q8_0 blocks multiplied
-//! directly with 8-bit activations, anything else dequantized to f32 at load.
+//! A weight matrix in the form its kernel runs on: Q4_1 (and Q4_0), Q8_0, Q4_K or Q6_K blocks
+//! multiplied directly with 8-bit activations, anything else dequantized to f32 at load.
 
 use candle_core::quantized::GgmlDType;
 
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Matrix};
+use crate::kernels::kqmatmul::{kqmatmul, KWeights};
+use crate::kernels::kquant::{Q4KMatrix, Q6KMatrix};
 use crate::kernels::matmul::matmul_t;
 use crate::kernels::qmatmul::{qmatmul, QPath, QWeights};
 use crate::kernels::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs};
@@ -15,6 +17,8 @@ pub enum Linear {
     F32(Matrix),
     Q4_1(Q4_1Matrix),
     Q8_0(Q8_0Matrix),
+    Q4K(Q4KMatrix),
+    Q6K(Q6KMatrix),
 }
 
 impl Linear {
@@ -31,6 +35,8 @@ impl Linear {
             GgmlDType::Q4_1 => Self::Q4_1(Q4_1Matrix::from_q4_1(&raw, rows, cols)?),
             GgmlDType::Q4_0 => Self::Q4_1(Q4_1Matrix::from_q4_0(&raw, rows, cols)?),
             GgmlDType::Q8_0 => Self::Q8_0(Q8_0Matrix::from_q8_0(&raw, rows, cols)?),
+            GgmlDType::Q4K => Self::Q4K(Q4KMatrix::from_q4_k(&raw, rows, cols)?),
+            GgmlDType::Q6K => Self::Q6K(Q6KMatrix::from_q6_k(&raw, rows, cols)?),
             _ => Self::F32(file.read_matrix(name, rows, cols)?),
         })
     }
@@ -41,6 +47,8 @@ impl Linear {
             Self::F32(m) => m.rows,
             Self::Q4_1(m) => m.n,
             Self::Q8_0(m) => m.n,
+            Self::Q4K(m) => m.n,
+            Self::Q6K(m) => m.n,
         }
     }
 
@@ -50,6 +58,8 @@ impl Linear {
             Self::F32(m) => m.cols,
             Self::Q4_1(m) => m.k,
             Self::Q8_0(m) => m.k,
+            Self::Q4K(m) => m.k,
+            Self::Q6K(m) => m.k,
         }
     }
 
@@ -59,6 +69,8 @@ impl Linear {
             Self::F32(m) => m.data.len() * 4,
             Self::Q4_1(m) => m.bytes(),
             Self::Q8_0(m) => m.bytes(),
+            Self::Q4K(m) => m.bytes(),
+            Self::Q6K(m) => m.bytes(),
         }
     }
 
@@ -68,6 +80,8 @@ impl Linear {
             Self::F32(m) => out.copy_from_slice(&m.data[r * m.cols..(r + 1) * m.cols]),
             Self::Q4_1(m) => m.dequantize_row(r, out),
             Self::Q8_0(m) => m.dequantize_row(r, out),
+            Self::Q4K(m) => m.dequantize_row(r, out),
+            Self::Q6K(m) => m.dequantize_row(r, out),
         }
     }
 
@@ -110,6 +124,32 @@ impl Linear {
                 .collect();
             return Ok(Self::Q8_0(Q8_0Matrix::stack(&ms)));
         }
+        if parts.iter().all(|p| matches!(p, Self::Q4K(_))) {
+            let ms: Vec<Q4KMatrix> = parts
+                .into_iter()
+                .map(|p| {
+                    if let Self::Q4K(m) = p {
+                        m
+                    } else {
+                        unreachable!()
+                    }
+                })
+                .collect();
+            return Ok(Self::Q4K(Q4KMatrix::stack(&ms)));
+        }
+        if parts.iter().all(|p| matches!(p, Self::Q6K(_))) {
+            let ms: Vec<Q6KMatrix> = parts
+                .into_iter()
+                .map(|p| {
+                    if let Self::Q6K(m) = p {
+                        m
+                    } else {
+                        unreachable!()
+                    }
+                })
+                .collect();
+            return Ok(Self::Q6K(Q6KMatrix::stack(&ms)));
+        }
         let ms = parts
             .into_iter()
             .map(|p| match p {
@@ -133,8 +173,23 @@ impl Linear {
             Self::F32(m) => return matmul_t(pool, x, rows, &m.data, m.rows, out),
             Self::Q4_1(m) => QWeights::Q4_1(m),
             Self::Q8_0(m) => QWeights::Q8_0(m),
+            Self::Q4K(m) => return kquant(pool, x, rows, scratch, KWeights::Q4K(m), out),
+            Self::Q6K(m) => return kquant(pool, x, rows, scratch, KWeights::Q6K(m), out),
         };
         QuantActs::quantize(x, rows, self.cols(), scratch);
         qmatmul(pool, QPath::best(), scratch, w, out);
     }
+}
+
+/// `out = x · Wᵀ` on k-quant weights, rounding `x` into `scratch` first.
+fn kquant(
+    pool: &rayon::ThreadPool,
+    x: &[f32],
+    rows: usize,
+    scratch: &mut QuantActs,
+    w: KWeights<'_>,
+    out: &mut [f32],
+) {
+    QuantActs::quantize(x, rows, w.k(), scratch);
+    kqmatmul(pool, QPath::best(), scratch, w, out);
 }

@@ -11,6 +11,8 @@
 //!
 //! - [`dot`]: the fixed-order dot product and its SIMD variants.
 //! - [`matmul`]: `activations × weightsᵀ` over a whole ragged batch, split by output columns.
+//! - [`qmatmul`] and [`quant`]: 8-bit activations against Q4_1 / Q4_0 / Q8_0 weights.
+//! - [`kquant`] and [`kqmatmul`]: llama.cpp's k-quants (Q4_K, Q6_K) repacked, and their product.
 //! - [`norm`]: RMS normalisation.
 //! - [`rope`]: rotary position embeddings from a precomputed table.
 //! - [`attention`]: causal grouped-query attention reading KV blocks in place.
@@ -19,6 +21,8 @@
 pub mod activation;
 pub mod attention;
 pub mod dot;
+pub mod kqmatmul;
+pub mod kquant;
 pub mod matmul;
 pub mod norm;
 pub mod qmatmul;
