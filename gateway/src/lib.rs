@@ -1,0 +1,16 @@
+//! `sluice-gateway`: the sluice gateway library — who may send requests, how fast, and in what
+//! order they reach the backends. The `sluice` binary (`main.rs`) puts HTTP in front of it.
+//!
+//! Nothing here speaks HTTP: each module takes plain values (a header string, an `Instant`, a
+//! tenant) and returns typed errors whose messages are written for an OpenAI-style error body and
+//! whose `metric_label()` names the rejection reason; the HTTP layer maps them to status codes in
+//! one place.
+//!
+//! # Layout
+//! - [`tenants`]: the `--api-keys` file (TOML or JSON), validated into [`tenants::Tenants`];
+//!   `Authorization: Bearer` keys checked in constant time against stored SHA-256 digests.
+//!
+//! Each module has its own `thiserror` enum: the three fail for unrelated reasons and are
+//! handled at different points of a request (start-up, authentication, before and in the queue).
+
+pub mod tenants;
