@@ -9,8 +9,11 @@
 //! # Layout
 //! - [`tenants`]: the `--api-keys` file (TOML or JSON), validated into [`tenants::Tenants`];
 //!   `Authorization: Bearer` keys checked in constant time against stored SHA-256 digests.
+//! - [`rate_limit`]: per-tenant token buckets for requests and tokens per minute, checked before
+//!   a request queues; tokens are reserved up front and the unused part refunded.
 //!
 //! Each module has its own `thiserror` enum: the three fail for unrelated reasons and are
 //! handled at different points of a request (start-up, authentication, before and in the queue).
 
+pub mod rate_limit;
 pub mod tenants;
