@@ -12,15 +12,17 @@ PEERS ?= $(CURDIR)/../shared/peers
 model:
 	@scripts/fetch-model.sh
 
-## Build release and run the default model on a sample chat (the gateway issue makes this a server).
+## Build release and serve the default model's OpenAI API on 127.0.0.1:8080.
 run: model
-	$(CARGO) run --release -p sluice-models --example generate -- --model smollm2-135m-instruct \
-	  --messages '[{"role": "user", "content": "Explain continuous batching in two sentences."}]'
+	$(CARGO) run --release -p sluice-gateway --bin sluice -- serve --host 127.0.0.1 --port 8080 \
+	  --model smollm2-135m-instruct --model-dir "$(SLUICE_MODEL_DIR)"
 
-## Every test, against the real model.
+## Every test, against the real model: Rust tests, then the `openai` client and schemathesis
+## against the real binary (pinned into target/pyvenv).
 test: model
-	$(CARGO) build --workspace --examples
+	$(CARGO) build --workspace --examples --bins
 	$(CARGO) test --workspace --all-targets
+	scripts/python-tests.sh
 
 ## Release figures of the forward pass, with ratios to llama.cpp measured in the same run.
 bench: model

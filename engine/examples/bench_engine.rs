@@ -107,7 +107,9 @@ fn main() -> anyhow::Result<()> {
         "  prefix case: 90% of each prompt shared; cache hit rate {:.0}% of prompt tokens",
         100.0 * hits as f64 / queries.max(1) as f64
     );
-    println!("peer figures from shared/peers/README.md (llama.cpp server over HTTP, for orientation):");
+    println!(
+        "peer figures from shared/peers/README.md (llama.cpp server over HTTP, for orientation):"
+    );
     println!("  concurrency   1: 58 output tok/s, TTFT p50 0.75 s, ITL p50 10.8 ms");
     println!("  concurrency   4: 89 output tok/s, TTFT p50 2.65 s, ITL p50 29 ms");
     println!("  concurrency  16: 101 output tok/s, TTFT p50 6.8 s, ITL p50 89 ms");
@@ -127,7 +129,10 @@ fn make_prompt(model: &Model, id: usize, len: usize, shared: Option<usize>) -> V
     let mut out = Vec::new();
     if let Some(n) = shared {
         let base = tok
-            .encode(&"Shared context: the sluice gate opens at dawn. ".repeat(n / 8 + 2), false)
+            .encode(
+                &"Shared context: the sluice gate opens at dawn. ".repeat(n / 8 + 2),
+                false,
+            )
             .expect("tokenises");
         out.extend_from_slice(&base[..n.min(base.len())]);
     }

@@ -117,7 +117,10 @@ impl BlockManager {
         for h in hashes {
             let Some(&b) = self.by_hash.get(h) else { break };
             if self.refs[b as usize] == 0 {
-                let at = self.evictable_at.remove(&b).expect("unused cached block is evictable");
+                let at = self
+                    .evictable_at
+                    .remove(&b)
+                    .expect("unused cached block is evictable");
                 self.evictable.remove(&at);
             }
             self.refs[b as usize] += 1;

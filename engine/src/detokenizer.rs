@@ -75,11 +75,9 @@ mod tests {
         let dir = std::env::var_os("SLUICE_MODEL_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/cache"));
-        let loc = sluice_models::registry::resolve(
-            sluice_models::registry::default_model().name,
-            &dir,
-        )
-        .expect("the default model is cached (make model)");
+        let loc =
+            sluice_models::registry::resolve(sluice_models::registry::default_model().name, &dir)
+                .expect("the default model is cached (make model)");
         let file = sluice_models::gguf::GgufFile::open(&loc.path).unwrap();
         Tokenizer::from_gguf(file.content()).unwrap()
     }
@@ -106,10 +104,16 @@ mod tests {
             assert_eq!(d.concat(), tok.decode(&ids, true).unwrap(), "{text}");
             assert_eq!(d.concat(), text);
             for piece in &d {
-                assert!(!piece.contains('\u{FFFD}'), "{text}: broken delta {piece:?}");
+                assert!(
+                    !piece.contains('\u{FFFD}'),
+                    "{text}: broken delta {piece:?}"
+                );
             }
             if text.chars().any(|c| c.len_utf8() > 2) {
-                assert!(d.iter().any(String::is_empty), "{text}: something was held back");
+                assert!(
+                    d.iter().any(String::is_empty),
+                    "{text}: something was held back"
+                );
             }
         }
     }

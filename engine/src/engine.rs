@@ -147,8 +147,8 @@ impl EngineHandle {
             return Err(SubmitError::ShuttingDown);
         }
         let max_tokens = request.validate(&s.limits)?;
-        let waiting = s.load.in_flight.fetch_add(1, Ordering::AcqRel)
-            + s.load.queued.load(Ordering::Acquire);
+        let waiting =
+            s.load.in_flight.fetch_add(1, Ordering::AcqRel) + s.load.queued.load(Ordering::Acquire);
         if waiting >= s.max_waiting {
             s.load.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err(SubmitError::QueueFull {
@@ -385,9 +385,7 @@ impl Core {
                 },
             });
         }
-        self.metrics
-            .batch_tokens
-            .observe(batch.num_tokens() as f64);
+        self.metrics.batch_tokens.observe(batch.num_tokens() as f64);
         self.metrics
             .batch_sequences
             .observe(batch.seqs.len() as f64);
@@ -419,7 +417,9 @@ impl Core {
 
     fn count_plan(&self, plan: &Plan) {
         self.metrics.preemptions.inc_by(plan.preempted as u64);
-        self.metrics.prefix_queries.inc_by(plan.cache_queried as u64);
+        self.metrics
+            .prefix_queries
+            .inc_by(plan.cache_queried as u64);
         self.metrics.prefix_hits.inc_by(plan.cache_hits as u64);
     }
 
@@ -556,7 +556,8 @@ impl Core {
             if let Some(first) = seq.timing.first_token {
                 m.prefill_time
                     .observe(first.duration_since(sched).as_secs_f64());
-                m.decode_time.observe(now.duration_since(first).as_secs_f64());
+                m.decode_time
+                    .observe(now.duration_since(first).as_secs_f64());
             }
         }
         m.finished(reason.label());
@@ -601,7 +602,10 @@ impl Core {
     /// half-updated, so it starts over (the prefix cache is lost; waiting sequences hold no
     /// blocks and stay queued).
     fn fail_running(&mut self, message: &str, reset_blocks: bool) {
-        tracing::error!("{message}; failing {} running sequences", self.sched.running.len());
+        tracing::error!(
+            "{message}; failing {} running sequences",
+            self.sched.running.len()
+        );
         let running = std::mem::take(&mut self.sched.running);
         for seq in running {
             if !reset_blocks {

@@ -114,7 +114,11 @@ impl Request {
         if self.prompt.is_empty() {
             return invalid("the prompt is empty: at least one token is needed".into());
         }
-        if let Some(bad) = self.prompt.iter().find(|&&t| t as usize >= limits.vocab_size) {
+        if let Some(bad) = self
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= limits.vocab_size)
+        {
             return invalid(format!(
                 "prompt token {bad} is outside the vocabulary of {}",
                 limits.vocab_size
@@ -151,7 +155,9 @@ impl Request {
                 ));
             }
             if !(-100.0..=100.0).contains(&b) {
-                return invalid(format!("logit_bias {b} for token {t} must be in [-100, 100]"));
+                return invalid(format!(
+                    "logit_bias {b} for token {t} must be in [-100, 100]"
+                ));
             }
         }
         if p.n == 0 || p.n > limits.max_n {
@@ -226,12 +232,17 @@ mod tests {
     fn budget_defaults_to_what_the_context_leaves() {
         let r = req(10, SamplingParams::default());
         assert_eq!(r.validate(&LIMITS), Ok(40));
-        assert_eq!(req(10, SamplingParams::greedy(40)).validate(&LIMITS), Ok(40));
+        assert_eq!(
+            req(10, SamplingParams::greedy(40)).validate(&LIMITS),
+            Ok(40)
+        );
     }
 
     #[test]
     fn context_overflow_is_its_own_error() {
-        let e = req(10, SamplingParams::greedy(41)).validate(&LIMITS).unwrap_err();
+        let e = req(10, SamplingParams::greedy(41))
+            .validate(&LIMITS)
+            .unwrap_err();
         assert_eq!(
             e,
             SubmitError::ContextLength {
@@ -249,17 +260,75 @@ mod tests {
     #[test]
     fn out_of_range_parameters_are_named() {
         let cases: Vec<(SamplingParams, &str)> = vec![
-            (SamplingParams { temperature: -1.0, ..Default::default() }, "temperature"),
-            (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
-            (SamplingParams { min_p: 1.5, ..Default::default() }, "min_p"),
-            (SamplingParams { presence_penalty: 3.0, ..Default::default() }, "presence_penalty"),
-            (SamplingParams { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty"),
-            (SamplingParams { n: 5, ..Default::default() }, "n 5"),
-            (SamplingParams { logprobs: Some(21), ..Default::default() }, "top_logprobs"),
-            (SamplingParams { stop: vec![String::new()], ..Default::default() }, "stop"),
-            (SamplingParams { max_tokens: Some(0), ..Default::default() }, "max_tokens"),
             (
-                SamplingParams { min_tokens: 9, max_tokens: Some(8), ..Default::default() },
+                SamplingParams {
+                    temperature: -1.0,
+                    ..Default::default()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    top_p: 0.0,
+                    ..Default::default()
+                },
+                "top_p",
+            ),
+            (
+                SamplingParams {
+                    min_p: 1.5,
+                    ..Default::default()
+                },
+                "min_p",
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: 3.0,
+                    ..Default::default()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingParams {
+                    repetition_penalty: 0.0,
+                    ..Default::default()
+                },
+                "repetition_penalty",
+            ),
+            (
+                SamplingParams {
+                    n: 5,
+                    ..Default::default()
+                },
+                "n 5",
+            ),
+            (
+                SamplingParams {
+                    logprobs: Some(21),
+                    ..Default::default()
+                },
+                "top_logprobs",
+            ),
+            (
+                SamplingParams {
+                    stop: vec![String::new()],
+                    ..Default::default()
+                },
+                "stop",
+            ),
+            (
+                SamplingParams {
+                    max_tokens: Some(0),
+                    ..Default::default()
+                },
+                "max_tokens",
+            ),
+            (
+                SamplingParams {
+                    min_tokens: 9,
+                    max_tokens: Some(8),
+                    ..Default::default()
+                },
                 "min_tokens",
             ),
             (

@@ -32,7 +32,9 @@ impl SamplerState {
     /// State for choice `index` of a request. Unseeded requests draw a seed from the OS.
     pub fn new(seed: Option<u64>, index: usize, prompt: &[u32]) -> Self {
         let rng = match seed {
-            Some(s) => ChaCha8Rng::seed_from_u64(s ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            Some(s) => {
+                ChaCha8Rng::seed_from_u64(s ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            }
             None => ChaCha8Rng::from_os_rng(),
         };
         Self {
@@ -103,7 +105,11 @@ fn logprob_of(raw: &[f32], token: u32, k: usize) -> TokenLogprob {
     TokenLogprob {
         token,
         logprob: raw[token as usize] - log_z,
-        top: if k > 0 { top_logprobs(raw, k) } else { Vec::new() },
+        top: if k > 0 {
+            top_logprobs(raw, k)
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -168,7 +174,9 @@ fn draw(l: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
         }
         r -= w;
     }
-    *cand.last().expect("at least the most likely candidate remains")
+    *cand
+        .last()
+        .expect("at least the most likely candidate remains")
 }
 
 #[cfg(test)]
@@ -183,7 +191,9 @@ mod tests {
 
     fn draws(logits: &[f32], p: &SamplingParams, n: usize, seed: u64) -> Vec<u32> {
         let mut st = SamplerState::new(Some(seed), 0, &[]);
-        (0..n).map(|_| sample(logits, p, &mut st, &[]).token).collect()
+        (0..n)
+            .map(|_| sample(logits, p, &mut st, &[]).token)
+            .collect()
     }
 
     #[test]
@@ -208,8 +218,12 @@ mod tests {
         assert_ne!(draws(&logits, &p, 40, 7), draws(&logits, &p, 40, 8));
         let mut a = SamplerState::new(Some(7), 0, &[]);
         let mut b = SamplerState::new(Some(7), 1, &[]);
-        let sa: Vec<u32> = (0..40).map(|_| sample(&logits, &p, &mut a, &[]).token).collect();
-        let sb: Vec<u32> = (0..40).map(|_| sample(&logits, &p, &mut b, &[]).token).collect();
+        let sa: Vec<u32> = (0..40)
+            .map(|_| sample(&logits, &p, &mut a, &[]).token)
+            .collect();
+        let sb: Vec<u32> = (0..40)
+            .map(|_| sample(&logits, &p, &mut b, &[]).token)
+            .collect();
         assert_ne!(sa, sb);
     }
 
@@ -241,7 +255,10 @@ mod tests {
                 let l = &logits;
                 c.sort_by(|a, b| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b)));
                 let max = l[c[0] as usize];
-                let w: Vec<f64> = c.iter().map(|&i| f64::from(l[i as usize] - max).exp()).collect();
+                let w: Vec<f64> = c
+                    .iter()
+                    .map(|&i| f64::from(l[i as usize] - max).exp())
+                    .collect();
                 let total: f64 = w.iter().sum();
                 let mut cum = 0.0;
                 let n = w

@@ -178,7 +178,10 @@ impl Scheduler {
             let n = seq.remaining().min(*left);
             let need = (seq.num_computed + n).div_ceil(bs);
             while seq.blocks.len() < need {
-                let b = self.blocks.allocate().expect("checked against the available blocks");
+                let b = self
+                    .blocks
+                    .allocate()
+                    .expect("checked against the available blocks");
                 seq.blocks.push(b);
             }
             *left -= n;
@@ -242,7 +245,9 @@ mod tests {
             eos: Vec::new(),
         });
         // Distinct tokens per request, so prompts share no cached prefix by accident.
-        let tokens = (0..prompt_len as u32).map(|t| t + 1000 * arrival_seq as u32).collect();
+        let tokens = (0..prompt_len as u32)
+            .map(|t| t + 1000 * arrival_seq as u32)
+            .collect();
         Seq::new(req, 0, tokens)
     }
 

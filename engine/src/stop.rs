@@ -111,10 +111,7 @@ mod tests {
             run(&["b", "ab"], &["xab"]),
             ("x".to_string(), Some("ab".to_string()))
         );
-        assert_eq!(
-            run(&["é!"], &["café", "?"]),
-            ("café?".to_string(), None)
-        );
+        assert_eq!(run(&["é!"], &["café", "?"]), ("café?".to_string(), None));
         assert_eq!(
             run(&["é!"], &["café", "!"]),
             ("caf".to_string(), Some("é!".to_string()))

@@ -125,7 +125,10 @@ fn n_choices_share_the_prompt() {
     let one = run(&engine, request(p, sampled(7, 24))).remove(0);
     assert_eq!(four[0].token_ids, one.token_ids);
     let distinct: std::collections::HashSet<_> = four.iter().map(|c| &c.token_ids).collect();
-    assert!(distinct.len() > 1, "four sampled choices were all identical");
+    assert!(
+        distinct.len() > 1,
+        "four sampled choices were all identical"
+    );
 }
 
 /// Penalties, logit bias, min_tokens, ignore_eos and stop tokens change what is generated.
@@ -240,8 +243,12 @@ fn submission_errors_are_typed() {
         .submit(request(p.clone(), SamplingParams::greedy(60)))
         .unwrap();
     wait_for(&engine, "one running", |l| l.running == 1);
-    let w1 = engine.submit(request(p.clone(), SamplingParams::greedy(2))).unwrap();
-    let w2 = engine.submit(request(p.clone(), SamplingParams::greedy(2))).unwrap();
+    let w1 = engine
+        .submit(request(p.clone(), SamplingParams::greedy(2)))
+        .unwrap();
+    let w2 = engine
+        .submit(request(p.clone(), SamplingParams::greedy(2)))
+        .unwrap();
     let full = engine.submit(request(p.clone(), SamplingParams::greedy(2)));
     assert_eq!(full.unwrap_err(), SubmitError::QueueFull { max_waiting: 2 });
     for s in [running, w1, w2] {
@@ -271,7 +278,10 @@ fn a_shared_prefix_is_prefilled_once() {
     let cached = second.usage.cached_prompt_tokens;
     assert_eq!(cached, shared / bs * bs);
     assert_eq!(fed, b.len() - cached + 3, "prefilled tokens plus 3 decodes");
-    assert_eq!(engine.metrics().prefix_hits.get() - hits_before, cached as u64);
+    assert_eq!(
+        engine.metrics().prefix_hits.get() - hits_before,
+        cached as u64
+    );
     // And the answer is the one computed without the cache.
     let cold = start(|c| c.enable_prefix_caching = false);
     let reference = run(&cold, request(b, SamplingParams::greedy(4))).remove(0);
@@ -287,6 +297,8 @@ fn a_dropped_stream_is_aborted() {
         .unwrap();
     assert!(matches!(s.blocking_next(), Some(Event::Delta(_))));
     drop(s);
-    wait_for(&engine, "abort", |l| l.running == 0 && l.kv_blocks_used == 0);
+    wait_for(&engine, "abort", |l| {
+        l.running == 0 && l.kv_blocks_used == 0
+    });
     assert_eq!(engine.metrics().finished_count("abort"), 1);
 }

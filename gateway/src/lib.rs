@@ -1,12 +1,14 @@
-//! `sluice-gateway`: the sluice gateway library — who may send requests, how fast, and in what
-//! order they reach the backends. The `sluice` binary (`main.rs`) puts HTTP in front of it.
+//! `sluice-gateway`: what the `sluice` binary serves — the OpenAI-compatible HTTP API, API
+//! keys and tenants, rate limits, the admission queue, and the backend seam to engines.
 //!
-//! Nothing here speaks HTTP: each module takes plain values (a header string, an `Instant`, a
-//! tenant) and returns typed errors whose messages are written for an OpenAI-style error body and
-//! whose `metric_label()` names the rejection reason; the HTTP layer maps them to status codes in
-//! one place.
+//! Only [`api`] and [`error`] speak HTTP. The policy modules take plain values (a header
+//! string, an `Instant`, a tenant) and return typed errors whose messages are written for an
+//! OpenAI-style error body and whose `metric_label()` names the rejection reason; [`error`]
+//! maps everything to status codes in one place.
 //!
 //! # Layout
+//! - [`api`]: the router ([`api::app`]), request/response types, validation, streaming.
+//! - [`error`]: every API error and its one mapping to status + OpenAI error JSON.
 //! - [`tenants`]: the `--api-keys` file (TOML or JSON), validated into [`tenants::Tenants`];
 //!   `Authorization: Bearer` keys checked in constant time against stored SHA-256 digests.
 //! - [`rate_limit`]: per-tenant token buckets for requests and tokens per minute, checked before
@@ -14,10 +16,22 @@
 //! - [`admission`]: the queue in front of saturated backends — priority classes, weighted fair
 //!   share between tenants, per-tenant concurrency caps, shedding, queue timeouts, and removal
 //!   of requests whose client left.
+//! - [`backend`]: the `Backend` trait the API talks to; `LocalBackend` wraps an in-process
+//!   engine.
+//! - [`server`]: the socket, header timeout and the SIGTERM drain.
+//! - [`config`]: `sluice serve` flags and their validation.
+//! - [`metrics`]: `sluice_gateway_*` series.
 //!
-//! Each module has its own `thiserror` enum: the three fail for unrelated reasons and are
-//! handled at different points of a request (start-up, authentication, before and in the queue).
+//! The policy modules each have their own `thiserror` enum: they fail for unrelated reasons
+//! and are handled at different points of a request (start-up, authentication, before and in
+//! the queue); [`error::ApiError`] is the crate's error at the HTTP boundary.
 
 pub mod admission;
+pub mod api;
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod metrics;
 pub mod rate_limit;
+pub mod server;
 pub mod tenants;

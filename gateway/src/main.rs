@@ -1,10 +1,21 @@
-//! `sluice`: the gateway binary. For now it inspects models; `sluice serve` comes with the
-//! gateway issue.
+//! `sluice`: the gateway binary. `sluice serve` runs the OpenAI-compatible server with an
+//! in-process engine; `sluice inspect` describes a model file.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use sluice_engine::{Engine, EngineConfig};
+use sluice_gateway::admission::{Admission, AdmissionConfig};
+use sluice_gateway::api::{self, AppState, HttpLimits};
+use sluice_gateway::backend::LocalBackend;
+use sluice_gateway::config::{ServeArgs, ServeConfig};
+use sluice_gateway::metrics::GatewayMetrics;
+use sluice_gateway::rate_limit::RateLimiter;
+use sluice_gateway::server::{self, ServeOptions};
+use sluice_gateway::tenants::Tenants;
 use sluice_models::{registry, Model, ModelOptions};
 
 #[derive(Parser, Debug)]
@@ -16,6 +27,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Serve the OpenAI-compatible API with the model running in this process.
+    Serve(Box<ServeArgs>),
     /// Load a model and print what it is: architecture, sizes, special tokens, load time.
     Inspect {
         /// A path to a .gguf file or a registry name.
@@ -29,40 +42,179 @@ enum Command {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Inspect { model, model_dir } => {
-            let location = registry::resolve(&model, &model_dir)?;
-            let m = Model::load(&location.path, &ModelOptions::default())?;
-            let c = m.config();
-            println!(
-                "model       {} ({})",
-                location.name,
-                location.path.display()
-            );
-            println!("arch        {} '{}'", c.architecture, c.name);
-            println!(
-                "layers      {}, width {}, ffn {}, heads {} (kv {}), head dim {}",
-                c.block_count,
-                c.embedding_length,
-                c.feed_forward_length,
-                c.head_count,
-                c.head_count_kv,
-                c.head_dim
-            );
-            println!(
-                "context     {} tokens, vocab {}",
-                c.context_length, c.vocab_size
-            );
-            println!("eos         {:?}", m.tokenizer().eos_ids());
-            println!(
-                "template    {}",
-                if m.chat_template().is_some() {
-                    "yes"
-                } else {
-                    "no"
+        Command::Serve(args) => {
+            let cfg = match args.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("sluice serve: {e}");
+                    std::process::exit(2);
                 }
+            };
+            init_logging();
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .thread_name("sluice-http")
+                .build()?
+                .block_on(serve(cfg))
+        }
+        Command::Inspect { model, model_dir } => inspect(&model, &model_dir),
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn serve(cfg: ServeConfig) -> Result<()> {
+    let tenants = match &cfg.api_keys {
+        Some(p) => Tenants::from_file(p)?,
+        None => Tenants::open(),
+    };
+    if tenants.is_open() {
+        tracing::warn!("no --api-keys: the server is open to anyone who can reach it");
+        if !cfg.addr.ip().is_loopback() {
+            tracing::warn!(
+                "binding {} without API keys exposes the model to the network",
+                cfg.addr
             );
-            println!("load time   {:.2} s", m.load_time().as_secs_f64());
         }
     }
+    let location = registry::resolve(&cfg.model, &cfg.model_dir)?;
+    let served = cfg
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| location.name.clone());
+    let registry = prometheus::Registry::new();
+    let metrics = GatewayMetrics::register(&registry)?;
+    let state = Arc::new(AppState {
+        backend: OnceLock::new(),
+        served_model: served.clone(),
+        limiter: RateLimiter::new(&tenants),
+        tenants,
+        admission: Admission::new(AdmissionConfig {
+            max_in_flight: cfg.max_in_flight,
+            max_queue: cfg.max_queue,
+            queue_timeout: cfg.queue_timeout,
+        }),
+        metrics,
+        registry: registry.clone(),
+        draining: AtomicBool::new(false),
+        in_flight: Arc::default(),
+        limits: HttpLimits {
+            max_body_bytes: cfg.max_body_bytes,
+            body_timeout: cfg.body_timeout,
+            request_timeout: cfg.request_timeout,
+        },
+        log_prompts: cfg.log_prompts,
+    });
+    let listener = tokio::net::TcpListener::bind(cfg.addr)
+        .await
+        .with_context(|| format!("binding {}", cfg.addr))?;
+    let addr = listener.local_addr()?;
+    // Tests and scripts read this line for the port.
+    println!("sluice listening on http://{addr}");
+    tracing::info!(%addr, model = %served, "listening; loading the model");
+
+    // Load in the background: /health answers at once, /ready once the model is in.
+    let loader_state = state.clone();
+    let loader_cfg = cfg.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = load(&loader_cfg, &location.path, served, registry, &loader_state) {
+            tracing::error!("{e:#}");
+            eprintln!("sluice serve: {e:#}");
+            std::process::exit(1);
+        }
+    });
+
+    let drained = server::run(
+        listener,
+        api::app(state.clone()),
+        state,
+        ServeOptions {
+            header_timeout: cfg.header_timeout,
+            drain_timeout: cfg.drain_timeout,
+        },
+        server::shutdown_signal(),
+    )
+    .await;
+    tracing::info!(drained, "stopped");
+    Ok(())
+}
+
+fn load(
+    cfg: &ServeConfig,
+    path: &std::path::Path,
+    served: String,
+    registry: prometheus::Registry,
+    state: &AppState,
+) -> Result<()> {
+    let model = Model::load(
+        path,
+        &ModelOptions {
+            threads: cfg.threads,
+            ..ModelOptions::default()
+        },
+    )
+    .with_context(|| format!("loading {}", path.display()))?;
+    let model = Arc::new(model);
+    let mut ec = EngineConfig::for_model(&model);
+    ec.model_name = served.clone();
+    ec.max_num_seqs = cfg.max_num_seqs;
+    ec.max_num_batched_tokens = cfg.max_num_batched_tokens;
+    ec.max_model_len = cfg.max_model_len;
+    ec.kv_cache_bytes = cfg.kv_cache_bytes;
+    ec.enable_prefix_caching = cfg.prefix_caching;
+    let engine = Engine::start_with_registry(model.clone(), ec, registry)?;
+    tracing::info!(
+        load_s = model.load_time().as_secs_f64(),
+        kv_blocks = engine.num_kv_blocks(),
+        max_model_len = engine.max_model_len(),
+        "model loaded; ready"
+    );
+    let _ = state
+        .backend
+        .set(Arc::new(LocalBackend::new(served, engine)));
+    Ok(())
+}
+
+fn inspect(model: &str, model_dir: &std::path::Path) -> Result<()> {
+    let location = registry::resolve(model, model_dir)?;
+    let m = Model::load(&location.path, &ModelOptions::default())?;
+    let c = m.config();
+    println!(
+        "model       {} ({})",
+        location.name,
+        location.path.display()
+    );
+    println!("arch        {} '{}'", c.architecture, c.name);
+    println!(
+        "layers      {}, width {}, ffn {}, heads {} (kv {}), head dim {}",
+        c.block_count,
+        c.embedding_length,
+        c.feed_forward_length,
+        c.head_count,
+        c.head_count_kv,
+        c.head_dim
+    );
+    println!(
+        "context     {} tokens, vocab {}",
+        c.context_length, c.vocab_size
+    );
+    println!("eos         {:?}", m.tokenizer().eos_ids());
+    println!(
+        "template    {}",
+        if m.chat_template().is_some() {
+            "yes"
+        } else {
+            "no"
+        }
+    );
+    println!("load time   {:.2} s", m.load_time().as_secs_f64());
     Ok(())
 }

@@ -49,7 +49,10 @@ pub fn prompt(text: &str) -> Vec<u32> {
     let m = model();
     let tpl = m.chat_template().expect("the model has a chat template");
     let rendered = tpl
-        .render(&[sluice_models::chat_template::ChatMessage::new("user", text)], true)
+        .render(
+            &[sluice_models::chat_template::ChatMessage::new("user", text)],
+            true,
+        )
         .unwrap();
     m.tokenizer().encode(&rendered, true).unwrap()
 }
@@ -80,7 +83,10 @@ pub fn collect(mut stream: sluice_engine::EventStream, n: usize) -> Vec<Choice> 
     let mut partial: Vec<(Vec<String>, Vec<u32>, Vec<TokenLogprob>)> = vec![Default::default(); n];
     let mut done = 0;
     while done < n {
-        match stream.blocking_next().expect("the stream ends only after every finish") {
+        match stream
+            .blocking_next()
+            .expect("the stream ends only after every finish")
+        {
             Event::Delta(d) => {
                 assert!(choices[d.index].is_none(), "delta after finish");
                 let p = &mut partial[d.index];
@@ -103,7 +109,10 @@ pub fn collect(mut stream: sluice_engine::EventStream, n: usize) -> Vec<Choice> 
             }
         }
     }
-    assert!(stream.blocking_next().is_none(), "nothing after the last finish");
+    assert!(
+        stream.blocking_next().is_none(),
+        "nothing after the last finish"
+    );
     choices.into_iter().map(|c| c.unwrap()).collect()
 }
 
@@ -120,7 +129,10 @@ pub fn wait_for(engine: &EngineHandle, what: &str, cond: impl Fn(&sluice_engine:
         if cond(&l) {
             return;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {l:?}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {l:?}"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }

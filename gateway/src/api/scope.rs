@@ -1,0 +1,191 @@
+//! [`RequestScope`]: what lives exactly as long as one generation request — its in-flight
+//! count (drain waits on it), its admission permit and rate reservation (released or refunded
+//! through `on_done`), and the one log line and metrics written when it ends.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::Notify;
+
+use crate::error::ApiError;
+use crate::metrics::GatewayMetrics;
+
+/// Requests being answered; drain waits for zero.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl InFlight {
+    pub fn enter(self: &Arc<Self>) -> InFlightGuard {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard(self.clone())
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Resolves when nothing is in flight.
+    pub async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.count() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct InFlightGuard(Arc<InFlight>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Outcome {
+    status: u16,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+}
+
+/// Called once when the request ends, with the completion tokens generated.
+pub type OnDone = Box<dyn FnOnce(usize) + Send>;
+
+pub struct RequestScope {
+    pub id: String,
+    pub tenant: String,
+    route: &'static str,
+    started: Instant,
+    first_token: Option<Instant>,
+    outcome: Option<Outcome>,
+    metrics: GatewayMetrics,
+    on_done: Vec<OnDone>,
+    _in_flight: InFlightGuard,
+}
+
+impl std::fmt::Debug for RequestScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestScope")
+            .field("id", &self.id)
+            .field("tenant", &self.tenant)
+            .field("route", &self.route)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RequestScope {
+    pub fn new(
+        id: String,
+        tenant: String,
+        route: &'static str,
+        started: Instant,
+        metrics: GatewayMetrics,
+        in_flight: InFlightGuard,
+    ) -> Self {
+        metrics.in_flight.with_label_values(&[&tenant]).inc();
+        Self {
+            id,
+            tenant,
+            route,
+            started,
+            first_token: None,
+            outcome: None,
+            metrics,
+            on_done: Vec::new(),
+            _in_flight: in_flight,
+        }
+    }
+
+    /// Runs `f` when the request ends.
+    pub fn on_done(&mut self, f: OnDone) {
+        self.on_done.push(f);
+    }
+
+    pub fn first_token(&mut self) {
+        if self.first_token.is_none() {
+            let now = Instant::now();
+            self.first_token = Some(now);
+            self.metrics
+                .ttft
+                .with_label_values(&[self.route])
+                .observe((now - self.started).as_secs_f64());
+        }
+    }
+
+    pub fn succeed(&mut self, completion_tokens: usize, prompt_tokens: usize) {
+        self.outcome = Some(Outcome {
+            status: 200,
+            prompt_tokens,
+            completion_tokens,
+        });
+    }
+
+    pub fn fail(&mut self, e: &ApiError) {
+        self.metrics
+            .rejections
+            .with_label_values(&[e.metric_label()])
+            .inc();
+        self.outcome = Some(Outcome {
+            status: e.status().as_u16(),
+            prompt_tokens: 0,
+            completion_tokens: 0,
+        });
+    }
+
+    /// The client closed the connection (nginx's 499).
+    pub fn client_gone(&mut self) {
+        self.outcome.get_or_insert(Outcome {
+            status: 499,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+        });
+    }
+}
+
+impl Drop for RequestScope {
+    fn drop(&mut self) {
+        // A scope dropped without an outcome was cancelled: the client went away.
+        let o = self.outcome.unwrap_or(Outcome {
+            status: 499,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+        });
+        let elapsed = self.started.elapsed();
+        self.metrics
+            .e2e
+            .with_label_values(&[self.route])
+            .observe(elapsed.as_secs_f64());
+        self.metrics
+            .requests
+            .with_label_values(&[self.route, &o.status.to_string()])
+            .inc();
+        self.metrics
+            .in_flight
+            .with_label_values(&[&self.tenant])
+            .dec();
+        for f in self.on_done.drain(..) {
+            f(o.completion_tokens);
+        }
+        tracing::info!(
+            request_id = %self.id,
+            tenant = %self.tenant,
+            route = self.route,
+            status = o.status,
+            prompt_tokens = o.prompt_tokens,
+            completion_tokens = o.completion_tokens,
+            ttft_ms = self.first_token.map(|t| (t - self.started).as_millis() as u64),
+            duration_ms = elapsed.as_millis() as u64,
+            "request"
+        );
+    }
+}

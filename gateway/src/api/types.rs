@@ -1,0 +1,381 @@
+//! OpenAI's request and response bodies, as serde types. The OpenAPI document is generated
+//! from these (utoipa), so the schema and the parser cannot drift apart.
+//!
+//! Requests keep out-of-range values as parsed (wider integer types, `f64`) so validation can
+//! name the field and the allowed range instead of failing with a serde type error. Fields the
+//! server does not implement are captured as raw JSON so their presence is refused by name.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// Declares a request struct with the sampling fields both endpoints accept, written out in
+/// each struct (not `#[serde(flatten)]`, which would lose the field name from type errors).
+macro_rules! with_sampling_fields {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident: $t:ty,)* }) => {
+        $(#[$m])*
+        pub struct $name {
+            $($(#[$fm])* pub $f: $t,)*
+            #[schema(minimum = 1)]
+            pub max_tokens: Option<i64>,
+            #[schema(minimum = 0, maximum = 2)]
+            pub temperature: Option<f64>,
+            #[schema(exclusive_minimum = 0, maximum = 1)]
+            pub top_p: Option<f64>,
+            /// Extension (vLLM): keep the k most likely tokens; 0 or -1 disables.
+            pub top_k: Option<i64>,
+            /// Extension (vLLM): drop tokens below min_p × the most likely one's probability.
+            #[schema(minimum = 0, maximum = 1)]
+            pub min_p: Option<f64>,
+            #[schema(minimum = 1, maximum = 16)]
+            pub n: Option<i64>,
+            pub stop: Option<StopSpec>,
+            pub seed: Option<i64>,
+            #[schema(minimum = -2, maximum = 2)]
+            pub presence_penalty: Option<f64>,
+            #[schema(minimum = -2, maximum = 2)]
+            pub frequency_penalty: Option<f64>,
+            /// Extension (vLLM): the CTRL repetition penalty (1 disables).
+            #[schema(exclusive_minimum = 0, maximum = 10)]
+            pub repetition_penalty: Option<f64>,
+            /// Token id (as a string, as OpenAI sends it) → bias in -100..100.
+            pub logit_bias: Option<HashMap<String, f64>>,
+            pub stream: Option<bool>,
+            pub stream_options: Option<StreamOptions>,
+            pub user: Option<String>,
+            /// Extension (vLLM): keep generating past end-of-sequence tokens.
+            pub ignore_eos: Option<bool>,
+            /// Extension (vLLM): no end-of-sequence or stop before this many tokens.
+            pub min_tokens: Option<i64>,
+            /// Extension: higher is served first; negative is sheddable under load.
+            pub priority: Option<i64>,
+            /// Extension (vLLM): token ids that end a choice.
+            pub stop_token_ids: Option<Vec<i64>>,
+            /// Extension (vLLM): leave special tokens out of the text (default true).
+            pub skip_special_tokens: Option<bool>,
+        }
+
+        impl $name {
+            /// The fields both endpoints share, for validation in one place.
+            pub fn sampling_fields(&self) -> SamplingFields {
+                SamplingFields {
+                    max_tokens: self.max_tokens,
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    min_p: self.min_p,
+                    n: self.n,
+                    stop: self.stop.clone(),
+                    seed: self.seed,
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    repetition_penalty: self.repetition_penalty,
+                    logit_bias: self.logit_bias.clone(),
+                    stream: self.stream,
+                    stream_options: self.stream_options.clone(),
+                    ignore_eos: self.ignore_eos,
+                    min_tokens: self.min_tokens,
+                    priority: self.priority,
+                    stop_token_ids: self.stop_token_ids.clone(),
+                    skip_special_tokens: self.skip_special_tokens,
+                }
+            }
+        }
+    };
+}
+
+/// The sampling fields of either request, as parsed.
+#[derive(Debug, Clone, Default)]
+pub struct SamplingFields {
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub n: Option<i64>,
+    pub stop: Option<StopSpec>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<i64>,
+    pub priority: Option<i64>,
+    pub stop_token_ids: Option<Vec<i64>>,
+    pub skip_special_tokens: Option<bool>,
+}
+
+/// A chat message's content: a string or text parts.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ChatMessageIn {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tool_calls: Option<Value>,
+}
+
+with_sampling_fields! {
+    #[derive(Debug, Clone, Deserialize, ToSchema)]
+    pub struct ChatCompletionRequest {
+        pub model: String,
+        pub messages: Vec<ChatMessageIn>,
+        /// Newer name for `max_tokens`; wins when both are given.
+        pub max_completion_tokens: Option<i64>,
+        pub logprobs: Option<bool>,
+        pub top_logprobs: Option<i64>,
+        #[schema(value_type = Option<Object>)]
+        pub tools: Option<Value>,
+        #[schema(value_type = Option<Object>)]
+        pub tool_choice: Option<Value>,
+        #[schema(value_type = Option<Object>)]
+        pub functions: Option<Value>,
+        #[schema(value_type = Option<Object>)]
+        pub function_call: Option<Value>,
+        /// Only `{"type": "text"}` is supported.
+        #[schema(value_type = Option<Object>)]
+        pub response_format: Option<Value>,
+        #[schema(value_type = Option<Object>)]
+        pub audio: Option<Value>,
+        #[schema(value_type = Option<Object>)]
+        pub prediction: Option<Value>,
+        #[schema(value_type = Option<Object>)]
+        pub web_search_options: Option<Value>,
+    }
+}
+
+/// `prompt`: text, texts, token ids, or lists of token ids.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum PromptSpec {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+with_sampling_fields! {
+    #[derive(Debug, Clone, Deserialize, ToSchema)]
+    pub struct CompletionRequest {
+        pub model: String,
+        pub prompt: PromptSpec,
+        /// Top alternatives per token, 0..=20 (OpenAI: 0..=5).
+        pub logprobs: Option<i64>,
+        pub echo: Option<bool>,
+        pub best_of: Option<i64>,
+        #[schema(value_type = Option<String>)]
+        pub suffix: Option<Value>,
+    }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct UsageOut {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TopLogprobOut {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprobOut>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AssistantMessage {
+    pub role: &'static str,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: UsageOut,
+    pub system_fingerprint: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatChunkChoice {
+    pub index: usize,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    /// `null` on every chunk but the last when usage is asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<UsageOut>>,
+    pub system_fingerprint: Option<String>,
+}
+
+/// The legacy completions logprobs shape.
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<HashMap<String, f32>>,
+    pub text_offset: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Completion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<UsageOut>>,
+    pub system_fingerprint: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    /// Extension (vLLM): the longest prompt + completion.
+    pub max_model_len: usize,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+/// `POST /tokenize`: text (rendered as a completion prompt) or chat messages.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// With `messages`: append the assistant turn's opening (default true).
+    pub add_generation_prompt: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TokenizeResponse {
+    pub tokens: Vec<u32>,
+    pub count: usize,
+    pub max_model_len: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
+}
+
+/// OpenAI's error body.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<String>,
+}

@@ -1,0 +1,64 @@
+//! The seam between the HTTP layer and whatever generates: an in-process engine now, remote
+//! replicas with the routing issue. The API layer only sees this trait.
+
+use std::sync::Arc;
+
+use sluice_engine::{EngineHandle, EventStream, Load, Request, SubmitError};
+use sluice_models::Model;
+
+pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
+    /// The model id clients name in `model`.
+    fn model_id(&self) -> &str;
+    /// The model, for rendering chat templates and tokenising.
+    fn model(&self) -> &Arc<Model>;
+    /// Longest prompt + completion.
+    fn max_model_len(&self) -> usize;
+    /// Queues a generation; the stream ends after a `Finish` per choice.
+    fn submit(&self, request: Request) -> Result<EventStream, SubmitError>;
+    fn load(&self) -> Load;
+    /// Stops taking work; in-flight requests finish.
+    fn shutdown(&self);
+}
+
+/// An engine running in this process.
+#[derive(Debug, Clone)]
+pub struct LocalBackend {
+    id: String,
+    engine: EngineHandle,
+}
+
+impl LocalBackend {
+    pub fn new(id: String, engine: EngineHandle) -> Self {
+        Self { id, engine }
+    }
+
+    pub fn engine(&self) -> &EngineHandle {
+        &self.engine
+    }
+}
+
+impl Backend for LocalBackend {
+    fn model_id(&self) -> &str {
+        &self.id
+    }
+
+    fn model(&self) -> &Arc<Model> {
+        self.engine.model()
+    }
+
+    fn max_model_len(&self) -> usize {
+        self.engine.max_model_len()
+    }
+
+    fn submit(&self, request: Request) -> Result<EventStream, SubmitError> {
+        self.engine.submit(request)
+    }
+
+    fn load(&self) -> Load {
+        self.engine.load()
+    }
+
+    fn shutdown(&self) {
+        self.engine.shutdown();
+    }
+}

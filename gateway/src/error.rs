@@ -1,0 +1,223 @@
+//! Every error the HTTP API returns, and the one place each becomes a status code and
+//! OpenAI's `{"error": {"message", "type", "param", "code"}}` body. Messages are written for
+//! API users: they give the offending field and the allowed range, never paths or panics.
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use sluice_engine::SubmitError;
+
+use crate::api::types::{ErrorBody, ErrorDetail};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed JSON, a wrong type, an out-of-range value, an unsupported field.
+    #[error("{message}")]
+    BadRequest {
+        message: String,
+        param: Option<String>,
+        code: Option<&'static str>,
+    },
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("The model '{0}' does not exist")]
+    ModelNotFound(String),
+    #[error("The request body is larger than the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    /// Queue full, rate limited, shed: come back later.
+    #[error("{message}")]
+    TooManyRequests {
+        message: String,
+        /// `None`: retrying cannot help (the request is larger than the whole allowance).
+        retry_after: Option<Duration>,
+        reason: &'static str,
+    },
+    /// Not ready yet, or draining.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("The request did not finish within its deadline of {0:?}")]
+    Timeout(Duration),
+    /// Something failed inside; the detail goes to the log, not to the client.
+    #[error("The server had an error while processing your request")]
+    Internal,
+    #[error("Not found")]
+    RouteNotFound,
+    #[error("Method not allowed")]
+    MethodNotAllowed,
+    #[error("The request body did not arrive within {0:?}")]
+    BodyTimeout(std::time::Duration),
+}
+
+impl ApiError {
+    pub fn bad(message: impl Into<String>, param: impl Into<String>) -> Self {
+        Self::BadRequest {
+            message: message.into(),
+            param: Some(param.into()),
+            code: None,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::ModelNotFound(_) | Self::RouteNotFound => StatusCode::NOT_FOUND,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+        }
+    }
+
+    /// Why a request was refused, for `sluice_gateway_rejections_total{reason}`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::BadRequest { code: Some(c), .. } => c,
+            Self::BadRequest { .. } => "invalid_request",
+            Self::Unauthorized(_) => "unauthorized",
+            Self::ModelNotFound(_) => "model_not_found",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::TooManyRequests { reason, .. } => reason,
+            Self::Unavailable(_) => "unavailable",
+            Self::Timeout(_) => "timeout",
+            Self::Internal => "internal",
+            Self::RouteNotFound => "route_not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::BodyTimeout(_) => "body_timeout",
+        }
+    }
+
+    /// The OpenAI error body.
+    pub fn body(&self) -> ErrorBody {
+        let (kind, param, code): (&'static str, Option<String>, Option<String>) = match self {
+            Self::BadRequest { param, code, .. } => (
+                "invalid_request_error",
+                param.clone(),
+                code.map(str::to_string),
+            ),
+            Self::Unauthorized(_) => (
+                "invalid_request_error",
+                None,
+                Some("invalid_api_key".into()),
+            ),
+            Self::ModelNotFound(_) => (
+                "invalid_request_error",
+                Some("model".into()),
+                Some("model_not_found".into()),
+            ),
+            Self::PayloadTooLarge { .. } => ("invalid_request_error", None, None),
+            Self::TooManyRequests { reason, .. } => {
+                ("rate_limit_error", None, Some((*reason).to_string()))
+            }
+            Self::Unavailable(_) => ("service_unavailable", None, None),
+            Self::Timeout(_) => ("timeout", None, None),
+            Self::Internal => ("internal_error", None, None),
+            Self::RouteNotFound | Self::MethodNotAllowed | Self::BodyTimeout(_) => {
+                ("invalid_request_error", None, None)
+            }
+        };
+        ErrorBody {
+            error: ErrorDetail {
+                message: self.to_string(),
+                kind,
+                param,
+                code,
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status(), Json(self.body())).into_response();
+        if let Self::TooManyRequests {
+            retry_after: Some(retry_after),
+            ..
+        } = &self
+        {
+            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            resp.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_str(&secs.to_string()).expect("digits are a valid header"),
+            );
+        }
+        resp
+    }
+}
+
+/// The engine's refusals, with the request's prompt field named for context errors.
+pub fn from_submit(e: SubmitError, prompt_param: &str) -> ApiError {
+    match e {
+        SubmitError::ContextLength { .. } => ApiError::BadRequest {
+            message: format!("{e}. Please reduce the length of the prompt or of max_tokens."),
+            param: Some(prompt_param.to_string()),
+            code: Some("context_length_exceeded"),
+        },
+        SubmitError::QueueFull { .. } => ApiError::TooManyRequests {
+            message: e.to_string(),
+            retry_after: Some(Duration::from_secs(1)),
+            reason: "queue_full",
+        },
+        SubmitError::ShuttingDown => {
+            ApiError::Unavailable("The server is shutting down; retry on another replica".into())
+        }
+        SubmitError::InvalidRequest(m) => ApiError::BadRequest {
+            message: m,
+            param: None,
+            code: None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_the_openai_shape_and_a_status() {
+        let cases = [
+            (
+                ApiError::bad("temperature 3 is not in 0..2", "temperature"),
+                400,
+            ),
+            (
+                ApiError::Unauthorized("Incorrect API key provided".into()),
+                401,
+            ),
+            (ApiError::ModelNotFound("gpt-9".into()), 404),
+            (ApiError::PayloadTooLarge { limit: 10 }, 413),
+            (
+                ApiError::TooManyRequests {
+                    message: "queue full".into(),
+                    retry_after: Some(Duration::from_millis(1500)),
+                    reason: "queue_full",
+                },
+                429,
+            ),
+            (ApiError::Unavailable("draining".into()), 503),
+            (ApiError::Internal, 500),
+        ];
+        for (e, status) in cases {
+            assert_eq!(e.status().as_u16(), status);
+            let v = serde_json::to_value(e.body()).unwrap();
+            let err = &v["error"];
+            assert!(err["message"].is_string() && err["type"].is_string(), "{v}");
+            assert!(
+                err.get("param").is_some() && err.get("code").is_some(),
+                "{v}"
+            );
+        }
+        let resp = ApiError::TooManyRequests {
+            message: "x".into(),
+            retry_after: Some(Duration::from_millis(1500)),
+            reason: "queue_full",
+        }
+        .into_response();
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "2");
+    }
+}

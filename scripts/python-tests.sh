@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The end-to-end tests: the real `sluice` binary with the real model, driven by the official
+# `openai` client (pytest), then schemathesis against /openapi.json (no 5xx allowed).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+venv="${SLUICE_TEST_VENV:-$root/target/pyvenv}"
+"$root/scripts/python-venv.sh"
+export SLUICE_BIN="${SLUICE_BIN:-$root/target/debug/sluice}"
+"$venv/bin/python" -m pytest -q "$root/tests/python"
+"$root/scripts/schemathesis.sh"

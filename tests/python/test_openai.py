@@ -1,0 +1,314 @@
+"""The OpenAI API of `sluice serve`, driven with the official `openai` client."""
+
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from conftest import MODEL, Server, assert_error_shape, raw
+
+MESSAGES = [{"role": "user", "content": "Name three rivers in Europe."}]
+
+
+def test_models_are_listed(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_chat_completion_has_openai_shape(client):
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    c = r.choices[0]
+    assert c.index == 0 and c.message.role == "assistant" and c.message.content
+    assert c.finish_reason in ("stop", "length")
+    u = r.usage
+    assert u.prompt_tokens > 0 and 0 < u.completion_tokens <= 24
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+    assert u.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_text_parts_are_accepted(client):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name three rivers"},
+                                          {"type": "text", "text": " in Europe."}]}]
+    a = client.chat.completions.create(model=MODEL, messages=parts, max_tokens=12, temperature=0)
+    b = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_completions(client):
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8,
+                                  temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text
+    assert r.usage.completion_tokens <= 8
+    # Several prompts: one choice each, numbered in order.
+    r = client.completions.create(model=MODEL, prompt=["One, two,", "Red, green,"], max_tokens=4,
+                                  temperature=0)
+    assert [c.index for c in r.choices] == [0, 1]
+    single = client.completions.create(model=MODEL, prompt="Red, green,", max_tokens=4,
+                                       temperature=0)
+    assert r.choices[1].text == single.choices[0].text
+    # Token ids as the prompt.
+    ids = raw(client.base_url.__str__().removesuffix("/v1/"), "/tokenize",
+              {"prompt": "The capital of France is"})[2]["tokens"]
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    text = client.completions.create(model=MODEL, prompt="The capital of France is",
+                                     max_tokens=8, temperature=0)
+    assert by_ids.choices[0].text == text.choices[0].text
+
+
+def test_stream_equals_non_stream_at_temperature_zero(client):
+    full = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40,
+                                          temperature=0)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [full.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+    prompt = "Once upon a time"
+    full = client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, temperature=0)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=30, temperature=0, stream=True) if c.choices)
+    assert streamed == full.choices[0].text
+
+
+def test_stop_strings_cut_the_text(client):
+    full = client.completions.create(model=MODEL, prompt="Count: one, two, three, four,",
+                                     max_tokens=30, temperature=0).choices[0].text
+    words = [w for w in full.split() if len(w) > 3]
+    assert words, full
+    stop = words[len(words) // 2]
+    r = client.completions.create(model=MODEL, prompt="Count: one, two, three, four,",
+                                  max_tokens=30, temperature=0, stop=[stop, "never-seen"])
+    assert r.choices[0].text == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    s = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="Count: one, two, three, four,", max_tokens=30, temperature=0,
+        stop=stop, stream=True) if c.choices)
+    assert s == r.choices[0].text
+
+
+def test_seed_reproducibility(client):
+    args = dict(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=1.0, seed=1234)
+    a = client.chat.completions.create(**args).choices[0].message.content
+    b = client.chat.completions.create(**args).choices[0].message.content
+    assert a == b
+    c = client.chat.completions.create(**{**args, "seed": 4321}).choices[0].message.content
+    assert c != a
+
+
+def test_logprobs(client):
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) >= 1
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].token == t.token
+    r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=5, temperature=0,
+                                  logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert "".join(lp.tokens) == r.choices[0].text
+
+
+def test_n_two(client):
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16,
+                                       temperature=1.0, seed=5, n=2)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert all(c.message.content for c in r.choices)
+    # Completion tokens add up over both choices; the prompt counts once.
+    assert 2 <= r.usage.completion_tokens <= 32
+    one = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens
+    greedy = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10,
+                                            temperature=0, n=2)
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+
+
+def test_tokenize_and_detokenize(server):
+    s, _, t = raw(server.url, "/tokenize", {"prompt": "Hello world"})
+    assert s == 200 and t["count"] == len(t["tokens"]) > 0
+    s, _, d = raw(server.url, "/detokenize", {"tokens": t["tokens"]})
+    assert s == 200 and d["prompt"] == "Hello world"
+    s, _, c = raw(server.url, "/tokenize", {"messages": MESSAGES})
+    assert s == 200 and c["count"] > t["count"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"temperature": 3}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"n": 0}, "n"),
+    ({"n": 17}, "n"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"stop": ["a"] * 9}, "stop"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0].type"),
+])
+def test_bad_requests_are_400_naming_the_field(server, body, param):
+    req = {"model": MODEL, "messages": MESSAGES, **body}
+    status, _, b = raw(server.url, "/v1/chat/completions", req)
+    assert status == 400, b
+    assert_error_shape(b)
+    assert b["error"]["param"] == param, b
+    assert b["error"]["type"] == "invalid_request_error"
+
+
+def test_malformed_json_and_context_length(server, client):
+    status, _, b = raw(server.url, "/v1/chat/completions", b'{"model": ')
+    assert status == 400
+    assert_error_shape(b)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5000)
+    err = e.value.body
+    assert err["code"] == "context_length_exceeded"
+    assert "2048" in err["message"] and "5000" in err["message"], err
+
+
+def test_unknown_model_and_route(server, client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-9", messages=MESSAGES)
+    assert e.value.body["code"] == "model_not_found"
+    status, _, b = raw(server.url, "/v2/nothing")
+    assert status == 404
+    assert_error_shape(b)
+
+
+def test_body_over_the_limit_is_413(server):
+    import http.client
+    import urllib.parse
+
+    big = json.dumps({"model": MODEL, "prompt": "x" * (5 << 20)}).encode()
+    u = urllib.parse.urlparse(server.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    conn.putrequest("POST", "/v1/completions")
+    conn.putheader("content-type", "application/json")
+    conn.putheader("content-length", str(len(big)))
+    conn.endheaders()
+    # The server answers as soon as it sees the declared length and stops reading.
+    try:
+        for i in range(0, len(big), 1 << 16):
+            conn.send(big[i:i + (1 << 16)])
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    r = conn.getresponse()
+    assert r.status == 413
+    assert_error_shape(json.loads(r.read()))
+
+
+def test_metrics_and_openapi(server, client):
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    with urllib.request.urlopen(server.url + "/metrics") as r:
+        text = r.read().decode()
+    for name in ("vllm:num_requests_running", "vllm:time_to_first_token_seconds",
+                 "vllm:prompt_tokens_total", "sluice_gateway_requests_total",
+                 "sluice_engine_step_seconds"):
+        assert name in text, name
+    assert f'model_name="{MODEL}"' in text
+    status, _, spec = raw(server.url, "/openapi.json")
+    assert status == 200 and "/v1/chat/completions" in spec["paths"]
+
+
+def test_api_keys_are_required_when_configured():
+    keys = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    keys.write('[[tenants]]\nname = "a"\n[[keys]]\nkey = "sk-test-a"\ntenant = "a"\n')
+    keys.close()
+    s = Server("--api-keys", keys.name, "--max-model-len", "512")
+    try:
+        for key in (None, "sk-wrong"):
+            headers = {"authorization": f"Bearer {key}"} if key else {}
+            status, _, b = raw(s.url, "/v1/models", headers=headers)
+            assert status == 401, b
+            assert_error_shape(b)
+            assert "sk-wrong" not in b["error"]["message"]
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="sk-test-a", max_retries=0)
+        assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=s.url + "/v1", api_key="nope", max_retries=0).models.list()
+    finally:
+        assert s.stop() == 0
+        os.unlink(keys.name)
+
+
+def metrics(url):
+    with urllib.request.urlopen(url + "/metrics") as r:
+        return r.read().decode()
+
+
+def test_full_queue_is_429_with_retry_after_and_drain_is_503():
+    s = Server("--max-in-flight", "1", "--max-queue", "0", "--max-model-len", "512",
+               "--drain-timeout", "30s")
+    try:
+        long = {"model": MODEL, "prompt": "Tell a long story.", "max_tokens": 200,
+                "ignore_eos": True}
+        results = {}
+
+        def run_long():
+            results["long"] = raw(s.url, "/v1/completions", long)
+
+        t = threading.Thread(target=run_long)
+        t.start()
+        # Wait until the long request holds the only slot (the engine runs it).
+        deadline = time.time() + 30
+        while "vllm:num_requests_running{model_name=\"%s\"} 1" % MODEL not in metrics(s.url):
+            assert time.time() < deadline and t.is_alive(), results
+            time.sleep(0.02)
+        status, hdrs, b = raw(s.url, "/v1/completions",
+                              {"model": MODEL, "prompt": "x", "max_tokens": 1})
+        assert status == 429, b
+        assert_error_shape(b)
+        assert int(hdrs.get("Retry-After") or hdrs.get("retry-after")) >= 1
+        # Drain: new requests get 503 while the long one finishes; then exit 0.
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        status, _, b = raw(s.url, "/v1/completions", {"model": MODEL, "prompt": "x"})
+        assert status == 503
+        assert_error_shape(b)
+        t.join(timeout=120)
+        status, _, body = results["long"]
+        assert status == 200 and body["usage"]["completion_tokens"] == 200
+        assert s.proc.wait(timeout=60) == 0
+    finally:
+        s.stop()
+
+
+def test_error_after_streaming_began_is_an_sse_event():
+    s = Server("--request-timeout", "300ms", "--max-model-len", "1024")
+    try:
+        req = urllib.request.Request(
+            s.url + "/v1/completions",
+            data=json.dumps({"model": MODEL, "prompt": "Once", "max_tokens": 900,
+                             "ignore_eos": True, "stream": True}).encode(),
+            headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200
+            events = [l[len("data: "):] for l in r.read().decode().splitlines()
+                      if l.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        err = json.loads(events[-2])
+        assert_error_shape(err)
+        assert any("choices" in json.loads(e) for e in events[:-2])
+    finally:
+        assert s.stop() == 0
