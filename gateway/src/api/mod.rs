@@ -210,16 +210,17 @@ async fn parse_body<T: DeserializeOwned>(
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        let msg = if inner.is_syntax() || inner.is_eof() {
-            format!("The request body is not valid JSON: {inner}")
-        } else if path == "." {
-            format!("Invalid request body: {inner}")
-        } else {
-            format!("Invalid value for '{path}': {inner}")
+        let syntax = inner.is_syntax() || inner.is_eof();
+        // serde_path_to_error writes "." for the root and "?" where the path is unknown.
+        let param = (!syntax && path != "." && path != "?").then_some(path);
+        let message = match (&param, syntax) {
+            (_, true) => format!("The request body is not valid JSON: {inner}"),
+            (Some(p), _) => format!("Invalid value for '{p}': {inner}"),
+            (None, _) => format!("Invalid request body: {inner}"),
         };
         ApiError::BadRequest {
-            message: msg,
-            param: (path != ".").then_some(path),
+            message,
+            param,
             code: None,
         }
     })

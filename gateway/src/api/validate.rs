@@ -67,17 +67,18 @@ fn sampling(
     range_f(f.presence_penalty, "presence_penalty", -2.0, 2.0, false)?;
     range_f(f.frequency_penalty, "frequency_penalty", -2.0, 2.0, false)?;
     range_f(f.repetition_penalty, "repetition_penalty", 0.0, 10.0, true)?;
-    let top_k =
-        match f.top_k {
-            None | Some(-1) | Some(0) => 0,
-            Some(k) if k > 0 => k.min(vocab as i64) as usize,
-            Some(k) => return Err(ApiError::bad(
+    let top_k = match f.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => k.min(vocab as i64) as usize,
+        Some(k) => {
+            return Err(ApiError::bad(
                 format!(
                     "{k} is not a valid value for 'top_k': use -1 or 0 (off) or a positive count"
                 ),
                 "top_k",
-            )),
-        };
+            ))
+        }
+    };
     let n = f.n.unwrap_or(1);
     if !(1..=MAX_N).contains(&n) {
         return Err(ApiError::bad(
@@ -313,12 +314,14 @@ pub fn chat(req: &ChatCompletionRequest, model: &Model) -> Result<Prepared, ApiE
     let max = req.max_completion_tokens.or(f.max_tokens);
     let mut sampling = sampling(&f, model, max)?;
     match (req.logprobs.unwrap_or(false), req.top_logprobs) {
-        (_, Some(k)) if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) => return Err(ApiError::bad(
-            format!(
+        (_, Some(k)) if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) => {
+            return Err(ApiError::bad(
+                format!(
                 "{k} is not a valid value for 'top_logprobs': it must be in 0..={MAX_TOP_LOGPROBS}"
             ),
-            "top_logprobs",
-        )),
+                "top_logprobs",
+            ))
+        }
         (false, Some(_)) => {
             return Err(ApiError::bad(
                 "'top_logprobs' needs 'logprobs' set to true",
