@@ -27,7 +27,9 @@ async fn errors_have_status_and_openai_shape() {
             r#"{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}]{extra}}}"#
         )
     };
-    let cases: Vec<(&str, &str, Option<String>, u16, Option<&str>)> = vec![
+    // (method, path, body, status, param)
+    type Case<'a> = (&'a str, &'a str, Option<String>, u16, Option<&'a str>);
+    let cases: Vec<Case<'_>> = vec![
         (
             "POST",
             "/v1/chat/completions",
