@@ -53,7 +53,8 @@ impl Engine {
             limits: Limits {
                 vocab_size: model.config().vocab_size,
                 max_model_len: resolved.max_model_len,
-                max_n: config.max_n,
+                // A request's choices are admitted together, so n cannot exceed the batch.
+                max_n: config.max_n.min(config.max_num_seqs),
             },
             max_waiting: config.max_waiting,
             num_blocks: resolved.num_blocks,
@@ -363,9 +364,12 @@ impl Core {
             .filter(|&i| plan.tokens[i] > 0)
             .collect();
         if scheduled.is_empty() {
-            // Nothing fits this step (every block held by sequences waiting to grow cannot
-            // happen: the newest is preempted). Publish and try again after new commands.
+            // Cannot happen by construction (with nothing running, the first waiting sequence
+            // always fits: the pool holds one longest sequence and n ≤ max_num_seqs). Should it
+            // ever, wait a little instead of spinning.
+            tracing::warn!("a step with work queued scheduled nothing: {:?}", self.shared.load);
             self.publish_load();
+            std::thread::sleep(std::time::Duration::from_millis(1));
             return;
         }
         let mut batch = StepBatch::new();
@@ -479,8 +483,8 @@ impl Core {
         now: Instant,
     ) -> Option<Ended> {
         let suppress = s.suppressed();
-        let params = s.req.params.clone();
-        let sampled = sample(raw, &params, &mut s.sampler, &suppress);
+        let req = s.req.clone();
+        let sampled = sample(raw, &req.params, &mut s.sampler, &suppress);
         Self::record_token(metrics, s, now);
         s.append(model.tokenizer(), sampled.token, sampled.logprob)
     }
