@@ -367,7 +367,10 @@ impl Core {
             // Cannot happen by construction (with nothing running, the first waiting sequence
             // always fits: the pool holds one longest sequence and n ≤ max_num_seqs). Should it
             // ever, wait a little instead of spinning.
-            tracing::warn!("a step with work queued scheduled nothing: {:?}", self.shared.load);
+            tracing::warn!(
+                "a step with work queued scheduled nothing: {:?}",
+                self.shared.load
+            );
             self.publish_load();
             std::thread::sleep(std::time::Duration::from_millis(1));
             return;

@@ -145,6 +145,53 @@ fn merged(streams: Vec<EventStream>) -> impl futures_util::Stream<Item = (usize,
     )
 }
 
+/// The request's events in arrival order, with the request deadline and the engine's failure
+/// finishes turned into errors, so the JSON and SSE paths handle them alike.
+struct Events<S> {
+    inner: S,
+    until: Option<tokio::time::Instant>,
+    deadline: Duration,
+}
+
+impl<S: futures_util::Stream<Item = (usize, Event)> + Unpin> Events<S> {
+    fn new(inner: S, deadline: Option<Duration>) -> Self {
+        Self {
+            inner,
+            until: deadline.map(|d| tokio::time::Instant::now() + d),
+            deadline: deadline.unwrap_or_default(),
+        }
+    }
+
+    /// The next event of prompt `p`: a delta, or a finish that ended normally.
+    async fn next(&mut self) -> Result<(usize, Event), ApiError> {
+        let next = match self.until {
+            Some(t) => tokio::time::timeout_at(t, self.inner.next())
+                .await
+                .map_err(|_| ApiError::Timeout(self.deadline))?,
+            None => self.inner.next().await,
+        };
+        let Some((p, ev)) = next else {
+            tracing::error!("an engine stream ended before every choice finished");
+            return Err(ApiError::Internal);
+        };
+        if let Event::Finish(f) = &ev {
+            match &f.reason {
+                FinishReason::Error(m) => {
+                    tracing::error!("generation failed: {m}");
+                    return Err(ApiError::Internal);
+                }
+                FinishReason::Abort => {
+                    return Err(ApiError::Unavailable(
+                        "The server stopped before the request finished".into(),
+                    ))
+                }
+                FinishReason::Stop | FinishReason::Length => {}
+            }
+        }
+        Ok((p, ev))
+    }
+}
+
 /// The choice index of an event of prompt `p`.
 fn choice_index(p: usize, n: usize, index: usize) -> usize {
     p * n + index
@@ -175,25 +222,15 @@ pub async fn respond(g: Generation) -> Result<Response, ApiError> {
     let total = streams.len() * n;
     let mut acc: Vec<Acc> = (0..total).map(|_| Acc::default()).collect();
     let mut usage = UsageSum::default();
-    let mut events = merged(streams);
-    let until = deadline.map(|d| tokio::time::Instant::now() + d);
+    let mut events = Events::new(merged(streams).boxed(), deadline);
     let mut finished = 0;
     while finished < total {
-        let next = match until {
-            Some(t) => match tokio::time::timeout_at(t, events.next()).await {
-                Ok(e) => e,
-                Err(_) => {
-                    let e = ApiError::Timeout(deadline.unwrap_or_default());
-                    scope.fail(&e);
-                    return Err(e);
-                }
-            },
-            None => events.next().await,
-        };
-        let Some((p, ev)) = next else {
-            tracing::error!("an engine stream ended before every choice finished");
-            scope.fail(&ApiError::Internal);
-            return Err(ApiError::Internal);
+        let (p, ev) = match events.next().await {
+            Ok(x) => x,
+            Err(e) => {
+                scope.fail(&e);
+                return Err(e);
+            }
         };
         match ev {
             Event::Delta(d) => {
@@ -205,21 +242,6 @@ pub async fn respond(g: Generation) -> Result<Response, ApiError> {
             Event::Finish(f) => {
                 finished += 1;
                 usage.add(&f.usage, f.index == 0);
-                match &f.reason {
-                    FinishReason::Error(m) => {
-                        tracing::error!("generation failed: {m}");
-                        scope.fail(&ApiError::Internal);
-                        return Err(ApiError::Internal);
-                    }
-                    FinishReason::Abort => {
-                        let e = ApiError::Unavailable(
-                            "The server stopped before the request finished".into(),
-                        );
-                        scope.fail(&e);
-                        return Err(e);
-                    }
-                    _ => {}
-                }
                 acc[choice_index(p, n, f.index)].finish = Some(f.reason);
             }
         }
@@ -354,25 +376,16 @@ async fn pump(g: Generation, tx: tokio::sync::mpsc::Sender<SseEvent>) {
     }
     let mut offsets = vec![0usize; total];
     let mut usage = UsageSum::default();
-    let mut events = merged(streams);
-    let until = deadline.map(|d| tokio::time::Instant::now() + d);
+    let mut events = Events::new(merged(streams).boxed(), deadline);
     let mut finished = 0;
     let mut failure: Option<ApiError> = None;
     while finished < total {
-        let next = match until {
-            Some(t) => match tokio::time::timeout_at(t, events.next()).await {
-                Ok(e) => e,
-                Err(_) => {
-                    failure = Some(ApiError::Timeout(deadline.unwrap_or_default()));
-                    break;
-                }
-            },
-            None => events.next().await,
-        };
-        let Some((p, ev)) = next else {
-            tracing::error!("an engine stream ended before every choice finished");
-            failure = Some(ApiError::Internal);
-            break;
+        let (p, ev) = match events.next().await {
+            Ok(x) => x,
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
         };
         let chunk = match ev {
             Event::Delta(d) => {
@@ -412,20 +425,6 @@ async fn pump(g: Generation, tx: tokio::sync::mpsc::Sender<SseEvent>) {
             Event::Finish(f) => {
                 finished += 1;
                 usage.add(&f.usage, f.index == 0);
-                match &f.reason {
-                    FinishReason::Error(m) => {
-                        tracing::error!("generation failed: {m}");
-                        failure = Some(ApiError::Internal);
-                        break;
-                    }
-                    FinishReason::Abort => {
-                        failure = Some(ApiError::Unavailable(
-                            "The server stopped before the request finished".into(),
-                        ));
-                        break;
-                    }
-                    _ => {}
-                }
                 let i = choice_index(p, n, f.index);
                 let reason = Some(finish_label(&f.reason));
                 match kind {

@@ -176,6 +176,25 @@ fn sampling(
     })
 }
 
+/// The request's streaming and priority fields around its prompts and sampling.
+fn prepared(
+    f: &SamplingFields,
+    prompts: Vec<Vec<u32>>,
+    sampling: SamplingParams,
+) -> Result<Prepared, ApiError> {
+    Ok(Prepared {
+        prompts,
+        priority: priority(f)?,
+        stream: f.stream.unwrap_or(false),
+        include_usage: f
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+        sampling,
+    })
+}
+
 fn priority(f: &SamplingFields) -> Result<i32, ApiError> {
     match f.priority {
         None => Ok(0),
@@ -333,17 +352,7 @@ pub fn chat(req: &ChatCompletionRequest, model: &Model) -> Result<Prepared, ApiE
     }
     let messages = chat_messages(&req.messages)?;
     let prompt = chat_prompt(model, &messages, true)?;
-    Ok(Prepared {
-        prompts: vec![prompt],
-        priority: priority(&f)?,
-        stream: f.stream.unwrap_or(false),
-        include_usage: f
-            .stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false),
-        sampling,
-    })
+    prepared(&f, vec![prompt], sampling)
 }
 
 pub fn completion(req: &CompletionRequest, model: &Model) -> Result<Prepared, ApiError> {
@@ -420,15 +429,5 @@ pub fn completion(req: &CompletionRequest, model: &Model) -> Result<Prepared, Ap
             "prompt",
         ));
     }
-    Ok(Prepared {
-        prompts,
-        priority: priority(&f)?,
-        stream: f.stream.unwrap_or(false),
-        include_usage: f
-            .stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false),
-        sampling,
-    })
+    prepared(&f, prompts, sampling)
 }
