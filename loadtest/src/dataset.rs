@@ -207,6 +207,9 @@ pub fn azure_csv(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
         col("GeneratedTokens")?,
     );
     let mut out = Vec::new();
+    // Times are kept relative to the first row: epoch seconds in an f64 would lose the
+    // sub-microsecond digits the trace has.
+    let mut t0: Option<(i64, f64)> = None;
     for (i, line) in lines {
         if line.trim().is_empty() {
             continue;
@@ -219,6 +222,8 @@ pub fn azure_csv(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
         };
         let t = parse_timestamp(get(ct)?)
             .ok_or_else(|| parse_err(path, i + 1, format!("bad TIMESTAMP `{}`", f[ct])))?;
+        let (s0, f0) = *t0.get_or_insert(t);
+        let t = (t.0 - s0) as f64 + (t.1 - f0);
         let num = |c: usize| -> Result<u32> {
             let v = get(c)?;
             v.parse()
@@ -236,9 +241,9 @@ pub fn azure_csv(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
     Ok(out)
 }
 
-/// `YYYY-MM-DD HH:MM:SS[.fraction]` (UTC) to seconds since the Unix epoch. By hand, to keep a
-/// date crate out of the build for one format.
-pub fn parse_timestamp(s: &str) -> Option<f64> {
+/// `YYYY-MM-DD HH:MM:SS[.fraction]` (UTC) to whole seconds since the Unix epoch and the
+/// fraction. By hand, to keep a date crate out of the build for one format.
+pub fn parse_timestamp(s: &str) -> Option<(i64, f64)> {
     let (date, time) = s.split_once([' ', 'T'])?;
     let mut d = date.split('-');
     let (y, m, day): (i64, i64, i64) = (
@@ -248,7 +253,10 @@ pub fn parse_timestamp(s: &str) -> Option<f64> {
     );
     let mut t = time.trim_end_matches('Z').split(':');
     let (hh, mm): (i64, i64) = (t.next()?.parse().ok()?, t.next()?.parse().ok()?);
-    let ss: f64 = t.next()?.parse().ok()?;
+    let sec = t.next()?;
+    let (whole, frac) = sec.split_once('.').unwrap_or((sec, "0"));
+    let ss: i64 = whole.parse().ok()?;
+    let frac: f64 = format!("0.{frac}").parse().ok()?;
     if !(1..=12).contains(&m) || !(1..=31).contains(&day) {
         return None;
     }
@@ -260,7 +268,7 @@ pub fn parse_timestamp(s: &str) -> Option<f64> {
     let doy = (153 * mp + 2) / 5 + day - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146_097 + doe - 719_468;
-    Some((days * 86_400 + hh * 3600 + mm * 60) as f64 + ss)
+    Some((days * 86_400 + hh * 3600 + mm * 60 + ss, frac))
 }
 
 #[derive(Deserialize)]
@@ -390,9 +398,10 @@ mod tests {
 
     #[test]
     fn timestamps_parse_to_epoch_seconds() {
-        assert_eq!(parse_timestamp("1970-01-01 00:00:01"), Some(1.0));
-        let t = parse_timestamp("2023-11-16 18:15:46.6805900").unwrap();
-        assert!((t - 1_700_158_546.680_59).abs() < 1e-6, "{t}");
+        assert_eq!(parse_timestamp("1970-01-01 00:00:01"), Some((1, 0.0)));
+        let (s, f) = parse_timestamp("2023-11-16 18:15:46.6805900").unwrap();
+        assert_eq!(s, 1_700_158_546);
+        assert!((f - 0.68059).abs() < 1e-12, "{f}");
         assert_eq!(parse_timestamp("2023-13-01 00:00:00"), None);
     }
 
