@@ -328,6 +328,15 @@ impl Config {
         if a.max_error_rate.is_some_and(|r| !(0.0..=1.0).contains(&r)) {
             return Err(invalid("--max-error-rate", "must be between 0 and 1"));
         }
+        if a.plot
+            .as_ref()
+            .is_some_and(|p| p.extension().and_then(|e| e.to_str()) != Some("svg"))
+        {
+            return Err(invalid(
+                "--plot",
+                "only .svg is drawn (plotters' SVG backend)",
+            ));
+        }
         if a.input_len == 0 || a.output_len == Some(0) {
             return Err(invalid("--input-len/--output-len", "must be at least 1"));
         }
@@ -407,5 +416,7 @@ mod tests {
         let e = parse(&["--dataset", "bogus"]).unwrap_err().to_string();
         assert!(e.contains("--dataset"), "{e}");
         assert!(parse(&["--url", "https://x"]).is_err());
+        assert!(parse(&["--plot", "x.png"]).is_err());
+        assert!(parse(&["--slo", "ttft=1,bogus=2"]).is_err());
     }
 }

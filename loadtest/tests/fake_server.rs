@@ -340,3 +340,25 @@ async fn unstreamed_warmup_sweep_and_goodput() {
     let json = r.to_json();
     assert_eq!(json["sweep"].as_array().unwrap().len(), 4);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duration_bounds_scheduling_in_both_loops() {
+    let sc = Scenario {
+        ttft: Duration::from_millis(20),
+        per_token: Duration::from_millis(2),
+        ..Scenario::default()
+    };
+    let (base, _) = fake::start(sc).await;
+    for load in [["--concurrency", "2"], ["--rate", "40"]] {
+        let mut args = vec!["--duration", "0.4", "--output-len", "3"];
+        args.extend_from_slice(&load);
+        let r = run(&base, &args).await;
+        let recs = &r.points[0].records;
+        assert!(recs.len() >= 4, "{load:?}: only {} requests", recs.len());
+        // Nothing is scheduled after the duration; what was in flight is waited for.
+        assert!(
+            recs.iter().all(|r| r.scheduled_s <= 0.4 && r.ok),
+            "{load:?}"
+        );
+    }
+}

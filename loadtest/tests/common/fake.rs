@@ -14,6 +14,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -97,6 +98,10 @@ pub async fn start_with(scenario: Scenario, keep_prompts: bool) -> (String, Arc<
         .with_state(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    // Without TCP_NODELAY, Nagle plus delayed ACKs hold small SSE frames back ~40 ms.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (format!("http://{addr}"), seen)
 }
