@@ -117,11 +117,19 @@ pub async fn execute(cfg: Config) -> Result<Report> {
             )
             .await;
             points.push(point("throughput", None, recs, &cfg));
-            let lo = points[0].summary.request_throughput;
-            let hi = points[1].summary.request_throughput.max(lo);
+            let sync_rate = points[0].summary.request_throughput;
+            let max_rate = points[1].summary.request_throughput;
+            if max_rate <= sync_rate {
+                notes.push(format!(
+                    "sweep: max-throughput run ({max_rate:.2} req/s) was not faster than the \
+                     synchronous one ({sync_rate:.2} req/s); rates span the two the other way \
+                     round (more requests per point give a steadier curve)"
+                ));
+            }
+            let (lo, hi) = (sync_rate.min(max_rate), sync_rate.max(max_rate));
             for i in 1..=steps {
                 let rate = lo + (hi - lo) * i as f64 / (steps + 1) as f64;
-                let label = format!("poisson@{rate:.2}");
+                let label = format!("{i}: {rate:.2}/s");
                 let load = Load::Open {
                     rate: rate.max(1e-3),
                     arrival: cfg.arrival,
@@ -302,7 +310,14 @@ async fn load_dataset(
         Source::Trace(path) => {
             let d = dataset::trace(path, cfg.token_scale)?;
             if let (Dataset::List { specs, .. }, Mode::Trace { time_scale }) = (&d, cfg.mode) {
-                notes.push(scaling_statement(specs, time_scale, cfg.token_scale));
+                let used = cfg
+                    .requests
+                    .map_or(specs.len(), |n| (cfg.warmup + n).min(specs.len()));
+                notes.push(scaling_statement(
+                    &specs[..used],
+                    time_scale,
+                    cfg.token_scale,
+                ));
             }
             d
         }
@@ -315,17 +330,28 @@ pub fn scaling_statement(specs: &[dataset::Spec], time_scale: f64, token_scale: 
     let span = times.iter().copied().fold(f64::NEG_INFINITY, f64::max)
         - times.iter().copied().fold(f64::INFINITY, f64::min);
     let rate = if span > 0.0 {
-        times.len() as f64 / span
+        (times.len() - 1) as f64 / span
     } else {
         f64::INFINITY
     };
-    let block = dataset::scale_tokens(dataset::MOONCAKE_BLOCK_TOKENS, token_scale);
+    let blocks = if specs
+        .iter()
+        .any(|s| matches!(s.input, Input::Blocks { .. }))
+    {
+        let block = dataset::scale_tokens(dataset::MOONCAKE_BLOCK_TOKENS, token_scale);
+        format!(
+            " (Mooncake blocks {} → {block} tokens)",
+            dataset::MOONCAKE_BLOCK_TOKENS
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "trace scaling: time ÷{time_scale} (span {span:.1} s → {:.1} s, {rate:.2} → {:.2} req/s); \
-         token counts ×{token_scale} (Mooncake blocks {} → {block} tokens)",
+        "trace scaling: {} requests; time ÷{time_scale} (span {span:.1} s → {:.1} s, \
+         {rate:.2} → {:.2} req/s); token counts ×{token_scale}{blocks}",
+        specs.len(),
         span / time_scale,
         rate * time_scale,
-        dataset::MOONCAKE_BLOCK_TOKENS,
     )
 }
 
