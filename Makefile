@@ -6,7 +6,7 @@ export SLUICE_MODEL_DIR ?= $(CURDIR)/models/cache
 LLAMACPP_PY ?= /tmp/llamacpp/bin/python
 PEERS ?= $(CURDIR)/../shared/peers
 
-.PHONY: model run test bench bench-engine lint fmt
+.PHONY: model run test bench bench-engine bench-loadtest lint fmt
 
 ## Fetch the default model (SmolLM2-135M-Instruct Q4_1) into $(SLUICE_MODEL_DIR), verified.
 model:
@@ -32,6 +32,10 @@ bench: model
 bench-engine: model
 	$(CARGO) build --release -p sluice-engine --example bench_engine
 	target/release/examples/bench_engine --model-dir "$(SLUICE_MODEL_DIR)"
+
+## The load tester's own ceiling: req/s against a fake answering at once, timing cost per chunk.
+bench-loadtest:
+	$(CARGO) run --release -p sluice-loadtest --example self_bench
 
 ## Formatting and clippy, warnings as errors.
 lint:

@@ -1,0 +1,29 @@
+//! `sluice-loadtest`: a load generator and reporter for any OpenAI-compatible endpoint (sluice,
+//! vLLM, llama.cpp, TGI). It depends on no other sluice crate, so it measures sluice exactly as
+//! it measures anything else.
+//!
+//! # Layout
+//! - [`config`]: clap flags (each also `SLUICE_LOADTEST_*`) validated into a [`config::Config`].
+//! - [`schedule`]: open-loop send offsets (Poisson, constant, gamma) and trace times, fixed
+//!   before a run so latency is measured from the scheduled time.
+//! - [`dataset`]: requests as recipes: random lengths, ShareGPT, Azure CSV and Mooncake traces.
+//! - [`prompt`]: recipe → prompt text of a token length (server `/tokenize` or ~4 chars/token).
+//! - [`client`]: pooled hyper client, OpenAI bodies, per-chunk timing; [`sse`]: the SSE parser.
+//! - [`load`]: closed and open loops. [`metrics`]: vLLM's figure definitions and HdrHistogram
+//!   percentiles. [`session`]: one invocation end to end. [`report`]: table, JSON, JSONL;
+//!   [`plot`]: the SVG.
+
+pub mod client;
+pub mod config;
+pub mod dataset;
+pub mod error;
+pub mod load;
+pub mod metrics;
+pub mod plot;
+pub mod prompt;
+pub mod report;
+pub mod schedule;
+pub mod session;
+pub mod sse;
+
+pub use error::{Error, Result};

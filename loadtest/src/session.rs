@@ -1,0 +1,364 @@
+//! One invocation from validated [`Config`] to [`Report`]: resolve the model, calibrate prompt
+//! lengths, load the dataset, warm up, run (or sweep), aggregate. Printing and files are
+//! [`crate::report`]'s.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::client::{self, Client, Target};
+use crate::config::{Config, Mode};
+use crate::dataset::{self, Dataset, Input, Source};
+use crate::error::Result;
+use crate::load::{self, Bounds, Counters, Load, Shared};
+use crate::metrics::{Record, Summary};
+use crate::prompt::{Calibration, PromptMaker};
+use crate::report::{Point, Report};
+
+/// Runs everything `cfg` asks for.
+pub async fn execute(cfg: Config) -> Result<Report> {
+    let mut target = Target {
+        base: cfg.base_url.clone(),
+        endpoint: cfg.endpoint,
+        model: cfg.model.clone().unwrap_or_default(),
+        stream: cfg.stream,
+        ignore_eos: cfg.ignore_eos,
+        api_key: cfg.api_key.clone(),
+        headers: cfg.headers.clone(),
+        timeout: Duration::from_secs_f64(cfg.timeout_s),
+    };
+    if cfg.model.is_none() {
+        target.model = Client::new(target.clone())?.first_model().await?;
+    }
+    let client = Client::new(target)?;
+    let mut notes = Vec::new();
+
+    let mut maker = PromptMaker::approx();
+    if cfg.use_tokenize {
+        match client::calibrate(&client).await {
+            Ok((words, overhead)) => {
+                maker = PromptMaker::calibrated(words, overhead);
+                let probe = Input::Synthetic {
+                    tokens: 256,
+                    seed: 1,
+                };
+                let (text, want) = maker.render(&probe);
+                if let Ok(got) = client.tokenize(&text).await {
+                    maker.set_verified(want, got - overhead);
+                }
+            }
+            Err(why) => notes.push(format!(
+                "/tokenize not usable ({why}); prompt lengths approximate"
+            )),
+        }
+    }
+
+    let dataset = load_dataset(&cfg, &client, &maker, &mut notes).await?;
+    if dataset.is_empty() {
+        return Err(crate::Error::InvalidArg {
+            flag: "--dataset",
+            reason: "the dataset has no usable requests".into(),
+        });
+    }
+    let mut shared = Shared {
+        client,
+        dataset: Arc::new(dataset),
+        maker: Arc::new(maker),
+        seed: cfg.seed,
+        counters: Arc::new(Counters::default()),
+    };
+
+    if cfg.warmup > 0 {
+        let c = match cfg.mode {
+            Mode::Closed { concurrency } => concurrency,
+            _ => cfg.max_concurrency.unwrap_or(8),
+        };
+        let bounds = Bounds {
+            requests: Some(cfg.warmup),
+            duration: None,
+        };
+        run_point(
+            &mut shared,
+            &cfg,
+            "warmup",
+            Load::Closed { concurrency: c },
+            bounds,
+            0,
+        )
+        .await;
+    }
+
+    let bounds = Bounds {
+        requests: cfg.requests,
+        duration: cfg.duration(),
+    };
+    let first = cfg.warmup;
+    let mut points = Vec::new();
+    match cfg.mode {
+        Mode::Sweep { steps } => {
+            let n = cfg.requests.unwrap_or(100);
+            // Random prompts are fresh per point (no prefix-cache help); lists are replayed.
+            let stride = if shared.dataset.len().is_none() { n } else { 0 };
+            let sync = Load::Closed { concurrency: 1 };
+            let recs = run_point(&mut shared, &cfg, "synchronous", sync, bounds, first).await;
+            points.push(point("synchronous", None, recs, &cfg));
+            let burst = Load::Burst {
+                max_concurrency: cfg.max_concurrency,
+            };
+            let recs = run_point(
+                &mut shared,
+                &cfg,
+                "throughput",
+                burst,
+                bounds,
+                first + stride,
+            )
+            .await;
+            points.push(point("throughput", None, recs, &cfg));
+            let sync_rate = points[0].summary.request_throughput;
+            let max_rate = points[1].summary.request_throughput;
+            if max_rate <= sync_rate {
+                notes.push(format!(
+                    "sweep: max-throughput run ({max_rate:.2} req/s) was not faster than the \
+                     synchronous one ({sync_rate:.2} req/s); rates span the two the other way \
+                     round (more requests per point give a steadier curve)"
+                ));
+            }
+            let (lo, hi) = (sync_rate.min(max_rate), sync_rate.max(max_rate));
+            for i in 1..=steps {
+                let rate = lo + (hi - lo) * i as f64 / (steps + 1) as f64;
+                let label = format!("{i}: {rate:.2}/s");
+                let load = Load::Open {
+                    rate: rate.max(1e-3),
+                    arrival: cfg.arrival,
+                    max_concurrency: cfg.max_concurrency,
+                };
+                let recs = run_point(
+                    &mut shared,
+                    &cfg,
+                    &label,
+                    load,
+                    bounds,
+                    first + (i + 1) * stride,
+                )
+                .await;
+                points.push(point(&label, Some(rate), recs, &cfg));
+            }
+            // Order the curve by offered load: synchronous, the rates, then max throughput.
+            let tp = points.remove(1);
+            points.push(tp);
+        }
+        mode => {
+            let (load, label, rate) = match mode {
+                Mode::Closed { concurrency } => (
+                    Load::Closed { concurrency },
+                    format!("concurrency {concurrency}"),
+                    None,
+                ),
+                Mode::Open { rate, .. } => (
+                    Load::Open {
+                        rate,
+                        arrival: cfg.arrival,
+                        max_concurrency: cfg.max_concurrency,
+                    },
+                    format!("rate {rate}/s"),
+                    Some(rate),
+                ),
+                Mode::Burst => (
+                    Load::Burst {
+                        max_concurrency: cfg.max_concurrency,
+                    },
+                    "rate inf".to_string(),
+                    None,
+                ),
+                Mode::Trace { time_scale } => (
+                    Load::Trace {
+                        time_scale,
+                        max_concurrency: cfg.max_concurrency,
+                    },
+                    format!("trace ÷{time_scale}"),
+                    None,
+                ),
+                Mode::Sweep { .. } => unreachable!(),
+            };
+            let recs = run_point(&mut shared, &cfg, &label, load, bounds, first).await;
+            points.push(point(&label, rate, recs, &cfg));
+        }
+    }
+
+    let calibration: Calibration = shared.maker.calibration().clone();
+    Ok(Report {
+        config: cfg,
+        model: shared.client.target().model.clone(),
+        dataset: shared.dataset.describe(),
+        calibration,
+        notes,
+        points,
+    })
+}
+
+fn point(label: &str, offered_rate: Option<f64>, run: load::RunResult, cfg: &Config) -> Point {
+    let summary = Summary::of(&run.records, run.duration, &cfg.slo);
+    Point {
+        label: label.to_string(),
+        offered_rate,
+        summary,
+        records: run.records,
+    }
+}
+
+async fn run_point(
+    shared: &mut Shared,
+    cfg: &Config,
+    label: &str,
+    load: Load,
+    bounds: Bounds,
+    first: usize,
+) -> load::RunResult {
+    shared.counters = Arc::new(Counters::default());
+    let total = match (bounds.requests, shared.dataset.len()) {
+        (Some(n), Some(len)) => Some(n.min(len.saturating_sub(first))),
+        (Some(n), None) => Some(n),
+        (None, len) if bounds.duration.is_none() => len.map(|l| l.saturating_sub(first)),
+        _ => None,
+    };
+    let bar = if cfg.quiet {
+        ProgressBar::hidden()
+    } else {
+        let b = total.map_or_else(ProgressBar::new_spinner, |t| ProgressBar::new(t as u64));
+        b.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>14} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+            )
+            .expect("valid template"),
+        );
+        b.set_prefix(label.to_string());
+        b
+    };
+    let ticker = {
+        let (bar, counters) = (bar.clone(), shared.counters.clone());
+        tokio::spawn(async move {
+            let start = std::time::Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let done = counters.done.load(Ordering::Relaxed);
+                bar.set_position(done);
+                bar.set_message(format!(
+                    "in flight {} · {:.1} req/s · errors {}",
+                    counters.in_flight.load(Ordering::Relaxed),
+                    done as f64 / start.elapsed().as_secs_f64(),
+                    counters.failed.load(Ordering::Relaxed),
+                ));
+            }
+        })
+    };
+    let result = load::run(shared, load, bounds, first).await;
+    ticker.abort();
+    bar.set_position(result.records.len() as u64);
+    bar.finish_and_clear();
+    result
+}
+
+async fn load_dataset(
+    cfg: &Config,
+    client: &Client,
+    maker: &PromptMaker,
+    notes: &mut Vec<String>,
+) -> Result<Dataset> {
+    Ok(match &cfg.source {
+        Source::Random => Dataset::Random {
+            input_len: cfg.input_len,
+            output_len: cfg.output_len.unwrap_or(128),
+            dist: cfg.len_dist,
+            seed: cfg.seed,
+        },
+        Source::ShareGpt(path) => {
+            let (mut specs, replies) = dataset::sharegpt(path, cfg.seed)?;
+            let points = match cfg.mode {
+                Mode::Sweep { steps } => steps + 2,
+                _ => 1,
+            };
+            let used = cfg
+                .requests
+                .map_or(specs.len(), |n| (cfg.warmup + n * points).min(specs.len()));
+            specs.truncate(used);
+            let mut counted = maker.exact();
+            for (spec, reply) in specs.iter_mut().zip(&replies) {
+                if let Some(n) = cfg.output_len {
+                    spec.output_len = n;
+                } else if counted {
+                    match client.tokenize(reply).await {
+                        Ok(n) => spec.output_len = n.max(1) as u32,
+                        Err(_) => counted = false,
+                    }
+                }
+            }
+            notes.push(if cfg.output_len.is_some() {
+                "sharegpt: output length from --output-len".into()
+            } else if counted {
+                "sharegpt: output lengths are the replies' /tokenize counts".into()
+            } else {
+                "sharegpt: output lengths approximate the replies at ~4 characters per token".into()
+            });
+            Dataset::List {
+                specs,
+                origin: format!("sharegpt {}", path.display()),
+            }
+        }
+        Source::Trace(path) => {
+            let d = dataset::trace(path, cfg.token_scale)?;
+            if let (Dataset::List { specs, .. }, Mode::Trace { time_scale }) = (&d, cfg.mode) {
+                let used = cfg
+                    .requests
+                    .map_or(specs.len(), |n| (cfg.warmup + n).min(specs.len()));
+                notes.push(scaling_statement(
+                    &specs[..used],
+                    time_scale,
+                    cfg.token_scale,
+                ));
+            }
+            d
+        }
+    })
+}
+
+/// The printed statement of how a trace was scaled.
+pub fn scaling_statement(specs: &[dataset::Spec], time_scale: f64, token_scale: f64) -> String {
+    let times: Vec<f64> = specs.iter().filter_map(|s| s.trace_time_s).collect();
+    let span = times.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+        - times.iter().copied().fold(f64::INFINITY, f64::min);
+    let rate = if span > 0.0 {
+        (times.len() - 1) as f64 / span
+    } else {
+        f64::INFINITY
+    };
+    let blocks = if specs
+        .iter()
+        .any(|s| matches!(s.input, Input::Blocks { .. }))
+    {
+        let block = dataset::scale_tokens(dataset::MOONCAKE_BLOCK_TOKENS, token_scale);
+        format!(
+            " (Mooncake blocks {} → {block} tokens)",
+            dataset::MOONCAKE_BLOCK_TOKENS
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "trace scaling: {} requests; time ÷{time_scale} (span {span:.1} s → {:.1} s, \
+         {rate:.2} → {:.2} req/s); token counts ×{token_scale}{blocks}",
+        specs.len(),
+        span / time_scale,
+        rate * time_scale,
+    )
+}
+
+/// Records of all points, for `--per-request`.
+pub fn all_records(report: &Report) -> impl Iterator<Item = (&str, &Record)> {
+    report
+        .points
+        .iter()
+        .flat_map(|p| p.records.iter().map(move |r| (p.label.as_str(), r)))
+}

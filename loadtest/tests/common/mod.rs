@@ -1,0 +1,2 @@
+//! Shared harness for the integration tests.
+pub mod fake;
