@@ -14,7 +14,8 @@ use sluice_loadtest::client::{Observed, StreamRecorder};
 use sluice_loadtest::config::{Args, Config};
 use sluice_loadtest::session;
 
-async fn rate(base: &str, extra: &[&str]) -> (f64, u64, u64) {
+/// Achieved req/s, ok, failed, and the mean lateness of sends against the schedule (ms).
+async fn rate(base: &str, extra: &[&str]) -> (f64, u64, u64, f64) {
     let mut v = vec![
         "sluice-loadtest",
         "--url",
@@ -26,8 +27,10 @@ async fn rate(base: &str, extra: &[&str]) -> (f64, u64, u64) {
     v.extend_from_slice(extra);
     let cfg = Config::from_args(Args::try_parse_from(v).expect("flags")).expect("config");
     let r = session::execute(cfg).await.expect("run");
-    let s = &r.points[0].summary;
-    (s.request_throughput, s.completed, s.failed)
+    let p = &r.points[0];
+    let late = p.records.iter().map(|r| r.send_delay_ms).sum::<f64>() / p.records.len() as f64;
+    let s = &p.summary;
+    (s.request_throughput, s.completed, s.failed, late)
 }
 
 fn per_chunk_overhead(chunks: usize) -> Duration {
@@ -103,11 +106,25 @@ async fn main() {
                 "1",
             ],
         ),
+        (
+            "unstreamed, open loop 20000/s",
+            vec![
+                "--no-stream",
+                "--requests",
+                "60000",
+                "--rate",
+                "20000",
+                "--output-len",
+                "1",
+            ],
+        ),
     ] {
         let mut a = args.clone();
         a.push("--no-tokenize");
-        let (rps, ok, failed) = rate(&base, &a).await;
-        println!("{name:<38} {rps:>9.0} req/s  ({ok} ok, {failed} failed)");
+        let (rps, ok, failed, late) = rate(&base, &a).await;
+        println!(
+            "{name:<38} {rps:>9.0} req/s  ({ok} ok, {failed} failed; sends {late:.3} ms late on average)"
+        );
     }
     let per = per_chunk_overhead(200_000);
     println!(

@@ -231,7 +231,7 @@ impl StreamRecorder {
 }
 
 fn on_event(
-    ev: sse::Event,
+    ev: sse::Event<'_>,
     at: Duration,
     obs: &mut Observed,
     last_cumulative: &mut Option<u64>,
@@ -244,7 +244,7 @@ fn on_event(
         }
         sse::Event::Data(d) => d,
     };
-    let chunk: Chunk<'_> = match serde_json::from_slice(&data) {
+    let chunk: Chunk<'_> = match serde_json::from_slice(data) {
         Ok(c) => c,
         Err(e) => {
             obs.failure

@@ -5,9 +5,10 @@
 
 /// What one complete event carried.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    /// The `data:` payload (several `data:` lines joined by `\n`, as the SSE spec says).
-    Data(Vec<u8>),
+pub enum Event<'a> {
+    /// The `data:` payload (several `data:` lines joined by `\n`, as the SSE spec says),
+    /// borrowed from the parser: no allocation per event.
+    Data(&'a [u8]),
     /// `data: [DONE]`, OpenAI's end-of-stream marker.
     Done,
 }
@@ -28,7 +29,7 @@ impl Parser {
     }
 
     /// Feeds `bytes`; calls `on_event` for every event the bytes complete, in order.
-    pub fn push(&mut self, bytes: &[u8], mut on_event: impl FnMut(Event)) {
+    pub fn push(&mut self, bytes: &[u8], mut on_event: impl FnMut(Event<'_>)) {
         let mut rest = bytes;
         while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
             let (head, tail) = rest.split_at(pos);
@@ -48,7 +49,7 @@ impl Parser {
 
     /// Called at the end of the body: an event not closed by a blank line still counts (some
     /// servers end the stream right after the last `data:` line).
-    pub fn finish(&mut self, mut on_event: impl FnMut(Event)) {
+    pub fn finish(&mut self, mut on_event: impl FnMut(Event<'_>)) {
         if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
             self.end_line(&line, &mut on_event);
@@ -56,7 +57,7 @@ impl Parser {
         self.dispatch(&mut on_event);
     }
 
-    fn end_line(&mut self, line: &[u8], on_event: &mut impl FnMut(Event)) {
+    fn end_line(&mut self, line: &[u8], on_event: &mut impl FnMut(Event<'_>)) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
             self.dispatch(on_event);
@@ -73,17 +74,17 @@ impl Parser {
         // Other fields and `:` comments carry nothing the figures need.
     }
 
-    fn dispatch(&mut self, on_event: &mut impl FnMut(Event)) {
+    fn dispatch(&mut self, on_event: &mut impl FnMut(Event<'_>)) {
         if !self.has_data {
             return;
         }
         self.has_data = false;
         if self.data == b"[DONE]" {
-            self.data.clear();
             on_event(Event::Done);
         } else {
-            on_event(Event::Data(std::mem::take(&mut self.data)));
+            on_event(Event::Data(&self.data));
         }
+        self.data.clear();
     }
 }
 
@@ -91,13 +92,20 @@ impl Parser {
 mod tests {
     use super::*;
 
-    fn parse_in_pieces(input: &[u8], piece: usize) -> Vec<Event> {
+    /// Events as owned strings (`None` for `[DONE]`).
+    fn parse_in_pieces(input: &[u8], piece: usize) -> Vec<Option<String>> {
         let mut p = Parser::new();
         let mut out = Vec::new();
+        let mut take = |e: Event<'_>| {
+            out.push(match e {
+                Event::Data(d) => Some(String::from_utf8(d.to_vec()).unwrap()),
+                Event::Done => None,
+            })
+        };
         for chunk in input.chunks(piece) {
-            p.push(chunk, |e| out.push(e));
+            p.push(chunk, &mut take);
         }
-        p.finish(|e| out.push(e));
+        p.finish(&mut take);
         out
     }
 
@@ -105,9 +113,9 @@ mod tests {
     fn events_survive_any_split_and_crlf() {
         let input = b": keep-alive\r\ndata: {\"a\":1}\r\n\r\nevent: x\ndata: {\"b\"\ndata: :2}\n\ndata: [DONE]\n\n";
         let want = vec![
-            Event::Data(b"{\"a\":1}".to_vec()),
-            Event::Data(b"{\"b\"\n:2}".to_vec()),
-            Event::Done,
+            Some("{\"a\":1}".to_string()),
+            Some("{\"b\"\n:2}".to_string()),
+            None,
         ];
         for piece in 1..input.len() {
             assert_eq!(parse_in_pieces(input, piece), want, "piece size {piece}");
@@ -116,9 +124,6 @@ mod tests {
 
     #[test]
     fn unterminated_last_event_is_kept() {
-        assert_eq!(
-            parse_in_pieces(b"data:x", 3),
-            vec![Event::Data(b"x".to_vec())]
-        );
+        assert_eq!(parse_in_pieces(b"data:x", 3), vec![Some("x".to_string())]);
     }
 }
