@@ -6,10 +6,18 @@
 //! horizontal sums; values accumulate as `out += p·V[slot]`, vectorised over the head dimension.
 //! Nothing is gathered or copied per step: the block table is walked directly.
 
-use super::dot::DotPath;
+use super::dot::{reduce8, DotPath};
+use super::exp::exp;
 
-/// Slots (or output dimensions) processed together: one 512-bit vector of f32.
+/// Slots (or output dimensions) in one group: a 512-bit vector of f32, or two 256-bit ones.
 const LANES: usize = 16;
+/// Groups of sixteen slots whose score chains run side by side. Each score is one chain of
+/// multiply-adds over the head dimension; a single chain waits on the FMA latency at every
+/// step, so four groups (eight 256-bit chains under AVX2) keep the FMA units busy.
+const GROUPS: usize = 4;
+/// Output dimensions whose value chains run side by side, for the same reason (64 covers the
+/// common head dimension in one pass over the positions).
+const DIMS: usize = 64;
 
 /// One layer's K and V pools, as the attention kernel reads them.
 #[derive(Debug, Clone, Copy)]
@@ -55,15 +63,20 @@ pub fn attend(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    assert_eq!(q.len(), kv.head_dim, "query is not head_dim long");
+    assert_eq!(out.len(), kv.head_dim, "output is not head_dim long");
+    assert!(
+        block_table.len() * kv.block_size >= ctx_len,
+        "block table too short"
+    );
     match path {
-        // SAFETY: `best_path` only reports AVX2+FMA when the CPU has them.
         #[cfg(target_arch = "x86_64")]
         DotPath::Avx2Fma => {
             if avx512() {
-                // SAFETY: checked just above.
+                // SAFETY: AVX-512F was detected just now (and AVX2 + FMA by `best_path`).
                 unsafe { attend_avx512(q, kv, kv_head, block_table, ctx_len, scale, scores, out) }
             } else {
-                // SAFETY: AVX2 and FMA are present.
+                // SAFETY: `best_path` only reports AVX2+FMA when the CPU has them.
                 unsafe { attend_avx2(q, kv, kv_head, block_table, ctx_len, scale, scores, out) }
             }
         }
@@ -77,8 +90,9 @@ fn avx512() -> bool {
     *HAS.get_or_init(|| std::is_x86_feature_detected!("avx512f"))
 }
 
-/// The same code compiled for AVX2 + FMA: the multiply-adds become instructions, not library
-/// calls, and the loops vectorise. Every path computes the same operations in the same order.
+/// The kernel compiled for AVX2 + FMA: the multiply-adds become instructions, not library
+/// calls, and the fixed-width loops vectorise. Every path computes the same operations in the
+/// same order, so the results equal the scalar build's bit for bit.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
@@ -98,8 +112,7 @@ unsafe fn attend_avx2(
     attend_body(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
 }
 
-/// The kernel with explicit 512-bit vectors for full groups of sixteen slots or dimensions,
-/// computing exactly the chains `attend_body` defines (so results equal the other paths).
+/// The same kernel compiled with 512-bit vectors available (one vector per group of sixteen).
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2 and FMA.
@@ -116,59 +129,14 @@ unsafe fn attend_avx512(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    use std::arch::x86_64::*;
-    let (hd, bs) = (kv.head_dim, kv.block_size);
-    assert_eq!(q.len(), hd);
-    assert_eq!(out.len(), hd);
-    assert!(block_table.len() * bs >= ctx_len, "block table too short");
-    scores.clear();
-    scores.resize(ctx_len, 0.0);
-    for (bi, chunk) in scores.chunks_mut(bs).enumerate() {
-        let base = kv.base(block_table[bi] as usize, kv_head);
-        let kt = &kv.k[base..base + hd * bs];
-        for s0 in (0..chunk.len()).step_by(LANES) {
-            let n = (chunk.len() - s0).min(LANES);
-            if n == LANES {
-                let mut acc = _mm512_setzero_ps();
-                for (d, qd) in q.iter().enumerate() {
-                    // SAFETY: d·bs + s0 + 16 <= hd·bs: the group lies inside this block's keys.
-                    let k = unsafe { _mm512_loadu_ps(kt.as_ptr().add(d * bs + s0)) };
-                    acc = _mm512_fmadd_ps(_mm512_set1_ps(*qd), k, acc);
-                }
-                // SAFETY: s0 + 16 <= chunk.len().
-                unsafe { _mm512_storeu_ps(chunk.as_mut_ptr().add(s0), acc) };
-            } else {
-                partial_scores(q, kt, bs, &mut chunk[s0..s0 + n], s0);
-            }
-        }
-    }
-    let sum = softmax_numerators(scores, scale);
-    for d0 in (0..hd).step_by(LANES) {
-        let n = (hd - d0).min(LANES);
-        if n == LANES {
-            let mut acc = _mm512_setzero_ps();
-            for (bi, chunk) in scores.chunks(bs).enumerate() {
-                let base = kv.base(block_table[bi] as usize, kv_head) + d0;
-                let vb = &kv.v[base..base + (chunk.len() - 1) * hd + LANES];
-                for (slot, p) in chunk.iter().enumerate() {
-                    // SAFETY: slot·hd + 16 <= vb.len() by the slice bound above.
-                    let v = unsafe { _mm512_loadu_ps(vb.as_ptr().add(slot * hd)) };
-                    acc = _mm512_fmadd_ps(_mm512_set1_ps(*p), v, acc);
-                }
-            }
-            // SAFETY: d0 + 16 <= hd = out.len().
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(d0), acc) };
-        } else {
-            partial_values(scores, kv, kv_head, block_table, d0, &mut out[d0..d0 + n]);
-        }
-    }
-    normalise(out, sum);
+    attend_body(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
 }
 
-/// The kernel. Element-wise vectorisation does not change any result: each score is a
-/// multiply-add chain over `d` in order, each output element a chain over positions in order.
+/// The kernel. Each score is a multiply-add chain over the head dimension in order, each output
+/// element a chain over the positions in order; how many chains run side by side (full groups
+/// of sixteen, four groups at once, or a partial group alone) never changes a value.
 #[inline(always)]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[allow(clippy::too_many_arguments)]
 fn attend_body(
     q: &[f32],
     kv: &KvView<'_>,
@@ -180,55 +148,101 @@ fn attend_body(
     out: &mut [f32],
 ) {
     let (hd, bs) = (kv.head_dim, kv.block_size);
-    debug_assert_eq!(q.len(), hd);
-    debug_assert_eq!(out.len(), hd);
     scores.clear();
     scores.resize(ctx_len, 0.0);
-    // Scores, sixteen slots at a time held in registers (one 512-bit vector), the query's
-    // dimensions in order. A partial group computes the same chains on fewer lanes.
-    for (bi, chunk) in scores.chunks_mut(bs).enumerate() {
+
+    // Scores: full groups of sixteen slots are gathered (key offset, score offset) and run
+    // GROUPS at a time; a partial group (a block's tail) runs alone.
+    let mut pending = [(0usize, 0usize); GROUPS];
+    let mut count = 0;
+    for bi in 0..ctx_len.div_ceil(bs) {
         let base = kv.base(block_table[bi] as usize, kv_head);
-        let kt = &kv.k[base..base + hd * bs];
-        for s0 in (0..chunk.len()).step_by(LANES) {
-            let n = (chunk.len() - s0).min(LANES);
+        let slots = (ctx_len - bi * bs).min(bs);
+        for s0 in (0..slots).step_by(LANES) {
+            let n = (slots - s0).min(LANES);
             if n < LANES {
-                partial_scores(q, kt, bs, &mut chunk[s0..s0 + n], s0);
+                let chunk = &mut scores[bi * bs + s0..bi * bs + s0 + n];
+                partial_scores(q, &kv.k[base..base + hd * bs], bs, chunk, s0);
                 continue;
             }
-            let mut acc = [0f32; LANES];
-            for (d, qd) in q.iter().enumerate() {
-                let row: &[f32; LANES] = kt[d * bs + s0..d * bs + s0 + LANES]
-                    .try_into()
-                    .expect("16 slots");
-                for l in 0..LANES {
-                    acc[l] = qd.mul_add(row[l], acc[l]);
-                }
+            pending[count] = (base + s0, bi * bs + s0);
+            count += 1;
+            if count == GROUPS {
+                score_groups::<GROUPS>(q, kv.k, bs, &pending, scores);
+                count = 0;
             }
-            chunk[s0..s0 + LANES].copy_from_slice(&acc);
         }
     }
+    match count {
+        1 => score_groups::<1>(q, kv.k, bs, &pending[..1], scores),
+        2 => score_groups::<2>(q, kv.k, bs, &pending[..2], scores),
+        3 => score_groups::<3>(q, kv.k, bs, &pending[..3], scores),
+        _ => {}
+    }
+
     let sum = softmax_numerators(scores, scale);
-    // Values, sixteen output dimensions at a time in registers, positions in order.
-    for d0 in (0..hd).step_by(LANES) {
-        let n = (hd - d0).min(LANES);
-        if n < LANES {
-            partial_values(scores, kv, kv_head, block_table, d0, &mut out[d0..d0 + n]);
-            continue;
+
+    // Values: DIMS output dimensions at a time, then sixteen, then a partial group.
+    let mut d0 = 0;
+    while d0 < hd {
+        let width = hd - d0;
+        if width >= DIMS {
+            values::<DIMS>(
+                scores,
+                kv,
+                kv_head,
+                block_table,
+                d0,
+                &mut out[d0..d0 + DIMS],
+            );
+            d0 += DIMS;
+        } else if width >= LANES {
+            values::<LANES>(
+                scores,
+                kv,
+                kv_head,
+                block_table,
+                d0,
+                &mut out[d0..d0 + LANES],
+            );
+            d0 += LANES;
+        } else {
+            partial_values(scores, kv, kv_head, block_table, d0, &mut out[d0..]);
+            d0 = hd;
         }
-        let mut acc = [0f32; LANES];
-        for (bi, chunk) in scores.chunks(bs).enumerate() {
-            let base = kv.base(block_table[bi] as usize, kv_head);
-            for (slot, p) in chunk.iter().enumerate() {
-                let at = base + slot * hd + d0;
-                let v: &[f32; LANES] = kv.v[at..at + LANES].try_into().expect("16 dims");
-                for l in 0..LANES {
-                    acc[l] = p.mul_add(v[l], acc[l]);
-                }
-            }
-        }
-        out[d0..d0 + LANES].copy_from_slice(&acc);
     }
     normalise(out, sum);
+}
+
+/// Scores of `G` full groups of sixteen slots: `groups[g] = (offset of the group's first key
+/// element in `k`, index of its first score)`.
+#[inline(always)]
+fn score_groups<const G: usize>(
+    q: &[f32],
+    k: &[f32],
+    bs: usize,
+    groups: &[(usize, usize)],
+    scores: &mut [f32],
+) {
+    let keys: [&[f32]; G] = std::array::from_fn(|g| {
+        let at = groups[g].0;
+        &k[at..at + (q.len() - 1) * bs + LANES]
+    });
+    let mut acc = [[0f32; LANES]; G];
+    for (d, qd) in q.iter().enumerate() {
+        for g in 0..G {
+            let row: &[f32; LANES] = keys[g][d * bs..d * bs + LANES]
+                .try_into()
+                .expect("16 slots");
+            for l in 0..LANES {
+                acc[g][l] = qd.mul_add(row[l], acc[g][l]);
+            }
+        }
+    }
+    for g in 0..G {
+        let at = groups[g].1;
+        scores[at..at + LANES].copy_from_slice(&acc[g]);
+    }
 }
 
 /// Scores of fewer than sixteen slots starting at `s0` of one block (`kt` its transposed keys),
@@ -243,6 +257,31 @@ fn partial_scores(q: &[f32], kt: &[f32], bs: usize, out: &mut [f32], s0: usize) 
         }
     }
     out.copy_from_slice(&acc[..n]);
+}
+
+/// Output dimensions `d0..d0 + W` of `Σ_t p[t]·V[t]`, each a chain over positions in order.
+#[inline(always)]
+fn values<const W: usize>(
+    scores: &[f32],
+    kv: &KvView<'_>,
+    kv_head: usize,
+    block_table: &[u32],
+    d0: usize,
+    out: &mut [f32],
+) {
+    let hd = kv.head_dim;
+    let mut acc = [0f32; W];
+    for (bi, chunk) in scores.chunks(kv.block_size).enumerate() {
+        let base = kv.base(block_table[bi] as usize, kv_head) + d0;
+        for (slot, p) in chunk.iter().enumerate() {
+            let at = base + slot * hd;
+            let v: &[f32; W] = kv.v[at..at + W].try_into().expect("W dims");
+            for l in 0..W {
+                acc[l] = p.mul_add(v[l], acc[l]);
+            }
+        }
+    }
+    out.copy_from_slice(&acc);
 }
 
 /// Output dimensions `d0..d0 + out.len()` (fewer than sixteen) of `Σ_t p[t]·V[t]`.
@@ -269,7 +308,8 @@ fn partial_values(
     out.copy_from_slice(&acc[..n]);
 }
 
-/// Scales the raw scores and replaces each with `exp(s − max)`; returns their sum.
+/// Scales the raw scores and replaces each with `exp(s − max)`; returns their sum, taken in
+/// eight lanes (`reduce8`) and then the tail in order.
 #[inline(always)]
 fn softmax_numerators(scores: &mut [f32], scale: f32) -> f32 {
     let mut max = f32::NEG_INFINITY;
@@ -277,9 +317,17 @@ fn softmax_numerators(scores: &mut [f32], scale: f32) -> f32 {
         *s *= scale;
         max = max.max(*s);
     }
-    let mut sum = 0.0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
+    let mut lanes = [0f32; 8];
+    let mut chunks = scores.chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        for (s, lane) in chunk.iter_mut().zip(lanes.iter_mut()) {
+            *s = exp(*s - max);
+            *lane += *s;
+        }
+    }
+    let mut sum = reduce8(lanes);
+    for s in chunks.into_remainder() {
+        *s = exp(*s - max);
         sum += *s;
     }
     sum
@@ -303,7 +351,14 @@ mod tests {
     /// gives the scalar code's bits.
     #[test]
     fn reads_scattered_blocks_like_contiguous_attention() {
-        for (bs, hd, ctx) in [(4, 8, 11), (16, 64, 48), (16, 72, 37)] {
+        for (bs, hd, ctx) in [
+            (4, 8, 11),
+            (16, 64, 48),
+            (16, 72, 37),
+            (16, 64, 150),
+            (32, 80, 133),
+            (16, 144, 97),
+        ] {
             check_shape(bs, hd, ctx);
         }
     }

@@ -17,10 +17,12 @@
 //! - [`rope`]: rotary position embeddings from a precomputed table.
 //! - [`attention`]: causal grouped-query attention reading KV blocks in place.
 //! - [`activation`]: SiLU-gated linear unit.
+//! - [`exp`]: a vectorisable exponential for softmax and SiLU.
 
 pub mod activation;
 pub mod attention;
 pub mod dot;
+pub mod exp;
 pub mod kqmatmul;
 pub mod kquant;
 pub mod matmul;

@@ -305,15 +305,42 @@ mod avx2 {
     use super::*;
     use crate::kernels::dot::avx2::reduce;
 
-    /// Sixteen Q4_1 weights' nibbles expanded to 32 bytes in element order.
+    /// Blocks whose scales are multiplied out together before their integer products run.
+    const SCALE_CHUNK: usize = 16;
+
+    /// Sixteen Q4_1 weights' nibbles expanded to 32 bytes in element order: the 16 bytes are
+    /// broadcast to both halves by the load itself, then the upper half is shifted by four, so
+    /// the expansion costs two vector operations.
     #[inline(always)]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
+    unsafe fn nibbles(p: *const u8, shift: __m256i, mask: __m256i) -> __m256i {
         // SAFETY: the caller points at 16 readable bytes.
-        let q = unsafe { _mm_loadu_si128(p as *const __m128i) };
-        let mask = _mm_set1_epi8(0x0F);
-        let lo = _mm_and_si128(q, mask);
-        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-        _mm256_set_m128i(hi, lo)
+        let q = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i)) };
+        _mm256_and_si256(_mm256_srlv_epi32(q, shift), mask)
+    }
+
+    /// `scales[i][j][t] = d_w[c+j][b0+t] · d_x[r+i][b0+t]` for the blocks `b0..b0+len`, the
+    /// products the reference rounds to f32 before its multiply-add, eight at a time.
+    #[inline(always)]
+    fn scale_table<const R: usize, const C: usize>(
+        dx: &[f32],
+        dw: &[f32],
+        nb: usize,
+        r: usize,
+        c: usize,
+        b0: usize,
+        len: usize,
+    ) -> [[[f32; SCALE_CHUNK]; C]; R] {
+        let mut t = [[[0f32; SCALE_CHUNK]; C]; R];
+        for i in 0..R {
+            let x = &dx[(r + i) * nb + b0..(r + i) * nb + b0 + len];
+            for j in 0..C {
+                let w = &dw[(c + j) * nb + b0..(c + j) * nb + b0 + len];
+                for (o, (a, b)) in t[i][j].iter_mut().zip(w.iter().zip(x)) {
+                    *o = a * b;
+                }
+            }
+        }
+        t
     }
 
     /// # Safety
@@ -327,24 +354,35 @@ mod avx2 {
     ) -> [[f32; C]; R] {
         let nb = w.blocks_per_row();
         let ones = _mm256_set1_epi16(1);
+        let shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+        let mask = _mm256_set1_epi8(0x0F);
         let mut acc = [[[_mm256_setzero_ps(); 2]; C]; R];
-        for b in 0..nb {
-            let mut wv = [_mm256_setzero_si256(); C];
-            for j in 0..C {
-                // SAFETY: block b of column c+j exists.
-                wv[j] = unsafe { nibbles(w.qs.as_ptr().add(((c + j) * nb + b) * 16)) };
-            }
-            for i in 0..R {
-                // SAFETY: block b of row r+i exists.
-                let x = unsafe {
-                    _mm256_loadu_si256(a.q.as_ptr().add((r + i) * w.k + b * QK) as *const __m256i)
-                };
-                let dx = a.d[(r + i) * nb + b];
+        // Chunks start at even blocks, so a block's parity (its accumulator) is kept.
+        for b0 in (0..nb).step_by(SCALE_CHUNK) {
+            let len = (nb - b0).min(SCALE_CHUNK);
+            let scales = scale_table::<R, C>(&a.d, &w.d, nb, r, c, b0, len);
+            for t in 0..len {
+                let b = b0 + t;
+                let mut wv = [_mm256_setzero_si256(); C];
                 for j in 0..C {
-                    let isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[j], x), ones);
-                    let scale = _mm256_set1_ps(w.d[(c + j) * nb + b] * dx);
-                    acc[i][j][b % 2] =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j][b % 2]);
+                    // SAFETY: block b of column c+j exists.
+                    wv[j] =
+                        unsafe { nibbles(w.qs.as_ptr().add(((c + j) * nb + b) * 16), shift, mask) };
+                }
+                for i in 0..R {
+                    // SAFETY: block b of row r+i exists.
+                    let x = unsafe {
+                        _mm256_loadu_si256(
+                            a.q.as_ptr().add((r + i) * w.k + b * QK) as *const __m256i
+                        )
+                    };
+                    for j in 0..C {
+                        let isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[j], x), ones);
+                        // A broadcast from memory is a load, not an arithmetic operation.
+                        let scale = _mm256_broadcast_ss(&scales[i][j][t]);
+                        acc[i][j][b % 2] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j][b % 2]);
+                    }
                 }
             }
         }
@@ -372,30 +410,37 @@ mod avx2 {
         let nb = w.blocks_per_row();
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[[_mm256_setzero_ps(); 2]; C]; R];
-        for b in 0..nb {
-            let mut wv = [_mm256_setzero_si256(); C];
-            for j in 0..C {
-                // SAFETY: block b of column c+j exists.
-                wv[j] = unsafe {
-                    _mm256_loadu_si256(w.qs.as_ptr().add((c + j) * w.k + b * QK) as *const __m256i)
-                };
-            }
-            for i in 0..R {
-                // SAFETY: block b of row r+i exists.
-                let x = unsafe {
-                    _mm256_loadu_si256(a.q.as_ptr().add((r + i) * w.k + b * QK) as *const __m256i)
-                };
-                let dx = a.d[(r + i) * nb + b];
+        for b0 in (0..nb).step_by(SCALE_CHUNK) {
+            let len = (nb - b0).min(SCALE_CHUNK);
+            let scales = scale_table::<R, C>(&a.d, &w.d, nb, r, c, b0, len);
+            for t in 0..len {
+                let b = b0 + t;
+                let mut wv = [_mm256_setzero_si256(); C];
+                let mut wabs = [_mm256_setzero_si256(); C];
                 for j in 0..C {
-                    // |w| · (x with w's sign) = w · x, in maddubs' unsigned × signed form.
-                    let p = _mm256_maddubs_epi16(
-                        _mm256_sign_epi8(wv[j], wv[j]),
-                        _mm256_sign_epi8(x, wv[j]),
-                    );
-                    let isum = _mm256_madd_epi16(p, ones);
-                    let scale = _mm256_set1_ps(w.d[(c + j) * nb + b] * dx);
-                    acc[i][j][b % 2] =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j][b % 2]);
+                    // SAFETY: block b of column c+j exists.
+                    wv[j] = unsafe {
+                        _mm256_loadu_si256(
+                            w.qs.as_ptr().add((c + j) * w.k + b * QK) as *const __m256i
+                        )
+                    };
+                    wabs[j] = _mm256_sign_epi8(wv[j], wv[j]);
+                }
+                for i in 0..R {
+                    // SAFETY: block b of row r+i exists.
+                    let x = unsafe {
+                        _mm256_loadu_si256(
+                            a.q.as_ptr().add((r + i) * w.k + b * QK) as *const __m256i
+                        )
+                    };
+                    for j in 0..C {
+                        // |w| · (x with w's sign) = w · x, in maddubs' unsigned × signed form.
+                        let p = _mm256_maddubs_epi16(wabs[j], _mm256_sign_epi8(x, wv[j]));
+                        let isum = _mm256_madd_epi16(p, ones);
+                        let scale = _mm256_broadcast_ss(&scales[i][j][t]);
+                        acc[i][j][b % 2] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j][b % 2]);
+                    }
                 }
             }
         }
