@@ -2,8 +2,8 @@
 //! response as its bytes arrive. Only this module knows OpenAI's wire format; it hands
 //! [`crate::metrics`] plain timestamps and token counts.
 //!
-//! Plain `http://` only: a load tester should not spend its CPU on TLS, and the servers it sizes
-//! sit behind the proxy that terminates TLS.
+//! `https://` targets go through rustls (ring, the system's root certificates); `http://` ones
+//! never touch TLS, so a plain-HTTP run costs no handshakes and needs no certificates.
 
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
@@ -44,7 +45,7 @@ pub struct Target {
     pub timeout: Duration,
 }
 
-/// Normalises a base URL: strips a trailing `/` and `/v1`, insists on `http://`.
+/// Normalises a base URL: strips a trailing `/` and `/v1`, insists on `http://` or `https://`.
 pub fn normalize_base(url: &str) -> Result<String> {
     let mut s = url.trim().trim_end_matches('/').to_string();
     if let Some(stripped) = s.strip_suffix("/v1") {
@@ -54,8 +55,8 @@ pub fn normalize_base(url: &str) -> Result<String> {
         url: url.to_string(),
         reason: reason.to_string(),
     };
-    if !s.starts_with("http://") {
-        return Err(bad("only http:// is supported (terminate TLS elsewhere)"));
+    if !s.starts_with("http://") && !s.starts_with("https://") {
+        return Err(bad("want http://host[:port] or https://host[:port]"));
     }
     s.parse::<Uri>().map_err(|e| bad(&e.to_string()))?;
     Ok(s)
@@ -279,7 +280,7 @@ fn on_event(
 /// The pooled client for one target.
 #[derive(Debug, Clone)]
 pub struct Client {
-    http: HyperClient<HttpConnector, Full<Bytes>>,
+    http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
     target: std::sync::Arc<Target>,
     uri: Uri,
 }
@@ -290,6 +291,8 @@ impl Client {
     pub fn new(target: Target) -> Result<Self> {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
+        conn.enforce_http(false);
+        let conn = tls_connector(&target.base)?.wrap_connector(conn);
         let http = HyperClient::builder(TokioExecutor::new())
             .pool_max_idle_per_host(usize::MAX)
             .pool_idle_timeout(Duration::from_secs(90))
@@ -480,6 +483,27 @@ impl Client {
     }
 }
 
+/// The connector stage that speaks TLS to `https://` bases. Root certificates are loaded only
+/// for those, so a plain-HTTP run works on a machine without any.
+fn tls_connector(
+    base: &str,
+) -> Result<HttpsConnectorBuilder<hyper_rustls::builderstates::WantsProtocols2>> {
+    let builder = HttpsConnectorBuilder::new();
+    let builder = if base.starts_with("https://") {
+        builder.with_native_roots().map_err(|e| Error::Url {
+            url: base.to_string(),
+            reason: format!("no usable system root certificates for TLS: {e}"),
+        })?
+    } else {
+        builder.with_tls_config(
+            rustls::ClientConfig::builder()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+        )
+    };
+    Ok(builder.https_or_http().enable_http1())
+}
+
 fn parse_whole(bytes: &[u8], obs: &mut Observed) {
     match serde_json::from_slice::<Chunk<'_>>(bytes) {
         Ok(c) => {
@@ -492,30 +516,6 @@ fn parse_whole(bytes: &[u8], obs: &mut Observed) {
         }
         Err(e) => obs.failure = Some(Failure::BadResponse(e.to_string())),
     }
-}
-
-/// Finds filler words the server counts as exactly one token each (see [`crate::prompt`]), and
-/// the tokens `/tokenize` adds to any text. `Err` says why the server cannot be used for this.
-pub async fn calibrate(client: &Client) -> std::result::Result<(Vec<String>, i64), String> {
-    let mut words = Vec::new();
-    let mut overheads = Vec::new();
-    for w in crate::prompt::CANDIDATES {
-        let one = format!(" {w}");
-        let c1 = client.tokenize(&one).await?;
-        let c2 = client.tokenize(&format!("{one}{one}")).await?;
-        if c2 - c1 == 1 {
-            words.push(one);
-            overheads.push(c1 - 1);
-        }
-    }
-    if words.len() < 16 {
-        return Err(format!(
-            "only {} filler words tokenize to one token",
-            words.len()
-        ));
-    }
-    overheads.sort_unstable();
-    Ok((words, overheads[overheads.len() / 2]))
 }
 
 #[cfg(test)]
@@ -567,6 +567,7 @@ mod tests {
     #[test]
     fn base_urls_are_normalised() {
         assert_eq!(normalize_base("http://h:1/v1/").unwrap(), "http://h:1");
-        assert!(normalize_base("https://h").is_err());
+        assert_eq!(normalize_base("https://h/").unwrap(), "https://h");
+        assert!(normalize_base("ftp://h").is_err());
     }
 }

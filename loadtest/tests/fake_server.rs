@@ -80,11 +80,12 @@ async fn streamed_figures_match_the_fake() {
     assert!(
         matches!(
             r.calibration,
-            Calibration::Server {
+            Calibration::Counted {
+                ref by,
                 overhead: 1,
                 verified: Some((256, 256)),
                 ..
-            }
+            } if by == "server /tokenize"
         ),
         "{:?}",
         r.calibration
