@@ -65,16 +65,17 @@ pub fn normalize_base(url: &str) -> Result<String> {
 /// How a request ended, when it did not succeed. `label()` is what the report counts by.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
-    /// A non-2xx status, with the start of the body.
-    Status(u16, String),
+    /// A non-2xx status, with the start of the body and the OpenAI error `type` (or `code`) the
+    /// body named, if any.
+    Status(u16, String, Option<String>),
     /// No connection could be made.
     Connect(String),
     /// The whole request took longer than `--timeout`.
     Timeout,
     /// The connection broke mid-response.
     Body(String),
-    /// The server sent an `error` object inside a 200 stream.
-    StreamError(String),
+    /// The server sent an `error` object inside a 200 stream (its JSON, and its `type`).
+    StreamError(String, Option<String>),
     /// The response was not the JSON we expected.
     BadResponse(String),
 }
@@ -83,11 +84,11 @@ impl Failure {
     /// The error class for counting (`http_429`, `timeout`, ...).
     pub fn label(&self) -> String {
         match self {
-            Self::Status(s, _) => format!("http_{s}"),
+            Self::Status(s, ..) => format!("http_{s}"),
             Self::Connect(_) => "connect".into(),
             Self::Timeout => "timeout".into(),
             Self::Body(_) => "body".into(),
-            Self::StreamError(_) => "stream_error".into(),
+            Self::StreamError(..) => "stream_error".into(),
             Self::BadResponse(_) => "bad_response".into(),
         }
     }
@@ -95,12 +96,35 @@ impl Failure {
     /// A human message.
     pub fn message(&self) -> String {
         match self {
-            Self::Status(s, body) => format!("HTTP {s}: {body}"),
-            Self::Connect(m) | Self::Body(m) | Self::StreamError(m) | Self::BadResponse(m) => {
+            Self::Status(s, body, _) => format!("HTTP {s}: {body}"),
+            Self::Connect(m) | Self::Body(m) | Self::StreamError(m, _) | Self::BadResponse(m) => {
                 m.clone()
             }
             Self::Timeout => "timed out".into(),
         }
+    }
+
+    /// The server's own name for the error (OpenAI's `error.type`, else `error.code`), so the
+    /// report can tell a rate limit from an overload behind the same status.
+    pub fn kind(&self) -> Option<&str> {
+        match self {
+            Self::Status(_, _, k) | Self::StreamError(_, k) => k.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// `error.type` (else `error.code`) of an OpenAI error object, or of a body holding one.
+fn error_kind(v: &serde_json::Value) -> Option<String> {
+    let e = v.get("error").unwrap_or(v);
+    let k = e
+        .get("type")
+        .filter(|t| !t.is_null())
+        .or_else(|| e.get("code"))?;
+    match k {
+        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
     }
 }
 
@@ -254,8 +278,9 @@ fn on_event(
         }
     };
     if let Some(err) = chunk.error {
+        let kind = error_kind(&err);
         obs.failure
-            .get_or_insert(Failure::StreamError(err.to_string()));
+            .get_or_insert(Failure::StreamError(err.to_string(), kind));
         return;
     }
     let chars: usize = chunk.choices.iter().map(ChunkChoice::content_chars).sum();
@@ -391,7 +416,10 @@ impl Client {
                 .map(|c| c.to_bytes())
                 .unwrap_or_default();
             let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
-            obs.failure = Some(Failure::Status(parts.status.as_u16(), text));
+            let kind = serde_json::from_slice(&bytes)
+                .ok()
+                .and_then(|v: serde_json::Value| error_kind(&v));
+            obs.failure = Some(Failure::Status(parts.status.as_u16(), text, kind));
             return;
         }
         if !self.target.stream {
@@ -508,7 +536,8 @@ fn parse_whole(bytes: &[u8], obs: &mut Observed) {
     match serde_json::from_slice::<Chunk<'_>>(bytes) {
         Ok(c) => {
             if let Some(err) = c.error {
-                obs.failure = Some(Failure::StreamError(err.to_string()));
+                let kind = error_kind(&err);
+                obs.failure = Some(Failure::StreamError(err.to_string(), kind));
                 return;
             }
             obs.text_chars = c.choices.iter().map(ChunkChoice::content_chars).sum();
@@ -558,10 +587,14 @@ mod tests {
 
     #[test]
     fn completions_text_and_stream_errors() {
-        let obs = feed("data: {\"choices\":[{\"text\":\"x\"}]}\n\ndata: {\"error\":{\"message\":\"boom\"}}\n\ndata: [DONE]\n\n");
+        let obs = feed("data: {\"choices\":[{\"text\":\"x\"}]}\n\ndata: {\"error\":{\"message\":\"boom\",\"type\":\"overloaded\"}}\n\ndata: [DONE]\n\n");
         assert_eq!(obs.chunks.len(), 1);
         assert_eq!(obs.chunk_tokens, vec![None]);
-        assert_eq!(obs.failure.unwrap().label(), "stream_error");
+        let f = obs.failure.unwrap();
+        assert_eq!(
+            (f.label().as_str(), f.kind()),
+            ("stream_error", Some("overloaded"))
+        );
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct Record {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_message: Option<String>,
+    /// The server's name for the error (OpenAI `error.type`/`code`), if it gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<String>,
     pub ttft_ms: Option<f64>,
     pub tpot_ms: Option<f64>,
     pub e2el_ms: f64,
@@ -133,6 +136,10 @@ pub fn record(
         ok: obs.failure.is_none(),
         error: obs.failure.as_ref().map(|f| f.label()),
         error_message: obs.failure.as_ref().map(|f| f.message()),
+        error_type: obs
+            .failure
+            .as_ref()
+            .and_then(|f| f.kind().map(str::to_owned)),
         ttft_ms: ttft,
         tpot_ms: tpot,
         e2el_ms: e2e,
@@ -263,6 +270,8 @@ pub struct Summary {
     pub e2el: Stats,
     /// Failures by class (`http_429`, `timeout`, ...).
     pub errors: BTreeMap<String, u64>,
+    /// Failures by class and the server's error type, where it named one (`http_429 rate_limit`).
+    pub error_types: BTreeMap<String, u64>,
     /// How output tokens were counted, requests per source.
     pub token_sources: BTreeMap<String, u64>,
     /// Requests whose ITL used exact per-chunk token counts.
@@ -276,10 +285,13 @@ impl Summary {
         let secs = duration.as_secs_f64().max(1e-9);
         let ok: Vec<&Record> = records.iter().filter(|r| r.ok).collect();
         let mut errors = BTreeMap::new();
+        let mut error_types = BTreeMap::new();
         for r in records.iter().filter(|r| !r.ok) {
-            *errors
-                .entry(r.error.clone().unwrap_or_default())
-                .or_insert(0) += 1;
+            let label = r.error.clone().unwrap_or_default();
+            if let Some(t) = &r.error_type {
+                *error_types.entry(format!("{label} {t}")).or_insert(0) += 1;
+            }
+            *errors.entry(label).or_insert(0) += 1;
         }
         let mut token_sources = BTreeMap::new();
         for r in &ok {
@@ -307,6 +319,7 @@ impl Summary {
             itl: Stats::of(ok.iter().flat_map(|r| r.itl_ms.iter().copied())),
             e2el: Stats::of(ok.iter().map(|r| r.e2el_ms)),
             errors,
+            error_types,
             token_sources,
             itl_exact_requests: ok
                 .iter()

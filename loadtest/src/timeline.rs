@@ -101,6 +101,7 @@ mod tests {
             ok: true,
             error: None,
             error_message: None,
+            error_type: None,
             ttft_ms: ttft,
             tpot_ms: None,
             e2el_ms: e2e,
