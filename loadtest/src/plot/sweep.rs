@@ -1,5 +1,7 @@
 //! A sweep's curve: TTFT and ITL percentiles (p50, p99) against the request rate each point
-//! achieved, so the knee where latency leaves its floor is visible.
+//! achieved, so the knee where latency leaves its floor is visible. Points are joined in the
+//! order of offered load (synchronous, the rates, max throughput), not sorted by achieved rate:
+//! a server that collapses under a higher offered rate then shows as the curve turning back.
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -15,8 +17,7 @@ pub(super) fn draw<DB: DrawingBackend>(report: &Report, root: &DrawingArea<DB, S
 where
     DB::ErrorType: 'static,
 {
-    let mut pts: Vec<&Summary> = report.points.iter().map(|p| &p.summary).collect();
-    pts.sort_by(|a, b| a.request_throughput.total_cmp(&b.request_throughput));
+    let pts: Vec<&Summary> = report.points.iter().map(|p| &p.summary).collect();
     let panels = root.split_evenly((1, 2));
     let ttft: [(&str, Figure, RGBColor); 2] = [
         ("TTFT p50", |s| s.ttft.median, BLUE),
