@@ -2,8 +2,8 @@
 //! response as its bytes arrive. Only this module knows OpenAI's wire format; it hands
 //! [`crate::metrics`] plain timestamps and token counts.
 //!
-//! Plain `http://` only: a load tester should not spend its CPU on TLS, and the servers it sizes
-//! sit behind the proxy that terminates TLS.
+//! `https://` targets go through rustls (ring, the system's root certificates); `http://` ones
+//! never touch TLS, so a plain-HTTP run costs no handshakes and needs no certificates.
 
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
@@ -44,7 +45,7 @@ pub struct Target {
     pub timeout: Duration,
 }
 
-/// Normalises a base URL: strips a trailing `/` and `/v1`, insists on `http://`.
+/// Normalises a base URL: strips a trailing `/` and `/v1`, insists on `http://` or `https://`.
 pub fn normalize_base(url: &str) -> Result<String> {
     let mut s = url.trim().trim_end_matches('/').to_string();
     if let Some(stripped) = s.strip_suffix("/v1") {
@@ -54,8 +55,8 @@ pub fn normalize_base(url: &str) -> Result<String> {
         url: url.to_string(),
         reason: reason.to_string(),
     };
-    if !s.starts_with("http://") {
-        return Err(bad("only http:// is supported (terminate TLS elsewhere)"));
+    if !s.starts_with("http://") && !s.starts_with("https://") {
+        return Err(bad("want http://host[:port] or https://host[:port]"));
     }
     s.parse::<Uri>().map_err(|e| bad(&e.to_string()))?;
     Ok(s)
@@ -64,16 +65,17 @@ pub fn normalize_base(url: &str) -> Result<String> {
 /// How a request ended, when it did not succeed. `label()` is what the report counts by.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
-    /// A non-2xx status, with the start of the body.
-    Status(u16, String),
+    /// A non-2xx status, with the start of the body and the OpenAI error `type` (or `code`) the
+    /// body named, if any.
+    Status(u16, String, Option<String>),
     /// No connection could be made.
     Connect(String),
     /// The whole request took longer than `--timeout`.
     Timeout,
     /// The connection broke mid-response.
     Body(String),
-    /// The server sent an `error` object inside a 200 stream.
-    StreamError(String),
+    /// The server sent an `error` object inside a 200 stream (its JSON, and its `type`).
+    StreamError(String, Option<String>),
     /// The response was not the JSON we expected.
     BadResponse(String),
 }
@@ -82,11 +84,11 @@ impl Failure {
     /// The error class for counting (`http_429`, `timeout`, ...).
     pub fn label(&self) -> String {
         match self {
-            Self::Status(s, _) => format!("http_{s}"),
+            Self::Status(s, ..) => format!("http_{s}"),
             Self::Connect(_) => "connect".into(),
             Self::Timeout => "timeout".into(),
             Self::Body(_) => "body".into(),
-            Self::StreamError(_) => "stream_error".into(),
+            Self::StreamError(..) => "stream_error".into(),
             Self::BadResponse(_) => "bad_response".into(),
         }
     }
@@ -94,12 +96,35 @@ impl Failure {
     /// A human message.
     pub fn message(&self) -> String {
         match self {
-            Self::Status(s, body) => format!("HTTP {s}: {body}"),
-            Self::Connect(m) | Self::Body(m) | Self::StreamError(m) | Self::BadResponse(m) => {
+            Self::Status(s, body, _) => format!("HTTP {s}: {body}"),
+            Self::Connect(m) | Self::Body(m) | Self::StreamError(m, _) | Self::BadResponse(m) => {
                 m.clone()
             }
             Self::Timeout => "timed out".into(),
         }
+    }
+
+    /// The server's own name for the error (OpenAI's `error.type`, else `error.code`), so the
+    /// report can tell a rate limit from an overload behind the same status.
+    pub fn kind(&self) -> Option<&str> {
+        match self {
+            Self::Status(_, _, k) | Self::StreamError(_, k) => k.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// `error.type` (else `error.code`) of an OpenAI error object, or of a body holding one.
+fn error_kind(v: &serde_json::Value) -> Option<String> {
+    let e = v.get("error").unwrap_or(v);
+    let k = e
+        .get("type")
+        .filter(|t| !t.is_null())
+        .or_else(|| e.get("code"))?;
+    match k {
+        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
     }
 }
 
@@ -253,8 +278,9 @@ fn on_event(
         }
     };
     if let Some(err) = chunk.error {
+        let kind = error_kind(&err);
         obs.failure
-            .get_or_insert(Failure::StreamError(err.to_string()));
+            .get_or_insert(Failure::StreamError(err.to_string(), kind));
         return;
     }
     let chars: usize = chunk.choices.iter().map(ChunkChoice::content_chars).sum();
@@ -279,7 +305,7 @@ fn on_event(
 /// The pooled client for one target.
 #[derive(Debug, Clone)]
 pub struct Client {
-    http: HyperClient<HttpConnector, Full<Bytes>>,
+    http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
     target: std::sync::Arc<Target>,
     uri: Uri,
 }
@@ -290,6 +316,8 @@ impl Client {
     pub fn new(target: Target) -> Result<Self> {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
+        conn.enforce_http(false);
+        let conn = tls_connector(&target.base)?.wrap_connector(conn);
         let http = HyperClient::builder(TokioExecutor::new())
             .pool_max_idle_per_host(usize::MAX)
             .pool_idle_timeout(Duration::from_secs(90))
@@ -388,7 +416,10 @@ impl Client {
                 .map(|c| c.to_bytes())
                 .unwrap_or_default();
             let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
-            obs.failure = Some(Failure::Status(parts.status.as_u16(), text));
+            let kind = serde_json::from_slice(&bytes)
+                .ok()
+                .and_then(|v: serde_json::Value| error_kind(&v));
+            obs.failure = Some(Failure::Status(parts.status.as_u16(), text, kind));
             return;
         }
         if !self.target.stream {
@@ -480,11 +511,33 @@ impl Client {
     }
 }
 
+/// The connector stage that speaks TLS to `https://` bases. Root certificates are loaded only
+/// for those, so a plain-HTTP run works on a machine without any.
+fn tls_connector(
+    base: &str,
+) -> Result<HttpsConnectorBuilder<hyper_rustls::builderstates::WantsProtocols2>> {
+    let builder = HttpsConnectorBuilder::new();
+    let builder = if base.starts_with("https://") {
+        builder.with_native_roots().map_err(|e| Error::Url {
+            url: base.to_string(),
+            reason: format!("no usable system root certificates for TLS: {e}"),
+        })?
+    } else {
+        builder.with_tls_config(
+            rustls::ClientConfig::builder()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+        )
+    };
+    Ok(builder.https_or_http().enable_http1())
+}
+
 fn parse_whole(bytes: &[u8], obs: &mut Observed) {
     match serde_json::from_slice::<Chunk<'_>>(bytes) {
         Ok(c) => {
             if let Some(err) = c.error {
-                obs.failure = Some(Failure::StreamError(err.to_string()));
+                let kind = error_kind(&err);
+                obs.failure = Some(Failure::StreamError(err.to_string(), kind));
                 return;
             }
             obs.text_chars = c.choices.iter().map(ChunkChoice::content_chars).sum();
@@ -492,30 +545,6 @@ fn parse_whole(bytes: &[u8], obs: &mut Observed) {
         }
         Err(e) => obs.failure = Some(Failure::BadResponse(e.to_string())),
     }
-}
-
-/// Finds filler words the server counts as exactly one token each (see [`crate::prompt`]), and
-/// the tokens `/tokenize` adds to any text. `Err` says why the server cannot be used for this.
-pub async fn calibrate(client: &Client) -> std::result::Result<(Vec<String>, i64), String> {
-    let mut words = Vec::new();
-    let mut overheads = Vec::new();
-    for w in crate::prompt::CANDIDATES {
-        let one = format!(" {w}");
-        let c1 = client.tokenize(&one).await?;
-        let c2 = client.tokenize(&format!("{one}{one}")).await?;
-        if c2 - c1 == 1 {
-            words.push(one);
-            overheads.push(c1 - 1);
-        }
-    }
-    if words.len() < 16 {
-        return Err(format!(
-            "only {} filler words tokenize to one token",
-            words.len()
-        ));
-    }
-    overheads.sort_unstable();
-    Ok((words, overheads[overheads.len() / 2]))
 }
 
 #[cfg(test)]
@@ -558,15 +587,20 @@ mod tests {
 
     #[test]
     fn completions_text_and_stream_errors() {
-        let obs = feed("data: {\"choices\":[{\"text\":\"x\"}]}\n\ndata: {\"error\":{\"message\":\"boom\"}}\n\ndata: [DONE]\n\n");
+        let obs = feed("data: {\"choices\":[{\"text\":\"x\"}]}\n\ndata: {\"error\":{\"message\":\"boom\",\"type\":\"overloaded\"}}\n\ndata: [DONE]\n\n");
         assert_eq!(obs.chunks.len(), 1);
         assert_eq!(obs.chunk_tokens, vec![None]);
-        assert_eq!(obs.failure.unwrap().label(), "stream_error");
+        let f = obs.failure.unwrap();
+        assert_eq!(
+            (f.label().as_str(), f.kind()),
+            ("stream_error", Some("overloaded"))
+        );
     }
 
     #[test]
     fn base_urls_are_normalised() {
         assert_eq!(normalize_base("http://h:1/v1/").unwrap(), "http://h:1");
-        assert!(normalize_base("https://h").is_err());
+        assert_eq!(normalize_base("https://h/").unwrap(), "https://h");
+        assert!(normalize_base("ftp://h").is_err());
     }
 }

@@ -28,7 +28,7 @@ pub enum ArrivalKind {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "sluice-loadtest", version)]
 pub struct Args {
-    /// Server base URL (`http://host:port`; a trailing `/v1` is accepted).
+    /// Server base URL (`http://host:port` or `https://...`; a trailing `/v1` is accepted).
     #[arg(
         long,
         env = "SLUICE_LOADTEST_URL",
@@ -126,9 +126,14 @@ pub struct Args {
     /// Random lengths as factors of the given ones: `fixed`, `uniform:LO,HI`, `normal:MEAN,SD`.
     #[arg(long, env = "SLUICE_LOADTEST_LEN_DIST", default_value = "fixed")]
     pub len_dist: String,
-    /// Do not ask `/tokenize`; use ~4 characters per token.
+    /// Do not ask the server's `/tokenize`: count with `--tokenizer` if given, else assume ~4
+    /// characters per token.
     #[arg(long, env = "SLUICE_LOADTEST_NO_TOKENIZE")]
     pub no_tokenize: bool,
+    /// Local tokenizer for prompt lengths when the server has no `/tokenize` (or with
+    /// `--no-tokenize`): a Hugging Face `tokenizer.json` or a `.gguf` model file.
+    #[arg(long, env = "SLUICE_LOADTEST_TOKENIZER")]
+    pub tokenizer: Option<PathBuf>,
 
     /// Goodput objectives, e.g. `ttft=500,tpot=50,e2e=10000` (ms).
     #[arg(long, env = "SLUICE_LOADTEST_SLO")]
@@ -142,7 +147,8 @@ pub struct Args {
     /// Write one JSON line per request.
     #[arg(long, env = "SLUICE_LOADTEST_PER_REQUEST")]
     pub per_request: Option<PathBuf>,
-    /// Write an SVG plot (latency CDFs; for a sweep, latency against rate).
+    /// Write a plot, `.svg` or `.png`: latency CDFs, throughput and in-flight over time; for a
+    /// sweep, latency against achieved rate.
     #[arg(long, env = "SLUICE_LOADTEST_PLOT")]
     pub plot: Option<PathBuf>,
     /// No progress bar.
@@ -201,6 +207,7 @@ pub struct Config {
     #[serde(skip)]
     pub len_dist: LenDist,
     pub use_tokenize: bool,
+    pub tokenizer: Option<PathBuf>,
     pub slo: Slo,
     pub max_error_rate: Option<f64>,
     pub json: Option<PathBuf>,
@@ -330,11 +337,14 @@ impl Config {
         }
         if a.plot
             .as_ref()
-            .is_some_and(|p| p.extension().and_then(|e| e.to_str()) != Some("svg"))
+            .is_some_and(|p| crate::plot::Format::of(p).is_none())
         {
+            return Err(invalid("--plot", "the file name must end in .svg or .png"));
+        }
+        if matches!(mode, Mode::Burst) && requests.is_none() {
             return Err(invalid(
-                "--plot",
-                "only .svg is drawn (plotters' SVG backend)",
+                "--rate inf",
+                "needs --requests (everything is due at once; a duration bounds nothing)",
             ));
         }
         if a.input_len == 0 || a.output_len == Some(0) {
@@ -366,6 +376,7 @@ impl Config {
             output_len: a.output_len,
             len_dist: a.len_dist.parse()?,
             use_tokenize: !a.no_tokenize,
+            tokenizer: a.tokenizer,
             slo,
             max_error_rate: a.max_error_rate,
             json: a.json,
@@ -415,8 +426,12 @@ mod tests {
         assert!(e.contains("--header"), "{e}");
         let e = parse(&["--dataset", "bogus"]).unwrap_err().to_string();
         assert!(e.contains("--dataset"), "{e}");
-        assert!(parse(&["--url", "https://x"]).is_err());
-        assert!(parse(&["--plot", "x.png"]).is_err());
+        assert!(parse(&["--url", "ftp://x"]).is_err());
+        assert!(parse(&["--url", "https://x"]).is_ok());
+        assert!(parse(&["--plot", "x.png"]).is_ok());
+        assert!(parse(&["--plot", "x.pdf"]).is_err());
+        let e = parse(&["--rate", "inf", "--duration", "5"]).unwrap_err();
+        assert!(e.to_string().contains("--requests"), "{e}");
         assert!(parse(&["--slo", "ttft=1,bogus=2"]).is_err());
     }
 }

@@ -394,7 +394,8 @@ pub enum Source {
 mod tests {
     use super::*;
 
-    const TRACES: &str = "/work/shared/data/traces";
+    /// The shared sample traces, beside the repository (`../shared/data/traces`).
+    const TRACES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/traces");
 
     #[test]
     fn timestamps_parse_to_epoch_seconds() {

@@ -38,11 +38,15 @@ pub enum Error {
     #[error("server setup request to {url} failed: {reason}")]
     Setup { url: String, reason: String },
 
-    /// The target URL is not a usable `http://host:port` base.
+    /// The target URL is not a usable `http(s)://host:port` base, or TLS cannot be set up.
     #[error("invalid base URL `{url}`: {reason}")]
     Url { url: String, reason: String },
 
-    /// Drawing the SVG plot failed.
+    /// `--tokenizer` names a file that is not a usable tokenizer (or GGUF metadata is corrupt).
+    #[error("tokenizer {path}: {reason}")]
+    Tokenizer { path: PathBuf, reason: String },
+
+    /// Drawing the plot failed.
     #[error("plot: {0}")]
     Plot(String),
 }

@@ -7,16 +7,21 @@
 //! - [`schedule`]: open-loop send offsets (Poisson, constant, gamma) and trace times, fixed
 //!   before a run so latency is measured from the scheduled time.
 //! - [`dataset`]: requests as recipes: random lengths, ShareGPT, Azure CSV and Mooncake traces.
-//! - [`prompt`]: recipe → prompt text of a token length (server `/tokenize` or ~4 chars/token).
-//! - [`client`]: pooled hyper client, OpenAI bodies, per-chunk timing; [`sse`]: the SSE parser.
+//! - [`prompt`]: recipe → prompt text of a token length; [`calibrate`]: who counts tokens (the
+//!   server's `/tokenize`, else a local [`tokenizer`] read from `tokenizer.json` or [`gguf`]
+//!   metadata, else ~4 chars/token) and the one-token filler words.
+//! - [`client`]: pooled hyper client (rustls for `https://`), OpenAI bodies, per-chunk timing;
+//!   [`sse`]: the SSE parser.
 //! - [`load`]: closed and open loops. [`metrics`]: vLLM's figure definitions and HdrHistogram
-//!   percentiles. [`session`]: one invocation end to end. [`report`]: table, JSON, JSONL;
-//!   [`plot`]: the SVG.
+//!   percentiles; [`timeline`]: throughput and in-flight over time. [`session`]: one invocation
+//!   end to end. [`report`]: table, JSON, JSONL; [`plot`]: SVG or PNG charts.
 
+pub mod calibrate;
 pub mod client;
 pub mod config;
 pub mod dataset;
 pub mod error;
+pub mod gguf;
 pub mod load;
 pub mod metrics;
 pub mod plot;
@@ -25,5 +30,7 @@ pub mod report;
 pub mod schedule;
 pub mod session;
 pub mod sse;
+pub mod timeline;
+pub mod tokenizer;
 
 pub use error::{Error, Result};

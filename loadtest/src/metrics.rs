@@ -44,6 +44,9 @@ pub struct Record {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_message: Option<String>,
+    /// The server's name for the error (OpenAI `error.type`/`code`), if it gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<String>,
     pub ttft_ms: Option<f64>,
     pub tpot_ms: Option<f64>,
     pub e2el_ms: f64,
@@ -71,21 +74,38 @@ pub fn itl_samples(
         return (Vec::new(), chunk_tokens.iter().all(Option::is_some));
     }
     let exact = chunk_tokens.iter().all(Option::is_some);
-    let gaps = (chunks.len() - 1) as f64;
-    // Without per-chunk counts: spread the tokens after the first chunk evenly over the gaps.
-    let even = total.map_or(1.0, |t| ((t as f64 - 1.0) / gaps).max(1.0));
-    let mut out = Vec::with_capacity(chunks.len());
-    for (i, w) in chunks.windows(2).enumerate() {
+    let gaps = chunks.len() - 1;
+    let per_gap: Vec<u64> = if exact {
+        chunk_tokens[1..]
+            .iter()
+            .map(|k| u64::from(k.unwrap_or(1).max(1)))
+            .collect()
+    } else {
+        spread(chunks, total.map_or(gaps as u64, |t| t.saturating_sub(1)))
+    };
+    let mut out = Vec::with_capacity(per_gap.iter().sum::<u64>() as usize);
+    for (w, &k) in chunks.windows(2).zip(&per_gap) {
         let gap = ms(w[1] - w[0]);
-        let k = if exact {
-            chunk_tokens[i + 1].unwrap_or(1).max(1) as f64
-        } else {
-            even
-        };
-        let copies = (k.round() as usize).max(1);
-        out.extend(std::iter::repeat_n(gap / k, copies));
+        out.extend(std::iter::repeat_n(gap / k as f64, k as usize));
     }
     (out, exact)
+}
+
+/// Without per-chunk counts: the `tokens` after the first chunk spread over the gaps in whole
+/// tokens, at least one per chunk, so each gap's samples still sum to the gap. Where they do not
+/// divide evenly the longest gaps get the extra token (a chunk that carried more tokens took
+/// longer to make).
+fn spread(chunks: &[Duration], tokens: u64) -> Vec<u64> {
+    let gaps = chunks.len() - 1;
+    let tokens = tokens.max(gaps as u64);
+    let mut per_gap = vec![tokens / gaps as u64; gaps];
+    let extra = (tokens % gaps as u64) as usize;
+    let mut order: Vec<usize> = (0..gaps).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(chunks[i + 1] - chunks[i]));
+    for &i in &order[..extra] {
+        per_gap[i] += 1;
+    }
+    per_gap
 }
 
 /// Turns one request's observations into its figures.
@@ -116,6 +136,10 @@ pub fn record(
         ok: obs.failure.is_none(),
         error: obs.failure.as_ref().map(|f| f.label()),
         error_message: obs.failure.as_ref().map(|f| f.message()),
+        error_type: obs
+            .failure
+            .as_ref()
+            .and_then(|f| f.kind().map(str::to_owned)),
         ttft_ms: ttft,
         tpot_ms: tpot,
         e2el_ms: e2e,
@@ -246,6 +270,8 @@ pub struct Summary {
     pub e2el: Stats,
     /// Failures by class (`http_429`, `timeout`, ...).
     pub errors: BTreeMap<String, u64>,
+    /// Failures by class and the server's error type, where it named one (`http_429 rate_limit`).
+    pub error_types: BTreeMap<String, u64>,
     /// How output tokens were counted, requests per source.
     pub token_sources: BTreeMap<String, u64>,
     /// Requests whose ITL used exact per-chunk token counts.
@@ -259,10 +285,13 @@ impl Summary {
         let secs = duration.as_secs_f64().max(1e-9);
         let ok: Vec<&Record> = records.iter().filter(|r| r.ok).collect();
         let mut errors = BTreeMap::new();
+        let mut error_types = BTreeMap::new();
         for r in records.iter().filter(|r| !r.ok) {
-            *errors
-                .entry(r.error.clone().unwrap_or_default())
-                .or_insert(0) += 1;
+            let label = r.error.clone().unwrap_or_default();
+            if let Some(t) = &r.error_type {
+                *error_types.entry(format!("{label} {t}")).or_insert(0) += 1;
+            }
+            *errors.entry(label).or_insert(0) += 1;
         }
         let mut token_sources = BTreeMap::new();
         for r in &ok {
@@ -290,12 +319,17 @@ impl Summary {
             itl: Stats::of(ok.iter().flat_map(|r| r.itl_ms.iter().copied())),
             e2el: Stats::of(ok.iter().map(|r| r.e2el_ms)),
             errors,
+            error_types,
             token_sources,
             itl_exact_requests: ok
                 .iter()
                 .filter(|r| r.itl_exact && !r.itl_ms.is_empty())
                 .count() as u64,
-            max_in_flight: max_in_flight(records),
+            max_in_flight: crate::timeline::in_flight_steps(records)
+                .iter()
+                .map(|s| s.1)
+                .max()
+                .unwrap_or(0),
         }
     }
 
@@ -308,23 +342,6 @@ impl Summary {
             self.failed as f64 / all as f64
         }
     }
-}
-
-/// The most requests in flight at once, from send and end times.
-pub fn max_in_flight(records: &[Record]) -> u64 {
-    let mut ev: Vec<(f64, i64)> = Vec::with_capacity(records.len() * 2);
-    for r in records {
-        let start = r.scheduled_s * 1e3 + r.send_delay_ms;
-        ev.push((start, 1));
-        ev.push((r.scheduled_s * 1e3 + r.e2el_ms, -1));
-    }
-    ev.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let (mut cur, mut max) = (0i64, 0i64);
-    for (_, d) in ev {
-        cur += d;
-        max = max.max(cur);
-    }
-    max as u64
 }
 
 #[cfg(test)]
@@ -342,6 +359,13 @@ mod tests {
         let (itl, exact) = itl_samples(&[t(50), t(70), t(90)], &[None, None, None], Some(5));
         assert!(!exact);
         assert_eq!(itl, vec![10.0; 4]);
+        // 4 tokens over gaps of 30 and 10 ms: the longer gap gets the extra token, and each
+        // gap's samples sum to the gap.
+        let (itl, _) = itl_samples(&[t(0), t(30), t(40)], &[None, None, None], Some(4));
+        assert_eq!(itl, vec![15.0, 15.0, 10.0]);
+        // Usage saying fewer tokens than chunks: one per chunk.
+        let (itl, _) = itl_samples(&[t(0), t(30), t(40)], &[None, None, None], Some(1));
+        assert_eq!(itl, vec![30.0, 10.0]);
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Turns an [`Input`] recipe into prompt text of a requested token length, without a hub
 //! tokenizer. Filler is a sequence of space-led common words (` the`, ` time`, ...). Tokenizers
 //! that split on spaces before merging (GPT-2/Llama-3-style BPE, most SentencePiece vocabularies)
-//! never merge across such a boundary, so when the server's `/tokenize` says a word is exactly one
-//! token, `n` such words are exactly `n` tokens, blocks concatenate exactly, and equal Mooncake
-//! hash ids give equal token blocks. Without `/tokenize` the words are three letters plus a
-//! space: the stated approximation of ~4 characters per token.
+//! never merge across such a boundary, so when a counter (the server's `/tokenize` or a local
+//! `--tokenizer`, see [`crate::calibrate`]) says a word is exactly one token, `n` such words are
+//! exactly `n` tokens, blocks concatenate exactly, and equal Mooncake hash ids give equal token
+//! blocks. Without a counter the words are three letters plus a space: the stated approximation
+//! of ~4 characters per token.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -15,26 +16,37 @@ use crate::dataset::{splitmix, Input};
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum Calibration {
-    /// Words the server's `/tokenize` counts as one token each; `overhead` is what `/tokenize`
-    /// adds to any prompt (BOS and the like), `verified` a check of a whole rendered prompt.
-    Server {
+    /// Words a tokenizer counts as one token each. `by` names the tokenizer (the server's
+    /// `/tokenize` or a local file); `overhead` is what it adds to any prompt (BOS and the
+    /// like), `verified` a check of a whole rendered prompt (tokens wanted, tokens counted less
+    /// the overhead).
+    Counted {
+        by: String,
         words: usize,
         overhead: i64,
         verified: Option<(u32, i64)>,
     },
-    /// ~4 characters per token; no tokenizer was asked.
+    /// ~4 characters per token; no tokenizer was at hand.
     Approx4Chars,
+}
+
+impl Calibration {
+    /// Whether lengths were counted by the server's own `/tokenize`.
+    pub fn by_server(&self) -> bool {
+        matches!(self, Self::Counted { by, .. } if by == "server /tokenize")
+    }
 }
 
 impl std::fmt::Display for Calibration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Server {
+            Self::Counted {
+                by,
                 words,
                 overhead,
                 verified,
             } => {
-                write!(f, "server /tokenize: {words} one-token filler words")?;
+                write!(f, "{by}: {words} one-token filler words")?;
                 if let Some((want, got)) = verified {
                     write!(
                         f,
@@ -43,7 +55,10 @@ impl std::fmt::Display for Calibration {
                 }
                 Ok(())
             }
-            Self::Approx4Chars => write!(f, "approximate: ~4 characters per token (no /tokenize)"),
+            Self::Approx4Chars => write!(
+                f,
+                "approximate: ~4 characters per token (no /tokenize, no --tokenizer)"
+            ),
         }
     }
 }
@@ -268,11 +283,13 @@ impl PromptMaker {
         }
     }
 
-    /// Words already known to be one token each (from [`crate::client::calibrate`]).
-    pub fn calibrated(words: Vec<String>, overhead: i64) -> Self {
+    /// Words already known to be one token each (from [`crate::calibrate::calibrate`]), as
+    /// counted by `by`.
+    pub fn calibrated(words: Vec<String>, overhead: i64, by: String) -> Self {
         assert!(!words.is_empty());
         Self {
-            calibration: Calibration::Server {
+            calibration: Calibration::Counted {
+                by,
                 words: words.len(),
                 overhead,
                 verified: None,
@@ -283,7 +300,7 @@ impl PromptMaker {
 
     /// Records the result of counting one rendered prompt.
     pub fn set_verified(&mut self, want: u32, got: i64) {
-        if let Calibration::Server { verified, .. } = &mut self.calibration {
+        if let Calibration::Counted { verified, .. } = &mut self.calibration {
             *verified = Some((want, got));
         }
     }
@@ -293,9 +310,9 @@ impl PromptMaker {
         &self.calibration
     }
 
-    /// Whether token counts of rendered prompts are exact (server-calibrated) or approximate.
+    /// Whether token counts of rendered prompts are exact (calibrated) or approximate.
     pub fn exact(&self) -> bool {
-        matches!(self.calibration, Calibration::Server { .. })
+        matches!(self.calibration, Calibration::Counted { .. })
     }
 
     fn filler(&self, out: &mut String, tokens: u32, seed: u64) {
@@ -361,7 +378,11 @@ mod tests {
 
     #[test]
     fn equal_block_ids_render_equal_prefixes() {
-        let m = PromptMaker::calibrated(vec![" a".into(), " b".into(), " c".into()], 1);
+        let m = PromptMaker::calibrated(
+            vec![" a".into(), " b".into(), " c".into()],
+            1,
+            "test".into(),
+        );
         let a = Input::Blocks {
             ids: Arc::from(vec![7, 8, 9]),
             tokens: 25,

@@ -69,6 +69,7 @@ pub fn vllm_keys(p: &Point) -> Map<String, Value> {
     stat_keys(&mut m, "itl", &s.itl);
     stat_keys(&mut m, "e2el", &s.e2el);
     m.insert("errors".into(), json!(s.errors));
+    m.insert("error_types".into(), json!(s.error_types));
     m.insert("output_token_source".into(), json!(s.token_sources));
     m.insert("itl_exact_requests".into(), json!(s.itl_exact_requests));
     m
@@ -201,6 +202,19 @@ impl Report {
                     .join(" ")
             }
         });
+        if self
+            .points
+            .iter()
+            .any(|p| !p.summary.error_types.is_empty())
+        {
+            row(&mut t, "errors by server type", &|s| {
+                s.error_types
+                    .iter()
+                    .map(|(k, v)| format!("{k}:{v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            });
+        }
         out.push_str(&t.to_string());
         out.push('\n');
         out

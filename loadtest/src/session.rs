@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::client::{self, Client, Target};
+use crate::calibrate::{self, Counter};
+use crate::client::{Client, Target};
 use crate::config::{Config, Mode};
 use crate::dataset::{self, Dataset, Input, Source};
 use crate::error::Result;
@@ -16,6 +17,7 @@ use crate::load::{self, Bounds, Counters, Load, Shared};
 use crate::metrics::{Record, Summary};
 use crate::prompt::{Calibration, PromptMaker};
 use crate::report::{Point, Report};
+use crate::tokenizer::LocalTokenizer;
 
 /// Runs everything `cfg` asks for.
 pub async fn execute(cfg: Config) -> Result<Report> {
@@ -35,27 +37,8 @@ pub async fn execute(cfg: Config) -> Result<Report> {
     let client = Client::new(target)?;
     let mut notes = Vec::new();
 
-    let mut maker = PromptMaker::approx();
-    if cfg.use_tokenize {
-        match client::calibrate(&client).await {
-            Ok((words, overhead)) => {
-                maker = PromptMaker::calibrated(words, overhead);
-                let probe = Input::Synthetic {
-                    tokens: 256,
-                    seed: 1,
-                };
-                let (text, want) = maker.render(&probe);
-                if let Ok(got) = client.tokenize(&text).await {
-                    maker.set_verified(want, got - overhead);
-                }
-            }
-            Err(why) => notes.push(format!(
-                "/tokenize not usable ({why}); prompt lengths approximate"
-            )),
-        }
-    }
-
-    let dataset = load_dataset(&cfg, &client, &maker, &mut notes).await?;
+    let (maker, counter) = prompt_lengths(&cfg, &client, &mut notes).await?;
+    let dataset = load_dataset(&cfg, counter.as_ref(), &mut notes).await?;
     if dataset.is_empty() {
         return Err(crate::Error::InvalidArg {
             flag: "--dataset",
@@ -240,15 +223,23 @@ async fn run_point(
     let ticker = {
         let (bar, counters) = (bar.clone(), shared.counters.clone());
         tokio::spawn(async move {
-            let start = std::time::Instant::now();
+            // "Current" rate: completions over the last few seconds, not since the start, so a
+            // stall shows at once.
+            let mut window = std::collections::VecDeque::from([(std::time::Instant::now(), 0)]);
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 let done = counters.done.load(Ordering::Relaxed);
+                let now = std::time::Instant::now();
+                window.push_back((now, done));
+                while window.len() > 2 && now - window[0].0 > Duration::from_secs(5) {
+                    window.pop_front();
+                }
+                let (t0, d0) = window[0];
+                let rate = (done - d0) as f64 / (now - t0).as_secs_f64().max(1e-3);
                 bar.set_position(done);
                 bar.set_message(format!(
-                    "in flight {} · {:.1} req/s · errors {}",
+                    "in flight {} · {rate:.1} req/s · errors {}",
                     counters.in_flight.load(Ordering::Relaxed),
-                    done as f64 / start.elapsed().as_secs_f64(),
                     counters.failed.load(Ordering::Relaxed),
                 ));
             }
@@ -261,10 +252,52 @@ async fn run_point(
     result
 }
 
-async fn load_dataset(
+/// Chooses who counts prompt tokens ([`crate::calibrate`] has the precedence) and calibrates
+/// the filler words with it. Returns the prompt maker and the counter, if any.
+async fn prompt_lengths(
     cfg: &Config,
     client: &Client,
-    maker: &PromptMaker,
+    notes: &mut Vec<String>,
+) -> Result<(PromptMaker, Option<Counter>)> {
+    // Load the local file first: a bad --tokenizer is an error even if the server could count.
+    let local = match &cfg.tokenizer {
+        Some(path) => {
+            let path = path.clone();
+            let tok = tokio::task::spawn_blocking(move || LocalTokenizer::load(&path))
+                .await
+                .expect("tokenizer loading does not panic")?;
+            Some(Counter::Local(Arc::new(tok)))
+        }
+        None => None,
+    };
+    let mut tried = Vec::new();
+    if cfg.use_tokenize {
+        tried.push(Counter::Server(Box::new(client.clone())));
+    }
+    tried.extend(local);
+    for counter in tried {
+        match calibrate::calibrate(&counter).await {
+            Ok((words, overhead)) => {
+                let mut maker = PromptMaker::calibrated(words, overhead, counter.describe());
+                let probe = Input::Synthetic {
+                    tokens: 256,
+                    seed: 1,
+                };
+                let (text, want) = maker.render(&probe);
+                if let Ok(got) = counter.count(&text).await {
+                    maker.set_verified(want, got - overhead);
+                }
+                return Ok((maker, Some(counter)));
+            }
+            Err(why) => notes.push(format!("{} not usable ({why})", counter.describe())),
+        }
+    }
+    Ok((PromptMaker::approx(), None))
+}
+
+async fn load_dataset(
+    cfg: &Config,
+    counter: Option<&Counter>,
     notes: &mut Vec<String>,
 ) -> Result<Dataset> {
     Ok(match &cfg.source {
@@ -284,23 +317,36 @@ async fn load_dataset(
                 .requests
                 .map_or(specs.len(), |n| (cfg.warmup + n * points).min(specs.len()));
             specs.truncate(used);
-            let mut counted = maker.exact();
+            // With a counter, prompts and replies are counted; a failure falls back to the
+            // ~4 characters per token estimate for the rest.
+            let mut counted = counter.is_some();
             for (spec, reply) in specs.iter_mut().zip(&replies) {
-                if let Some(n) = cfg.output_len {
-                    spec.output_len = n;
-                } else if counted {
-                    match client.tokenize(reply).await {
+                let Some(c) = counter.filter(|_| counted) else {
+                    break;
+                };
+                if let Input::Text { text, tokens } = &mut spec.input {
+                    match c.count(text).await {
+                        Ok(n) => *tokens = Some(n.max(1) as u32),
+                        Err(_) => counted = false,
+                    }
+                }
+                if cfg.output_len.is_none() && counted {
+                    match c.count(reply).await {
                         Ok(n) => spec.output_len = n.max(1) as u32,
                         Err(_) => counted = false,
                     }
                 }
             }
-            notes.push(if cfg.output_len.is_some() {
-                "sharegpt: output length from --output-len".into()
-            } else if counted {
-                "sharegpt: output lengths are the replies' /tokenize counts".into()
+            if let Some(n) = cfg.output_len {
+                specs.iter_mut().for_each(|s| s.output_len = n);
+            }
+            let by = counter.map_or("~4 characters per token".into(), Counter::describe);
+            notes.push(if !counted {
+                "sharegpt: token counts approximate (~4 characters per token)".into()
+            } else if cfg.output_len.is_some() {
+                format!("sharegpt: prompts counted by {by}; output length from --output-len")
             } else {
-                "sharegpt: output lengths approximate the replies at ~4 characters per token".into()
+                format!("sharegpt: prompts and replies counted by {by}")
             });
             Dataset::List {
                 specs,

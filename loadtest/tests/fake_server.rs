@@ -80,11 +80,12 @@ async fn streamed_figures_match_the_fake() {
     assert!(
         matches!(
             r.calibration,
-            Calibration::Server {
+            Calibration::Counted {
+                ref by,
                 overhead: 1,
                 verified: Some((256, 256)),
                 ..
-            }
+            } if by == "server /tokenize"
         ),
         "{:?}",
         r.calibration
@@ -157,6 +158,7 @@ async fn errors_are_counted_by_status_and_gate_the_error_rate() {
     let s = &r.points[0].summary;
     assert_eq!((s.completed, s.failed), (15, 5));
     assert_eq!(s.errors.get("http_429"), Some(&5));
+    assert_eq!(s.error_types.get("http_429 rate_limit"), Some(&5));
     assert_eq!(r.error_rate_exceeded(), Some(0.25));
     let rec = r.points[0].records.iter().find(|r| !r.ok).unwrap();
     assert!(rec.error_message.as_deref().unwrap().contains("slow down"));

@@ -1,0 +1,100 @@
+//! `--plot FILE.svg|png`: for one run, latency CDFs and throughput and in-flight requests over
+//! time ([`run`]); for a sweep, latency percentiles against the achieved rate ([`sweep`]).
+//!
+//! Text needs a font. Rather than find one on the user's machine at run time (and fail where
+//! there is none, as in a slim container), DejaVu Sans is compiled in (`assets/fonts`, Bitstream
+//! Vera license, see `LICENSE-DejaVu.txt`) and drawn with plotters' `ab_glyph` renderer, so SVG
+//! layout and PNG rasterising behave the same everywhere.
+
+mod run;
+mod sweep;
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::report::Report;
+
+/// Output formats, chosen by the file's extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Svg,
+    Png,
+}
+
+impl Format {
+    /// The format a path asks for, if it is one we draw.
+    pub fn of(path: &Path) -> Option<Self> {
+        match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+            "svg" => Some(Self::Svg),
+            "png" => Some(Self::Png),
+            _ => None,
+        }
+    }
+}
+
+/// The family name every chart uses; [`register_font`] binds it to the embedded font.
+const FAMILY: &str = "sans-serif";
+static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+
+fn register_font() -> Result<()> {
+    static DONE: OnceLock<bool> = OnceLock::new();
+    let ok = *DONE
+        .get_or_init(|| plotters::style::register_font(FAMILY, FontStyle::Normal, FONT).is_ok());
+    ok.then_some(())
+        .ok_or_else(|| Error::Plot("the embedded font does not load".into()))
+}
+
+fn perr(e: impl std::fmt::Display) -> Error {
+    Error::Plot(e.to_string())
+}
+
+/// Draws the report's plot into `path`, as SVG or PNG by its extension.
+pub fn draw(report: &Report, path: &Path) -> Result<()> {
+    register_font()?;
+    let format = Format::of(path)
+        .ok_or_else(|| Error::Plot(format!("{}: want .svg or .png", path.display())))?;
+    let size = if report.points.len() > 1 {
+        (1200, 520)
+    } else {
+        (1200, 900)
+    };
+    match format {
+        Format::Svg => render(report, SVGBackend::new(path, size).into_drawing_area()),
+        Format::Png => render(report, BitMapBackend::new(path, size).into_drawing_area()),
+    }
+}
+
+fn render<DB: DrawingBackend>(report: &Report, root: DrawingArea<DB, Shift>) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(perr)?;
+    if report.points.len() > 1 {
+        sweep::draw(report, &root)?;
+    } else {
+        run::draw(report, &root)?;
+    }
+    root.present().map_err(perr)
+}
+
+/// A line's legend mark.
+fn legend(color: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+}
+
+/// Upper end of an axis holding `values` (never empty or zero-width).
+fn axis_max(values: impl IntoIterator<Item = f64>) -> f64 {
+    let m = values
+        .into_iter()
+        .filter(|v| v.is_finite())
+        .fold(0.0f64, f64::max);
+    if m > 0.0 {
+        m * 1.08
+    } else {
+        1.0
+    }
+}
