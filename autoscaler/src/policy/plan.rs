@@ -1,0 +1,172 @@
+//! Turning a demand into replica targets: offers per variant, the mix (kept or switched),
+//! node pools, and a complete [`Decision`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::capacity::{self, Capacity, Planning, Slo, Workload};
+use crate::decision::{Decision, PoolTarget, ReasonKind, Target};
+use crate::mix::{self, Mix, Offer};
+use crate::profile::{CapacityType, Profile};
+use crate::signals::Signals;
+
+/// Per-variant bounds a policy respects.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct VariantLimits {
+    pub variant: String,
+    /// Never fewer replicas than this, traffic or not.
+    pub min: u32,
+    pub max: u32,
+    /// While the model has had traffic recently, keep at least this many (a warm replica
+    /// answers at once; a cold start takes minutes). Idle longer than the scale-to-zero delay,
+    /// the floor falls to `min`.
+    pub keep_warm: u32,
+}
+
+impl VariantLimits {
+    pub fn new(variant: &str, max: u32) -> Self {
+        VariantLimits {
+            variant: variant.to_string(),
+            min: 0,
+            max,
+            keep_warm: 0,
+        }
+    }
+}
+
+/// Every (variant, capacity type) a policy could buy, in a fixed order: on-demand then Spot
+/// for each variant in the limits' order.
+pub fn offer_keys(limits: &[VariantLimits]) -> Vec<(String, CapacityType)> {
+    limits
+        .iter()
+        .flat_map(|l| {
+            [CapacityType::OnDemand, CapacityType::Spot]
+                .into_iter()
+                .map(|c| (l.variant.clone(), c))
+        })
+        .collect()
+}
+
+/// Capacity at SLO of each limited variant for a workload. If no variant is eligible (every
+/// prefill too slow for the TTFT target), they are computed again ignoring the TTFT share, so
+/// the fleet still grows with the load; the second value says so.
+pub fn capacities(
+    profile: &Profile,
+    limits: &[VariantLimits],
+    w: &Workload,
+    slo: &Slo,
+    plan: &Planning,
+) -> (Vec<Capacity>, bool) {
+    let at = |plan: &Planning| -> Vec<Capacity> {
+        limits
+            .iter()
+            .map(|l| {
+                let v = profile.variant(&l.variant).expect("limits name profile variants");
+                capacity::at_slo(v, w, slo, plan)
+            })
+            .collect()
+    };
+    let caps = at(plan);
+    if caps.iter().any(|c| c.requests_per_s > 0.0) {
+        return (caps, false);
+    }
+    let relaxed = Planning {
+        ttft_share: f64::INFINITY,
+        ..*plan
+    };
+    (at(&relaxed), true)
+}
+
+/// Offers for the mix search, one per key of [`offer_keys`]. `allow` says per key whether it
+/// may grow; a key that may not keeps its current count as its maximum (never more).
+pub fn offers(
+    profile: &Profile,
+    limits: &[VariantLimits],
+    caps: &[Capacity],
+    current: &[u32],
+    allow: impl Fn(&str, CapacityType) -> bool,
+    floor: impl Fn(&VariantLimits) -> u32,
+) -> Vec<Offer> {
+    offer_keys(limits)
+        .into_iter()
+        .enumerate()
+        .map(|(k, (name, cap))| {
+            let li = k / 2;
+            let l = &limits[li];
+            let v = profile.variant(&name).expect("limits name profile variants");
+            let allowed = allow(&name, cap);
+            // The floor applies to the on-demand key unless on-demand is not allowed.
+            let floor_here = if allowed && (cap == CapacityType::OnDemand || !allow(&name, CapacityType::OnDemand)) {
+                floor(l)
+            } else {
+                0
+            };
+            let max = if allowed { l.max } else { current[k].min(l.max) };
+            Offer {
+                variant: name,
+                capacity: cap,
+                requests_per_s: caps[li].requests_per_s,
+                price_per_hour: v.replica_price_per_hour(cap),
+                min: floor_here.min(max),
+                max,
+            }
+        })
+        .collect()
+}
+
+/// Current replicas (ready, starting and pending) per key of [`offer_keys`].
+pub fn current_counts(signals: &Signals, limits: &[VariantLimits]) -> Vec<u32> {
+    offer_keys(limits)
+        .iter()
+        .map(|(n, c)| signals.provisioned(n, *c))
+        .collect()
+}
+
+/// The cheapest mix for `demand`, unless changing the current mix only in the direction the
+/// demand moved (adding to it, or removing from it) costs at most `tolerance` more: switching
+/// variants means paying for both while the new ones start, and flapping between mixes of
+/// nearly equal cost is churn for nothing.
+pub fn keep_or_switch(offers: &[Offer], current: &[u32], demand: f64, tolerance: f64) -> (Mix, ReasonKind) {
+    let best = mix::cheapest(offers, demand);
+    let now = mix::evaluate(offers, current);
+    let constrained: Vec<Offer> = offers
+        .iter()
+        .zip(current)
+        .map(|(o, &n)| {
+            let mut o = o.clone();
+            let n = n.clamp(o.min, o.max.max(o.min));
+            if now.requests_per_s < demand {
+                o.min = n;
+            } else {
+                o.max = n;
+            }
+            o
+        })
+        .collect();
+    let kept = mix::cheapest(&constrained, demand);
+    if kept.requests_per_s + 1e-9 >= demand.min(best.requests_per_s)
+        && kept.cost_per_hour <= best.cost_per_hour * (1.0 + tolerance) + 1e-9
+    {
+        (kept, ReasonKind::KeepMix)
+    } else {
+        (best, ReasonKind::CheapestMix)
+    }
+}
+
+/// Fills a decision's targets (every key, zeros included) and node pools from counts per key.
+pub fn fill_targets(decision: &mut Decision, profile: &Profile, limits: &[VariantLimits], counts: &[u32]) {
+    decision.targets.clear();
+    decision.pools.clear();
+    for ((name, cap), &n) in offer_keys(limits).into_iter().zip(counts) {
+        let v = profile.variant(&name).expect("limits name profile variants");
+        decision.pools.push(PoolTarget {
+            variant: name.clone(),
+            capacity: cap,
+            nodes: mix::nodes_for(v, n),
+        });
+        decision.targets.push(Target {
+            variant: name,
+            capacity: cap,
+            replicas: n,
+        });
+    }
+}
