@@ -164,6 +164,17 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
     }
 }
 
+/// Sequences running on one replica receiving `rate` requests/s of workload `w` (Little's law
+/// with the step-time model), or `None` if the replica cannot keep up at that rate.
+pub fn batch_at_rate(v: &Variant, w: &Workload, rate: f64) -> Option<f64> {
+    let alpha = v.perf.itl_alpha_ms / 1000.0;
+    let beta = v.perf.itl_beta_ms / 1000.0;
+    let out = w.mean_output_tokens.max(1.0);
+    let share = 1.0 - rate * w.mean_prompt_tokens / v.perf.prefill_tokens_per_s;
+    let denom = share - rate * out * beta;
+    (share > 0.0 && denom > 0.0).then(|| rate * out * alpha / denom)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +222,11 @@ mod tests {
         let expect = (t - 0.00456) / (t * (1000.0 / 24000.0 + 0.0000407 * 200.0));
         assert_eq!(c.bound, Bound::Tpot);
         assert!((c.requests_per_s - expect).abs() < 1e-9);
+        // In flight grows steeply near capacity: at 70 % of the rate, well under 70 % of the batch.
+        let b70 = batch_at_rate(h, &w, 0.7 * c.requests_per_s).unwrap();
+        assert!(b70 < 0.5 * c.batch, "{b70} vs {}", c.batch);
+        assert!((batch_at_rate(h, &w, c.requests_per_s).unwrap() - c.batch).abs() < 1e-6);
+        assert_eq!(batch_at_rate(h, &w, 1e6), None);
         // The L4 gives less per replica and costs more per request at SLO for this shape.
         let l4 = p.variant("nvidia-l4").unwrap();
         let cl4 = at_slo(l4, &w, &slo(), &plan);

@@ -134,8 +134,8 @@ impl std::fmt::Debug for Prepared {
 }
 
 /// Builds the named policies for a scenario and trace. Every policy starts with the fleet the
-/// capacity model sizes for the first window of arrivals (the trace is cut from a running
-/// service), on the variants it manages.
+/// capacity model sizes for the arrivals before the first replica it could add is up, on the
+/// variants it manages.
 pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result<Vec<Prepared>> {
     scn.validate()?;
     let timeline = Arc::new(Timeline::new(requests, TIMELINE_BUCKET_S));
@@ -144,7 +144,19 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
     let cap_type = scn.capacity_type();
     let mean = mean_shape(requests);
     let (base_variant, base_cap) = scn.baseline_choice(&mean)?;
-    let first = timeline.window(0.0, scn.sim.window_s);
+    // The trace is cut from a running service: every policy starts with the fleet the capacity
+    // model sizes for the busiest window before a replica asked for at time zero could serve.
+    let lead = scn.profile.variants.iter().map(|v| v.startup_s(true)).fold(0.0, f64::max);
+    let first = crate::baselines::oracle::peak_window(
+        &scn.profile,
+        &limits,
+        &scn.slo,
+        &scn.planning,
+        &timeline,
+        scn.sim.window_s,
+        0.0,
+        lead,
+    );
     // Cheapest fleet for the first window over `allowed` variants, as counts per key.
     let sized = |allowed: &dyn Fn(&str) -> bool| -> Vec<u32> {
         let Some((rate, w)) = first else { return vec![0; keys.len()] };
@@ -185,7 +197,11 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
                 let (metric, target) = if name == "hpa-cpu" {
                     (HpaMetric::Cpu, 0.6)
                 } else {
-                    (HpaMetric::Concurrency, base_cap.batch.max(1.0))
+                    // What a replica holds at 70 % of its capacity at SLO: the usual headroom,
+                    // taken on the rate since in-flight grows steeply near saturation.
+                    let v = scn.profile.variant(&base_variant)?;
+                    let b = capacity::batch_at_rate(v, &mean, 0.7 * base_cap.requests_per_s);
+                    (HpaMetric::Concurrency, b.unwrap_or(base_cap.batch).max(1.0))
                 };
                 let cfg = HpaConfig {
                     metric,
@@ -207,6 +223,7 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
                     panic_window_s: 6.0,
                     panic_threshold: 2.0,
                     scale_to_zero_grace_s: 30.0,
+                    max_scale_down_rate: 2.0,
                     max: scn.max_replicas_per_variant,
                     variant: base_variant.clone(),
                     capacity: cap_type,
@@ -227,7 +244,7 @@ pub fn run_all(scn: &Scenario, requests: &[Request], prepared: Vec<Prepared>) ->
     std::thread::scope(|s| {
         let handles: Vec<_> = prepared
             .into_iter()
-            .map(|mut p| s.spawn(move || sim::run(&scn.sim, &scn.profile, requests, p.policy.as_mut(), &p.initial)))
+            .map(|mut p| s.spawn(move || sim::run(&scn.sim, &scn.profile, &scn.slo, &scn.planning, requests, p.policy.as_mut(), &p.initial)))
             .collect();
         handles.into_iter().map(|h| h.join().expect("a simulation thread panicked")).collect()
     })

@@ -98,6 +98,10 @@ impl Policy for Hpa {
         };
         let up_limit = (spec * 2).max(spec + 4);
         rec = rec.min(up_limit).clamp(c.min, c.max);
+        if self.history.is_empty() {
+            // Taking over a running fleet: its size counts as a recent recommendation.
+            self.history.push_back((s.time_s, spec));
+        }
         self.history.push_back((s.time_s, rec));
         while self
             .history

@@ -26,6 +26,8 @@ pub struct KpaConfig {
     /// Panic when the panic window asks for this many times the ready replicas.
     pub panic_threshold: f64,
     pub scale_to_zero_grace_s: f64,
+    /// At most this factor down per decision (Knative's `max-scale-down-rate`, 2).
+    pub max_scale_down_rate: f64,
     pub max: u32,
     pub variant: String,
     pub capacity: CapacityType,
@@ -92,7 +94,7 @@ impl Policy for Kpa {
         if t - self.last_traffic_s < c.scale_to_zero_grace_s && in_flight > 0.0 {
             n = n.max(1);
         }
-        n = n.min(c.max);
+        n = n.max((f64::from(spec) / c.max_scale_down_rate).floor() as u32).min(c.max);
         let mode = if panic { Mode::Panic } else { Mode::Stable };
         let mut d = super::single(t, &s.model, &self.profile, &c.variant, c.capacity, n, mode);
         d.reason(
@@ -129,6 +131,7 @@ mod tests {
                 panic_window_s: 6.0,
                 panic_threshold: 2.0,
                 scale_to_zero_grace_s: 30.0,
+                max_scale_down_rate: 2.0,
                 max: 100,
                 variant: "nvidia-l4".into(),
                 capacity: CapacityType::OnDemand,
@@ -145,12 +148,13 @@ mod tests {
         let mut s = signals(65.0, 10, 10);
         s.variants[0].ready = 10;
         assert_eq!(k.decide(&s).replicas_of("nvidia-l4"), 10);
-        // ...then the stable average decides.
-        let mut last = 0;
+        // ...then the stable average decides, halving at most per decision.
+        let mut last = 10;
         for i in 0..30 {
-            let mut s = signals(130.0 + f64::from(i) * 5.0, 10, 10);
-            s.variants[0].ready = 10;
-            last = k.decide(&s).replicas_of("nvidia-l4");
+            let s = signals(130.0 + f64::from(i) * 5.0, last, 10);
+            let next = k.decide(&s).replicas_of("nvidia-l4");
+            assert!(next * 2 >= last, "{last} → {next}");
+            last = next;
         }
         assert_eq!(last, 1);
     }

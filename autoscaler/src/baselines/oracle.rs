@@ -42,6 +42,8 @@ pub struct Oracle {
     profile: Profile,
     timeline: Arc<Timeline>,
     lead_s: f64,
+    /// Recent mixes, for the hold window.
+    history: std::collections::VecDeque<(f64, Vec<u32>)>,
 }
 
 impl Oracle {
@@ -52,7 +54,13 @@ impl Oracle {
             .filter_map(|l| profile.variant(&l.variant).ok())
             .map(|v| v.startup_s(true))
             .fold(0.0, f64::max);
-        Oracle { config, profile, timeline, lead_s }
+        Oracle {
+            config,
+            profile,
+            timeline,
+            lead_s,
+            history: std::collections::VecDeque::new(),
+        }
     }
 }
 
@@ -111,6 +119,22 @@ impl Policy for Oracle {
         let cap = c.capacity;
         let offers = plan::offers(&self.profile, limits, &caps, &current, |_, k| k == cap, |l| l.min);
         let (m, why) = plan::keep_or_switch(&offers, &current, rate, c.switch_tolerance);
+        // A replica it wanted within the hold window is not released yet: the variants are
+        // interchangeable at the margin, and without this the fill-in count flaps tick to tick
+        // while each cancelled start is billed.
+        self.history.push_back((t, m.counts.clone()));
+        while self.history.front().is_some_and(|(h, _)| *h < t - c.hold_s) {
+            self.history.pop_front();
+        }
+        let mut counts: Vec<u32> = (0..m.counts.len())
+            .map(|k| {
+                let held = self.history.iter().map(|(_, v)| v[k]).max().unwrap_or(0);
+                if m.counts[k] < current[k] { held.min(current[k]) } else { m.counts[k] }
+            })
+            .collect();
+        let ready = plan::ready_counts(s, limits);
+        plan::make_before_break(&offers, &current, &ready, &mut counts, rate);
+        let m = mix::evaluate(&offers, &counts);
         d.reason(
             ReasonKind::Baseline,
             None,

@@ -121,6 +121,39 @@ pub fn current_counts(signals: &Signals, limits: &[VariantLimits]) -> Vec<u32> {
         .collect()
 }
 
+/// Ready replicas per key of [`offer_keys`].
+pub fn ready_counts(signals: &Signals, limits: &[VariantLimits]) -> Vec<u32> {
+    offer_keys(limits)
+        .iter()
+        .map(|(n, c)| signals.variant(n, *c).map_or(0, |v| v.ready))
+        .collect()
+}
+
+/// Make before break: when the targets shrink some keys while others grow, the replicas being
+/// removed keep serving until the ready capacity of what remains covers `demand` (a switch from
+/// L4s to an H100 must not drop the L4s before the H100 is up). Starting replicas of a shrinking
+/// key may still be cancelled. Returns whether it held anything back.
+pub fn make_before_break(offers: &[Offer], current: &[u32], ready: &[u32], counts: &mut [u32], demand: f64) -> bool {
+    let ready_after: f64 = offers
+        .iter()
+        .zip(counts.iter().zip(ready))
+        .map(|(o, (&c, &r))| o.requests_per_s * f64::from(c.min(r)))
+        .sum();
+    let ready_now: f64 = offers.iter().zip(ready).map(|(o, &r)| o.requests_per_s * f64::from(r)).sum();
+    if ready_after + 1e-9 >= demand.min(ready_now) {
+        return false;
+    }
+    let mut held = false;
+    for k in 0..counts.len() {
+        if counts[k] < current[k] {
+            let keep = current[k].min(ready[k]).max(counts[k]);
+            held |= keep > counts[k];
+            counts[k] = keep;
+        }
+    }
+    held
+}
+
 /// The cheapest mix for `demand`, unless changing the current mix only in the direction the
 /// demand moved (adding to it, or removing from it) costs at most `tolerance` more: switching
 /// variants means paying for both while the new ones start, and flapping between mixes of

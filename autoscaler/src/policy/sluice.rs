@@ -92,6 +92,7 @@ pub struct Sluice {
     last_traffic_s: f64,
     margin: f64,
     spot_out_until: HashMap<String, f64>,
+    seeded: bool,
 }
 
 impl Sluice {
@@ -107,6 +108,7 @@ impl Sluice {
             last_traffic_s: f64::NEG_INFINITY,
             margin: 1.0,
             spot_out_until: HashMap::new(),
+            seeded: false,
         }
     }
 
@@ -271,7 +273,9 @@ impl Policy for Sluice {
         if panic {
             base = base.max(a.short_requests_per_s);
         }
-        let backlog = s.queue.waiting as f64 / self.config.backlog_drain_s;
+        // Replicas ordered for a backlog arrive minutes later, when most of it has drained
+        // through the fleet that exists: the backlog at most doubles the planned rate.
+        let backlog = (s.queue.waiting as f64 / self.config.backlog_drain_s).min(base.max(1e-3));
         if s.queue.waiting > 0 {
             d.reason(
                 ReasonKind::Backlog,
@@ -303,10 +307,15 @@ impl Policy for Sluice {
         }
 
         // Stabilisation: up at once, down to the window's highest recommendation; panic holds.
+        // The first tick seeds the window with the fleet as found, so a policy taking over a
+        // running fleet does not shrink it on its first, least informed, look.
         let mut counts = Vec::with_capacity(keys.len());
         for (k, (name, _)) in keys.iter().enumerate() {
             let rec = mix.counts[k];
             let hist = &mut self.history[k];
+            if !self.seeded {
+                hist.push_back((t, current[k]));
+            }
             hist.push_back((t, rec));
             while hist.front().is_some_and(|&(h, _)| h < t - self.config.scale_down_window_s) {
                 hist.pop_front();
@@ -329,6 +338,11 @@ impl Policy for Sluice {
                 windowed
             };
             counts.push(n);
+        }
+        self.seeded = true;
+        let ready = plan::ready_counts(s, &limits);
+        if plan::make_before_break(&offers, &current, &ready, &mut counts, planned) {
+            d.reason(ReasonKind::Stabilisation, None, "keeping ready replicas until their replacements are ready");
         }
         d.demand = Demand {
             observed_requests_per_s: a.requests_per_s,

@@ -1,8 +1,11 @@
 //! The gateway: one FIFO queue in front of the replicas and least-load routing.
 //!
 //! A request waits here until some ready replica can admit it (sequence slot, KV for its whole
-//! length, a short prefill backlog); among those it goes to the one with the earliest
-//! estimated first token. Work queues centrally rather than on replicas so a replica that has
+//! length, a short prefill backlog); among those it goes to the least loaded relative to what
+//! the replica's variant serves at SLO: sequences held divided by the variant's planned batch
+//! (the capacity model's in-flight count at the SLO for the current request shape), so an H100
+//! and an L4 reach their SLO limits together instead of the L4 being loaded like an H100.
+//! Ties go to the earliest estimated first token. Work queues centrally rather than on replicas so a replica that has
 //! just started takes the backlog at once. The queue is first come, first served, except that
 //! a request no ready replica could ever hold (a long prompt while only small-memory replicas
 //! run) is passed over rather than blocking everyone behind it.
@@ -49,13 +52,14 @@ impl Gateway {
     }
 
     /// Admits what it can at `now`; returns the replicas that took work.
-    pub fn dispatch(&mut self, now: f64, requests: &[Request], fleet: &mut Fleet, active: &[usize]) -> Vec<usize> {
+    /// `weights[key]` is the planned batch of each pool key's variant.
+    pub fn dispatch(&mut self, now: f64, requests: &[Request], fleet: &mut Fleet, active: &[usize], weights: &[f64]) -> Vec<usize> {
         let mut touched = Vec::new();
         let mut i = 0;
         while i < self.queue.len().min(SCAN) {
             let idx = self.queue[i];
             let r = &requests[idx as usize];
-            let mut best: Option<(f64, usize)> = None;
+            let mut best: Option<((f64, f64), usize)> = None;
             let mut could_fit = false;
             for &id in active {
                 let rep = &fleet.replicas[id];
@@ -66,7 +70,8 @@ impl Gateway {
                     could_fit = true;
                 }
                 if rep.can_admit(r) {
-                    let est = rep.estimated_ttft_s(r);
+                    let load = (rep.seqs() + 1) as f64 / weights[rep.key].max(1e-9);
+                    let est = (load, rep.estimated_ttft_s(r));
                     if best.is_none_or(|(b, _)| est < b) {
                         best = Some((est, id));
                     }

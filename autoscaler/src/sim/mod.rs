@@ -23,6 +23,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::capacity::{self, Planning, Slo, Workload};
 use crate::decision::Decision;
 use crate::policy::plan::offer_keys;
 use crate::policy::{Policy, VariantLimits};
@@ -145,6 +146,10 @@ struct Sim<'a> {
     progress: Vec<Progress>,
     /// Requests finished, refused or cut.
     settled: usize,
+    /// Routing weight per pool key: the variant's planned batch for the current request shape.
+    weights: Vec<f64>,
+    slo: Slo,
+    planning: Planning,
 }
 
 impl Sim<'_> {
@@ -185,7 +190,7 @@ impl Sim<'_> {
     }
 
     fn dispatch(&mut self, now: f64) {
-        let admitted = self.gateway.dispatch(now, self.requests, &mut self.fleet, &self.active);
+        let admitted = self.gateway.dispatch(now, self.requests, &mut self.fleet, &self.active, &self.weights);
         for id in admitted {
             self.reschedule(id);
         }
@@ -228,6 +233,16 @@ impl Sim<'_> {
             }
         }
         applied.changed_keys
+    }
+
+    fn update_weights(&mut self, s: &crate::signals::Signals) {
+        let Some((p, o)) = s.request_shape() else { return };
+        let w = Workload { mean_prompt_tokens: p, mean_output_tokens: o };
+        for (key, pool) in self.fleet.pools.iter().enumerate() {
+            let c = capacity::at_slo(&pool.variant, &w, &self.slo, &self.planning);
+            // An ineligible variant still routes, as a last resort.
+            self.weights[key] = if c.batch > 0.0 { c.batch } else { 1e-3 };
+        }
     }
 
     fn maybe_preempt(&mut self, node: usize, now: f64) {
@@ -279,7 +294,16 @@ impl Sim<'_> {
 
 /// Runs one policy over the requests. `initial` is the fleet at time zero per pool key (ready:
 /// the trace is a window cut from a running service).
-pub fn run(cfg: &SimConfig, profile: &Profile, requests: &[Request], policy: &mut dyn Policy, initial: &[u32]) -> Run {
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    cfg: &SimConfig,
+    profile: &Profile,
+    slo: &Slo,
+    planning: &Planning,
+    requests: &[Request],
+    policy: &mut dyn Policy,
+    initial: &[u32],
+) -> Run {
     let (_, pools) = pools(profile);
     let keys = pools.len();
     let variants = profile.variant_names();
@@ -302,6 +326,9 @@ pub fn run(cfg: &SimConfig, profile: &Profile, requests: &[Request], policy: &mu
         spot_preemptions: 0,
         progress: Vec::new(),
         settled: 0,
+        weights: vec![1.0; keys],
+        slo: *slo,
+        planning: *planning,
     };
     let mut applied = fleet::Applied::default();
     for (key, &n) in initial.iter().enumerate() {
@@ -379,9 +406,11 @@ pub fn run(cfg: &SimConfig, profile: &Profile, requests: &[Request], policy: &mu
                 }
                 let signals = sim.observer.signals(now, &profile.model.name, &sim.fleet, sim.gateway.waiting(), requests, &sim.preempted);
                 sim.preempted.iter_mut().for_each(|p| *p = 0);
+                sim.update_weights(&signals);
                 let d = policy.decide(&signals);
                 scale_events += sim.apply(&d, now);
                 samples.push(sample(&variants, &signals, now));
+                if std::env::var("DBG").is_ok_and(|p| p == policy.name()) { eprintln!("t={:.0} rate={:.1} short={:.1} q={} run={} ready={:?} targets={:?} ttft99={:?} tpot99={:?}", now, signals.arrivals.requests_per_s, signals.arrivals.short_requests_per_s, signals.queue.waiting, signals.queue.running, signals.variants.iter().map(|v| (v.ready, v.starting+v.pending, v.running_per_replica as u32, v.waiting_per_replica as u32, (v.kv_cache_usage*100.0) as u32)).collect::<Vec<_>>(), d.targets.iter().map(|t| t.replicas).collect::<Vec<_>>(), signals.latency.ttft_p99_s, signals.latency.tpot_p99_s); }
                 last_decision = Some(d);
                 sim.dispatch(now);
                 sim.push(now + cfg.tick_s, Kind::Tick);
