@@ -39,7 +39,7 @@ pub struct Planning {
 impl Default for Planning {
     fn default() -> Self {
         Planning {
-            tpot_share: 0.6,
+            tpot_share: 0.5,
             ttft_share: 0.5,
         }
     }
@@ -129,7 +129,11 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
         bound: Bound::Ineligible,
     };
     let b_kv = kv_batch(v, w);
-    if t <= alpha || prefill_s >= ttft_budget || b_kv < 1.0 || prompt + out > v.perf.kv_cache_tokens as f64 {
+    if t <= alpha
+        || prefill_s >= ttft_budget
+        || b_kv < 1.0
+        || prompt + out > v.perf.kv_cache_tokens as f64
+    {
         return ineligible;
     }
     let lambda_tpot = (t - alpha) / (t * (prefill_s + beta * out));
@@ -138,22 +142,40 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
     // M/D/1 prefill queue: mean wait ρS/(2(1−ρ)) plus service S within the TTFT budget.
     let k = (ttft_budget - prefill_s) / prefill_s.max(1e-9);
     let rho_max = (2.0 * k / (1.0 + 2.0 * k)).min(1.0);
-    let lambda_prefill = if prefill_s > 0.0 { rho_max / prefill_s } else { f64::INFINITY };
+    let lambda_prefill = if prefill_s > 0.0 {
+        rho_max / prefill_s
+    } else {
+        f64::INFINITY
+    };
     let (lambda, bound) = [
         (lambda_tpot, Bound::Tpot),
         (
             lambda_kv,
-            if b_kv >= f64::from(p.max_num_seqs) { Bound::MaxSeqs } else { Bound::KvCache },
+            if b_kv >= f64::from(p.max_num_seqs) {
+                Bound::MaxSeqs
+            } else {
+                Bound::KvCache
+            },
         ),
         (lambda_prefill, Bound::Prefill),
     ]
     .into_iter()
-    .fold((f64::INFINITY, Bound::Tpot), |acc, x| if x.0 < acc.0 { x } else { acc });
+    .fold((f64::INFINITY, Bound::Tpot), |acc, x| {
+        if x.0 < acc.0 {
+            x
+        } else {
+            acc
+        }
+    });
     let u_prefill = lambda * prefill_s;
     // Solve b = λ·O·(α + βb)/(1 − u) for the batch at this rate.
     let share = (1.0 - u_prefill).max(1e-9);
     let denom = share - lambda * out * beta;
-    let batch = if denom > 0.0 { lambda * out * alpha / denom } else { b_kv };
+    let batch = if denom > 0.0 {
+        lambda * out * alpha / denom
+    } else {
+        b_kv
+    };
     let tpot_s = (alpha + beta * batch) / share;
     Capacity {
         requests_per_s: lambda,
@@ -181,20 +203,29 @@ mod tests {
     use crate::profile::Profile;
 
     fn slo() -> Slo {
-        Slo { ttft_p99_s: 2.0, tpot_p99_s: 0.1 }
+        Slo {
+            ttft_p99_s: 2.0,
+            tpot_p99_s: 0.1,
+        }
     }
 
     #[test]
     fn batch_at_tpot_is_the_largest_batch_whose_itl_meets_it_bounded_by_kv() {
         let p = Profile::load("llama-3-8b").unwrap();
         let h100 = p.variant("nvidia-h100-80gb").unwrap();
-        let short = Workload { mean_prompt_tokens: 100.0, mean_output_tokens: 100.0 };
+        let short = Workload {
+            mean_prompt_tokens: 100.0,
+            mean_output_tokens: 100.0,
+        };
         // (12.7 − 4.56) / 0.0407 = 200.0: the NIM point itself.
         let b = batch_at_tpot(h100, &short, 0.0127);
         assert_eq!(b, 200.0);
         assert!(h100.itl_s(b) <= 0.0127 + 1e-12 && h100.itl_s(b + 1.0) > 0.0127);
         // Long sequences: 460,000 KV tokens / 20,000 per sequence = 23.
-        let long = Workload { mean_prompt_tokens: 19_000.0, mean_output_tokens: 1_000.0 };
+        let long = Workload {
+            mean_prompt_tokens: 19_000.0,
+            mean_output_tokens: 1_000.0,
+        };
         assert_eq!(batch_at_tpot(h100, &long, 0.1), 23.0);
         // Below α no batch meets it.
         assert_eq!(batch_at_tpot(h100, &short, 0.004), 0.0);
@@ -204,11 +235,18 @@ mod tests {
     fn capacity_meets_its_own_targets_and_names_the_binding_constraint() {
         let p = Profile::load("llama-3-8b").unwrap();
         let plan = Planning::default();
-        let w = Workload { mean_prompt_tokens: 1000.0, mean_output_tokens: 200.0 };
+        let w = Workload {
+            mean_prompt_tokens: 1000.0,
+            mean_output_tokens: 200.0,
+        };
         for v in &p.variants {
             let c = at_slo(v, &w, &slo(), &plan);
             assert!(c.requests_per_s > 0.0, "{}", v.name);
-            assert!(c.tpot_s <= slo().tpot_p99_s * plan.tpot_share + 1e-9, "{}: {c:?}", v.name);
+            assert!(
+                c.tpot_s <= slo().tpot_p99_s * plan.tpot_share + 1e-9,
+                "{}: {c:?}",
+                v.name
+            );
             // Little's law and the step-time model agree at the answer.
             let u = c.requests_per_s * w.mean_prompt_tokens / v.perf.prefill_tokens_per_s;
             let step = v.itl_s(c.batch) / (1.0 - u);
@@ -237,7 +275,10 @@ mod tests {
     fn slow_prefill_makes_a_variant_ineligible_and_long_prompts_bind_prefill() {
         let p = Profile::load("llama-3-8b").unwrap();
         let plan = Planning::default();
-        let long = Workload { mean_prompt_tokens: 15_000.0, mean_output_tokens: 150.0 };
+        let long = Workload {
+            mean_prompt_tokens: 15_000.0,
+            mean_output_tokens: 150.0,
+        };
         let l4 = p.variant("nvidia-l4").unwrap();
         assert_eq!(at_slo(l4, &long, &slo(), &plan).bound, Bound::Ineligible);
         let h = p.variant("nvidia-h100-80gb").unwrap();

@@ -16,7 +16,11 @@ use sluice_autoscaler::signals::Signals;
 use sluice_autoscaler::{plot, trace};
 
 #[derive(Parser)]
-#[command(name = "sluice-autoscaler", version, about = "SLO- and cost-aware autoscaling for GPU replicas")]
+#[command(
+    name = "sluice-autoscaler",
+    version,
+    about = "SLO- and cost-aware autoscaling for GPU replicas"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -62,7 +66,10 @@ impl Common {
     }
 
     fn slo(&self) -> Slo {
-        Slo { ttft_p99_s: self.ttft_slo, tpot_p99_s: self.tpot_slo }
+        Slo {
+            ttft_p99_s: self.ttft_slo,
+            tpot_p99_s: self.tpot_slo,
+        }
     }
 }
 
@@ -83,7 +90,11 @@ struct SimulateArgs {
     #[arg(long, env = "SLUICE_AUTOSCALER_SPOT")]
     spot: bool,
     /// Spot reclaims per node-hour.
-    #[arg(long, env = "SLUICE_AUTOSCALER_SPOT_PREEMPTIONS", default_value_t = 0.0)]
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_SPOT_PREEMPTIONS",
+        default_value_t = 0.0
+    )]
     spot_preemptions_per_hour: f64,
     /// Seconds between policy ticks.
     #[arg(long, env = "SLUICE_AUTOSCALER_TICK", default_value_t = 15.0)]
@@ -109,7 +120,11 @@ struct SimulateArgs {
 struct ProfilesArgs {
     #[command(flatten)]
     common: Common,
-    #[arg(long, env = "SLUICE_AUTOSCALER_PROMPT_TOKENS", default_value_t = 1000.0)]
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_PROMPT_TOKENS",
+        default_value_t = 1000.0
+    )]
     prompt_tokens: f64,
     #[arg(long, env = "SLUICE_AUTOSCALER_OUTPUT_TOKENS", default_value_t = 200.0)]
     output_tokens: f64,
@@ -153,14 +168,36 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     let (base, base_cap) = scn.baseline_choice(&mean)?;
     let duration = requests.last().map_or(0.0, |r| r.arrival_s);
     println!("scenario");
-    println!("  trace        {} ({} rows) × rate {} = {} requests over {:.0} s ({:.2} req/s)",
-        a.trace.display(), raw.len(), scn.rate_scale, requests.len(), duration, requests.len() as f64 / duration.max(1.0));
-    println!("  model        {} on {}", scn.profile.model.name, scn.profile.variant_names().join(", "));
-    println!("  SLO          TTFT ≤ {:.2} s and TPOT ≤ {:.0} ms per request (report p99s)", scn.slo.ttft_p99_s, scn.slo.tpot_p99_s * 1e3);
-    println!("  mean request {:.0} prompt + {:.0} output tokens", mean.mean_prompt_tokens, mean.mean_output_tokens);
+    println!(
+        "  trace        {} ({} rows) × rate {} = {} requests over {:.0} s ({:.2} req/s)",
+        a.trace.display(),
+        raw.len(),
+        scn.rate_scale,
+        requests.len(),
+        duration,
+        requests.len() as f64 / duration.max(1.0)
+    );
+    println!(
+        "  model        {} on {}",
+        scn.profile.model.name,
+        scn.profile.variant_names().join(", ")
+    );
+    println!(
+        "  SLO          TTFT ≤ {:.2} s and TPOT ≤ {:.0} ms per request (report p99s)",
+        scn.slo.ttft_p99_s,
+        scn.slo.tpot_p99_s * 1e3
+    );
+    println!(
+        "  mean request {:.0} prompt + {:.0} output tokens",
+        mean.mean_prompt_tokens, mean.mean_output_tokens
+    );
     for v in &scn.profile.variants {
         let c = capacity::at_slo(v, &mean, &scn.slo, &scn.planning);
-        let ct = if scn.spot { CapacityType::Spot } else { CapacityType::OnDemand };
+        let ct = if scn.spot {
+            CapacityType::Spot
+        } else {
+            CapacityType::OnDemand
+        };
         println!(
             "  {:<22} {:>6.2} req/s per replica at SLO ({:?}-bound), ${:.3}/h, ${:.3} per 1k requests, start-up {:.0} s",
             v.name, c.requests_per_s, c.bound, v.replica_price_per_hour(ct),
@@ -168,8 +205,16 @@ fn simulate(a: SimulateArgs) -> Result<()> {
             v.startup_s(true)
         );
     }
-    println!("  baselines    hpa-*/kpa scale {base} (target {:.0} in flight per replica)", base_cap.batch);
-    println!("  capacity     {}, tick {:.0} s, Spot reclaims {}/node-h", if scn.spot { "Spot" } else { "on demand" }, scn.sim.tick_s, scn.sim.spot_preemptions_per_node_hour);
+    println!(
+        "  baselines    hpa-*/kpa scale {base} (target {:.0} in flight per replica)",
+        base_cap.batch
+    );
+    println!(
+        "  capacity     {}, tick {:.0} s, Spot reclaims {}/node-h",
+        if scn.spot { "Spot" } else { "on demand" },
+        scn.sim.tick_s,
+        scn.sim.spot_preemptions_per_node_hour
+    );
     let prepared = scenario::prepare(&scn, &requests, &a.policies)?;
     let runs = scenario::run_all(&scn, &requests, prepared);
     let mut summaries: Vec<(String, report::Summary)> = runs
@@ -197,10 +242,20 @@ fn simulate(a: SimulateArgs) -> Result<()> {
 
 fn profiles(a: ProfilesArgs) -> Result<()> {
     let profile = a.common.profile()?;
-    let w = Workload { mean_prompt_tokens: a.prompt_tokens, mean_output_tokens: a.output_tokens };
+    let w = Workload {
+        mean_prompt_tokens: a.prompt_tokens,
+        mean_output_tokens: a.output_tokens,
+    };
     let slo = a.common.slo();
     let plan = capacity::Planning::default();
-    println!("{}: {:.0} prompt + {:.0} output tokens, TTFT ≤ {} s, TPOT ≤ {} ms", profile.model.name, w.mean_prompt_tokens, w.mean_output_tokens, slo.ttft_p99_s, slo.tpot_p99_s * 1e3);
+    println!(
+        "{}: {:.0} prompt + {:.0} output tokens, TTFT ≤ {} s, TPOT ≤ {} ms",
+        profile.model.name,
+        w.mean_prompt_tokens,
+        w.mean_output_tokens,
+        slo.ttft_p99_s,
+        slo.tpot_p99_s * 1e3
+    );
     for v in &profile.variants {
         let c = capacity::at_slo(v, &w, &slo, &plan);
         let price = v.replica_price_per_hour(CapacityType::OnDemand);
@@ -215,9 +270,15 @@ fn profiles(a: ProfilesArgs) -> Result<()> {
 
 fn explain(a: ExplainArgs) -> Result<()> {
     let profile = a.common.profile()?;
-    let text = std::fs::read_to_string(&a.signals).with_context(|| format!("reading {}", a.signals.display()))?;
-    let signals: Signals = serde_json::from_str(&text).with_context(|| format!("parsing {}", a.signals.display()))?;
-    let limits = profile.variants.iter().map(|v| VariantLimits::new(&v.name, a.max_replicas)).collect();
+    let text = std::fs::read_to_string(&a.signals)
+        .with_context(|| format!("reading {}", a.signals.display()))?;
+    let signals: Signals =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", a.signals.display()))?;
+    let limits = profile
+        .variants
+        .iter()
+        .map(|v| VariantLimits::new(&v.name, a.max_replicas))
+        .collect();
     let mut policy = Sluice::new(profile, SluiceConfig::new(a.common.slo(), limits));
     let d = policy.decide(&signals);
     println!("{}", serde_json::to_string_pretty(&d)?);

@@ -61,7 +61,13 @@ pub fn cheapest(offers: &[Offer], demand: f64) -> Mix {
     order.sort_by(|&a, &b| unit(&offers[a]).total_cmp(&unit(&offers[b])));
     let all_max: Vec<u32> = offers
         .iter()
-        .map(|o| if o.requests_per_s > 0.0 { o.max.max(o.min) } else { o.min })
+        .map(|o| {
+            if o.requests_per_s > 0.0 {
+                o.max.max(o.min)
+            } else {
+                o.min
+            }
+        })
         .collect();
     if evaluate(offers, &all_max).requests_per_s < demand {
         return evaluate(offers, &all_max);
@@ -122,7 +128,11 @@ impl Search<'_> {
         for extra in (0..=extra_max).rev() {
             self.counts[i] = o.min + extra;
             let e = f64::from(extra);
-            self.dfs(pos + 1, cost + e * o.price_per_hour, served + e * o.requests_per_s);
+            self.dfs(
+                pos + 1,
+                cost + e * o.price_per_hour,
+                served + e * o.requests_per_s,
+            );
         }
         self.counts[i] = o.min;
     }
@@ -181,7 +191,10 @@ mod tests {
         for demand in [0.5, 1.0, 5.0, 15.9, 16.5, 17.9, 20.0, 33.0, 40.0] {
             let m = cheapest(&offers, demand);
             assert!(m.requests_per_s >= demand - EPS, "{demand}");
-            assert!((m.cost_per_hour - brute(&offers, demand)).abs() < 1e-9, "{demand}: {m:?}");
+            assert!(
+                (m.cost_per_hour - brute(&offers, demand)).abs() < 1e-9,
+                "{demand}: {m:?}"
+            );
         }
         // Small demand takes the small replica, not a whole big one.
         assert_eq!(cheapest(&offers, 0.5).counts, [0, 1]);

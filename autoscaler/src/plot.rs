@@ -19,7 +19,10 @@ const COLOURS: [RGBColor; 6] = [
 /// Draws the runs: per panel, ready replicas of each variant (solid) and the arrival rate
 /// (grey, right-hand scale drawn as a share of the panel's height, labelled with its peak).
 pub fn write_svg(path: &Path, runs: &[Run]) -> Result<()> {
-    let err = |e: String| Error::Plot { path: path.to_path_buf(), message: e };
+    let err = |e: String| Error::Plot {
+        path: path.to_path_buf(),
+        message: e,
+    };
     let height = 260 * runs.len().max(1) as u32;
     let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
@@ -33,10 +36,18 @@ pub fn write_svg(path: &Path, runs: &[Run]) -> Result<()> {
             .max()
             .unwrap_or(1)
             .max(1) as f64;
-        let max_rate = run.samples.iter().map(|s| s.arrival_rate).fold(0.0, f64::max).max(1e-9);
+        let max_rate = run
+            .samples
+            .iter()
+            .map(|s| s.arrival_rate)
+            .fold(0.0, f64::max)
+            .max(1e-9);
         let mut chart = ChartBuilder::on(area)
             .caption(
-                format!("{}: ready replicas per variant; grey: arrivals (peak {:.1} req/s = top)", run.policy, max_rate),
+                format!(
+                    "{}: ready replicas per variant; grey: arrivals (peak {:.1} req/s = top)",
+                    run.policy, max_rate
+                ),
                 ("sans-serif", 15),
             )
             .margin(8)
@@ -54,23 +65,33 @@ pub fn write_svg(path: &Path, runs: &[Run]) -> Result<()> {
         let scale = max_rep / max_rate;
         chart
             .draw_series(LineSeries::new(
-                run.samples.iter().map(|s| (s.time_s / 60.0, s.arrival_rate * scale)),
+                run.samples
+                    .iter()
+                    .map(|s| (s.time_s / 60.0, s.arrival_rate * scale)),
                 RGBColor(170, 170, 170).stroke_width(1),
             ))
             .map_err(|e| err(e.to_string()))?;
         for (i, name) in run.variants.iter().enumerate() {
-            if run.samples.iter().all(|s| s.ready[i] == 0 && s.starting[i] == 0) {
+            if run
+                .samples
+                .iter()
+                .all(|s| s.ready[i] == 0 && s.starting[i] == 0)
+            {
                 continue;
             }
             let colour = COLOURS[i % COLOURS.len()];
             chart
                 .draw_series(LineSeries::new(
-                    run.samples.iter().map(|s| (s.time_s / 60.0, f64::from(s.ready[i]))),
+                    run.samples
+                        .iter()
+                        .map(|s| (s.time_s / 60.0, f64::from(s.ready[i]))),
                     colour.stroke_width(2),
                 ))
                 .map_err(|e| err(e.to_string()))?
                 .label(name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()

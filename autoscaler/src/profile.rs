@@ -184,16 +184,25 @@ impl Profile {
                 return bad(v, "GPUs per replica and per node must be at least 1");
             }
             if v.gpus_per_replica > v.gpus_per_node {
-                return bad(v, "a replica's GPUs must fit on one node (gangs do not straddle nodes)");
+                return bad(
+                    v,
+                    "a replica's GPUs must fit on one node (gangs do not straddle nodes)",
+                );
             }
             if !(p.itl_alpha_ms > 0.0 && p.itl_beta_ms >= 0.0 && p.prefill_tokens_per_s > 0.0) {
                 return bad(v, "ITL α and prefill rate must be positive, β non-negative");
             }
             if p.kv_cache_tokens == 0 || p.max_num_seqs == 0 || p.max_batched_tokens == 0 {
-                return bad(v, "KV tokens, max_num_seqs and max_batched_tokens must be positive");
+                return bad(
+                    v,
+                    "KV tokens, max_num_seqs and max_batched_tokens must be positive",
+                );
             }
             if p.max_batched_tokens < p.max_num_seqs {
-                return bad(v, "max_batched_tokens must hold one decode token per sequence");
+                return bad(
+                    v,
+                    "max_batched_tokens must hold one decode token per sequence",
+                );
             }
             if v.node_price_per_hour(CapacityType::OnDemand) <= 0.0 {
                 return bad(v, "the on-demand price must be positive");
@@ -262,13 +271,19 @@ mod tests {
 
     #[test]
     fn invalid_profiles_are_refused_with_the_variant_named() {
-        let text = include_str!("../profiles/cpu.toml").replace("gpus_per_node = 1", "gpus_per_node = 0");
+        let text =
+            include_str!("../profiles/cpu.toml").replace("gpus_per_node = 1", "gpus_per_node = 0");
         let err = Profile::parse("broken", &text).unwrap_err();
         assert!(err.to_string().contains("cpu-2core"), "{err}");
-        assert!(matches!(Profile::load("no-such-profile"), Err(Error::UnknownProfile(_))));
+        assert!(matches!(
+            Profile::load("no-such-profile"),
+            Err(Error::UnknownProfile(_))
+        ));
         let p = Profile::load("llama-3-8b").unwrap();
         assert!(p.restrict(&["nvidia-t4".into()]).is_err());
-        let r = p.restrict(&["nvidia-h100-80gb".into(), "nvidia-l4".into()]).unwrap();
+        let r = p
+            .restrict(&["nvidia-h100-80gb".into(), "nvidia-l4".into()])
+            .unwrap();
         assert_eq!(r.variant_names(), ["nvidia-h100-80gb", "nvidia-l4"]);
     }
 }

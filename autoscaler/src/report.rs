@@ -60,7 +60,9 @@ fn percentile(xs: &mut [f64], q: f64) -> f64 {
 
 /// Whether a request met both SLOs.
 pub fn met(o: &Outcome, slo: &Slo) -> bool {
-    !o.failed && o.ttft_s.is_some_and(|t| t <= slo.ttft_p99_s) && o.tpot_s.is_some_and(|t| t <= slo.tpot_p99_s)
+    !o.failed
+        && o.ttft_s.is_some_and(|t| t <= slo.ttft_p99_s)
+        && o.tpot_s.is_some_and(|t| t <= slo.tpot_p99_s)
 }
 
 /// Summarises a run. An unfinished request's TTFT counts as the time it waited (a lower bound).
@@ -75,7 +77,11 @@ pub fn summarise(run: &Run, slo: &Slo, goal: f64) -> Summary {
         .collect();
     let mut tpot: Vec<f64> = run.outcomes.iter().filter_map(|o| o.tpot_s).collect();
     let failed = run.outcomes.iter().filter(|o| o.failed).count();
-    let unfinished = run.outcomes.iter().filter(|o| !o.failed && o.tpot_s.is_none()).count();
+    let unfinished = run
+        .outcomes
+        .iter()
+        .filter(|o| !o.failed && o.tpot_s.is_none())
+        .count();
     let (bursts, max, mean) = recovery(&run.outcomes, slo, goal);
     Summary {
         requests: n,
@@ -124,15 +130,25 @@ pub fn recovery(outcomes: &[Outcome], slo: &Slo, goal: f64) -> (usize, f64, f64)
     if run > 0 {
         episodes.push(run);
     }
-    let secs: Vec<f64> = episodes.iter().map(|&e| e as f64 * BURST_BUCKET_S).collect();
+    let secs: Vec<f64> = episodes
+        .iter()
+        .map(|&e| e as f64 * BURST_BUCKET_S)
+        .collect();
     let max = secs.iter().copied().fold(0.0, f64::max);
-    let mean = if secs.is_empty() { 0.0 } else { secs.iter().sum::<f64>() / secs.len() as f64 };
+    let mean = if secs.is_empty() {
+        0.0
+    } else {
+        secs.iter().sum::<f64>() / secs.len() as f64
+    };
     (secs.len(), max, mean)
 }
 
 /// Fills `cost_vs_oracle` from the oracle's summary, if present.
 pub fn relate_to_oracle(summaries: &mut [(String, Summary)]) {
-    let oracle = summaries.iter().find(|(n, _)| n == "oracle").map(|(_, s)| s.cost_usd);
+    let oracle = summaries
+        .iter()
+        .find(|(n, _)| n == "oracle")
+        .map(|(_, s)| s.cost_usd);
     if let Some(o) = oracle.filter(|&o| o > 0.0) {
         for (_, s) in summaries.iter_mut() {
             s.cost_vs_oracle = Some(s.cost_usd / o);
@@ -141,7 +157,11 @@ pub fn relate_to_oracle(summaries: &mut [(String, Summary)]) {
 }
 
 fn ms(x: f64) -> String {
-    if x.is_nan() { "-".into() } else { format!("{:.0}", x * 1000.0) }
+    if x.is_nan() {
+        "-".into()
+    } else {
+        format!("{:.0}", x * 1000.0)
+    }
 }
 
 /// The comparison table.
@@ -149,8 +169,18 @@ pub fn table(summaries: &[(String, Summary)]) -> String {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header(vec![
-        "policy", "SLO met", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "GPU-h", "cost $", "× oracle",
-        "scale ev.", "bursts", "recover max s",
+        "policy",
+        "SLO met",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "TPOT p50 ms",
+        "TPOT p99 ms",
+        "GPU-h",
+        "cost $",
+        "× oracle",
+        "scale ev.",
+        "bursts",
+        "recover max s",
     ]);
     for (name, s) in summaries {
         let row = vec![
@@ -169,7 +199,11 @@ pub fn table(summaries: &[(String, Summary)]) -> String {
         ];
         t.add_row(row.into_iter().enumerate().map(|(i, c)| {
             let cell = Cell::new(c);
-            if i == 0 { cell } else { cell.set_alignment(CellAlignment::Right) }
+            if i == 0 {
+                cell
+            } else {
+                cell.set_alignment(CellAlignment::Right)
+            }
         }));
     }
     t.to_string()
@@ -178,7 +212,10 @@ pub fn table(summaries: &[(String, Summary)]) -> String {
 /// Writes the JSON report.
 pub fn write_json(path: &Path, report: &Report) -> Result<()> {
     let text = serde_json::to_string_pretty(report).map_err(Error::Json)?;
-    std::fs::write(path, text).map_err(|source| Error::Write { path: path.to_path_buf(), source })
+    std::fs::write(path, text).map_err(|source| Error::Write {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -186,23 +223,41 @@ mod tests {
     use super::*;
 
     fn o(t: f64, ttft: f64, tpot: f64) -> Outcome {
-        Outcome { arrival_s: t, ttft_s: Some(ttft), tpot_s: Some(tpot), failed: false }
+        Outcome {
+            arrival_s: t,
+            ttft_s: Some(ttft),
+            tpot_s: Some(tpot),
+            failed: false,
+        }
     }
 
     #[test]
     fn attainment_needs_both_slos_and_bursts_are_runs_of_bad_buckets() {
-        let slo = Slo { ttft_p99_s: 2.0, tpot_p99_s: 0.1 };
+        let slo = Slo {
+            ttft_p99_s: 2.0,
+            tpot_p99_s: 0.1,
+        };
         assert!(met(&o(0.0, 1.0, 0.05), &slo));
         assert!(!met(&o(0.0, 3.0, 0.05), &slo));
         assert!(!met(&o(0.0, 1.0, 0.2), &slo));
-        assert!(!met(&Outcome { failed: true, ..o(0.0, 1.0, 0.05) }, &slo));
+        assert!(!met(
+            &Outcome {
+                failed: true,
+                ..o(0.0, 1.0, 0.05)
+            },
+            &slo
+        ));
         // Buckets 0..10 good except 3, 4 and 7.
         let mut outs = Vec::new();
         for b in 0..10 {
             let bad = [3, 4, 7].contains(&b);
             for i in 0..10 {
                 let t = f64::from(b) * BURST_BUCKET_S + f64::from(i);
-                outs.push(if bad { o(t, 5.0, 0.05) } else { o(t, 0.5, 0.05) });
+                outs.push(if bad {
+                    o(t, 5.0, 0.05)
+                } else {
+                    o(t, 0.5, 0.05)
+                });
             }
         }
         let (n, max, mean) = recovery(&outs, &slo, 0.99);

@@ -19,7 +19,14 @@ use crate::sim::{self, Run, SimConfig};
 use crate::trace::{Request, Timeline};
 
 /// Every policy the simulator knows, in report order.
-pub const POLICIES: &[&str] = &["sluice", "static-peak", "hpa-cpu", "hpa-concurrency", "kpa", "oracle"];
+pub const POLICIES: &[&str] = &[
+    "sluice",
+    "static-peak",
+    "hpa-cpu",
+    "hpa-concurrency",
+    "kpa",
+    "oracle",
+];
 
 /// Bucket of the arrival timeline the oracle and static peak read.
 const TIMELINE_BUCKET_S: f64 = 10.0;
@@ -47,7 +54,10 @@ impl Scenario {
     pub fn default_for(profile: Profile) -> Scenario {
         Scenario {
             profile,
-            slo: Slo { ttft_p99_s: 2.0, tpot_p99_s: 0.1 },
+            slo: Slo {
+                ttft_p99_s: 2.0,
+                tpot_p99_s: 0.1,
+            },
             planning: Planning::default(),
             rate_scale: 4.0,
             spot: false,
@@ -76,7 +86,11 @@ impl Scenario {
     }
 
     fn capacity_type(&self) -> CapacityType {
-        if self.spot { CapacityType::Spot } else { CapacityType::OnDemand }
+        if self.spot {
+            CapacityType::Spot
+        } else {
+            CapacityType::OnDemand
+        }
     }
 
     fn limits(&self) -> Vec<VariantLimits> {
@@ -91,7 +105,10 @@ impl Scenario {
     pub fn baseline_choice(&self, mean: &Workload) -> Result<(String, capacity::Capacity)> {
         if let Some(name) = &self.baseline_variant {
             let v = self.profile.variant(name)?;
-            return Ok((name.clone(), capacity::at_slo(v, mean, &self.slo, &self.planning)));
+            return Ok((
+                name.clone(),
+                capacity::at_slo(v, mean, &self.slo, &self.planning),
+            ));
         }
         let limits = self.limits();
         let (caps, _) = plan::capacities(&self.profile, &limits, mean, &self.slo, &self.planning);
@@ -107,7 +124,9 @@ impl Scenario {
                 let ub = b.replica_price_per_hour(cap_type) / cb.requests_per_s;
                 ua.total_cmp(&ub)
             })
-            .ok_or_else(|| Error::Scenario("no variant can serve this trace's mean request".into()))?;
+            .ok_or_else(|| {
+                Error::Scenario("no variant can serve this trace's mean request".into())
+            })?;
         Ok((best.0.name.clone(), best.1))
     }
 }
@@ -116,8 +135,16 @@ impl Scenario {
 pub fn mean_shape(requests: &[Request]) -> Workload {
     let n = requests.len().max(1) as f64;
     Workload {
-        mean_prompt_tokens: requests.iter().map(|r| f64::from(r.prompt_tokens)).sum::<f64>() / n,
-        mean_output_tokens: requests.iter().map(|r| f64::from(r.output_tokens)).sum::<f64>() / n,
+        mean_prompt_tokens: requests
+            .iter()
+            .map(|r| f64::from(r.prompt_tokens))
+            .sum::<f64>()
+            / n,
+        mean_output_tokens: requests
+            .iter()
+            .map(|r| f64::from(r.output_tokens))
+            .sum::<f64>()
+            / n,
     }
 }
 
@@ -129,7 +156,10 @@ pub struct Prepared {
 
 impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Prepared").field("policy", &self.policy.name()).field("initial", &self.initial).finish()
+        f.debug_struct("Prepared")
+            .field("policy", &self.policy.name())
+            .field("initial", &self.initial)
+            .finish()
     }
 }
 
@@ -146,7 +176,12 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
     let (base_variant, base_cap) = scn.baseline_choice(&mean)?;
     // The trace is cut from a running service: every policy starts with the fleet the capacity
     // model sizes for the busiest window before a replica asked for at time zero could serve.
-    let lead = scn.profile.variants.iter().map(|v| v.startup_s(true)).fold(0.0, f64::max);
+    let lead = scn
+        .profile
+        .variants
+        .iter()
+        .map(|v| v.startup_s(true))
+        .fold(0.0, f64::max);
     let first = crate::baselines::oracle::peak_window(
         &scn.profile,
         &limits,
@@ -159,10 +194,19 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
     );
     // Cheapest fleet for the first window over `allowed` variants, as counts per key.
     let sized = |allowed: &dyn Fn(&str) -> bool| -> Vec<u32> {
-        let Some((rate, w)) = first else { return vec![0; keys.len()] };
+        let Some((rate, w)) = first else {
+            return vec![0; keys.len()];
+        };
         let (caps, _) = plan::capacities(&scn.profile, &limits, &w, &scn.slo, &scn.planning);
         let zero = vec![0; keys.len()];
-        let offers = plan::offers(&scn.profile, &limits, &caps, &zero, |n, c| c == cap_type && allowed(n), |l| l.min);
+        let offers = plan::offers(
+            &scn.profile,
+            &limits,
+            &caps,
+            &zero,
+            |n, c| c == cap_type && allowed(n),
+            |l| l.min,
+        );
         mix::cheapest(&offers, rate).counts
     };
     let mut out = Vec::new();
@@ -177,8 +221,21 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
                 (Box::new(Sluice::new(scn.profile.clone(), cfg)), all)
             }
             "static-peak" => {
-                let mut p = StaticPeak::new(scn.profile.clone(), limits.clone(), &scn.slo, &scn.planning, cap_type, &timeline, scn.sim.window_s);
-                let counts = p.decide(&Default::default()).targets.iter().map(|t| t.replicas).collect();
+                let mut p = StaticPeak::new(
+                    scn.profile.clone(),
+                    limits.clone(),
+                    &scn.slo,
+                    &scn.planning,
+                    cap_type,
+                    &timeline,
+                    scn.sim.window_s,
+                );
+                let counts = p
+                    .decide(&Default::default())
+                    .targets
+                    .iter()
+                    .map(|t| t.replicas)
+                    .collect();
                 (Box::new(p), counts)
             }
             "oracle" => {
@@ -189,9 +246,12 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
                     capacity: cap_type,
                     window_s: scn.sim.window_s,
                     hold_s: 60.0,
-                    switch_tolerance: 0.1,
+                    switch_amortise_s: 600.0,
                 };
-                (Box::new(Oracle::new(scn.profile.clone(), cfg, timeline.clone())), all)
+                (
+                    Box::new(Oracle::new(scn.profile.clone(), cfg, timeline.clone())),
+                    all,
+                )
             }
             "hpa-cpu" | "hpa-concurrency" => {
                 let (metric, target) = if name == "hpa-cpu" {
@@ -231,7 +291,10 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
                 (Box::new(Kpa::new(scn.profile.clone(), cfg)), single)
             }
             other => {
-                return Err(Error::Scenario(format!("unknown policy {other:?} (known: {})", POLICIES.join(", "))));
+                return Err(Error::Scenario(format!(
+                    "unknown policy {other:?} (known: {})",
+                    POLICIES.join(", ")
+                )));
             }
         };
         out.push(Prepared { policy, initial });
@@ -244,8 +307,23 @@ pub fn run_all(scn: &Scenario, requests: &[Request], prepared: Vec<Prepared>) ->
     std::thread::scope(|s| {
         let handles: Vec<_> = prepared
             .into_iter()
-            .map(|mut p| s.spawn(move || sim::run(&scn.sim, &scn.profile, &scn.slo, &scn.planning, requests, p.policy.as_mut(), &p.initial)))
+            .map(|mut p| {
+                s.spawn(move || {
+                    sim::run(
+                        &scn.sim,
+                        &scn.profile,
+                        &scn.slo,
+                        &scn.planning,
+                        requests,
+                        p.policy.as_mut(),
+                        &p.initial,
+                    )
+                })
+            })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("a simulation thread panicked")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a simulation thread panicked"))
+            .collect()
     })
 }

@@ -85,6 +85,12 @@ pub struct VariantSignals {
     pub cpu_utilisation: f64,
     /// Spot preemption notices received since the previous tick.
     pub preempted: u32,
+    /// This variant's own latency percentiles over the latency window (vLLM's histograms are
+    /// per pod, so a controller can aggregate them per variant).
+    #[serde(default)]
+    pub ttft_p99_s: Option<f64>,
+    #[serde(default)]
+    pub tpot_p99_s: Option<f64>,
 }
 
 /// One node pool.

@@ -73,12 +73,26 @@ fn parse_azure(path: &Path, text: &str) -> Result<Vec<Request>> {
         }
         let mut f = line.split(',');
         let (Some(ts), Some(p), Some(o)) = (f.next(), f.next(), f.next()) else {
-            return Err(bad(i + 1, "expected TIMESTAMP,ContextTokens,GeneratedTokens".into()));
+            return Err(bad(
+                i + 1,
+                "expected TIMESTAMP,ContextTokens,GeneratedTokens".into(),
+            ));
         };
-        let arrival_s = parse_timestamp(ts.trim()).ok_or_else(|| bad(i + 1, format!("bad timestamp {ts:?}")))?;
-        let prompt_tokens = p.trim().parse().map_err(|_| bad(i + 1, format!("bad ContextTokens {p:?}")))?;
-        let output_tokens = o.trim().parse().map_err(|_| bad(i + 1, format!("bad GeneratedTokens {o:?}")))?;
-        out.push(Request { arrival_s, prompt_tokens, output_tokens });
+        let arrival_s = parse_timestamp(ts.trim())
+            .ok_or_else(|| bad(i + 1, format!("bad timestamp {ts:?}")))?;
+        let prompt_tokens = p
+            .trim()
+            .parse()
+            .map_err(|_| bad(i + 1, format!("bad ContextTokens {p:?}")))?;
+        let output_tokens = o
+            .trim()
+            .parse()
+            .map_err(|_| bad(i + 1, format!("bad GeneratedTokens {o:?}")))?;
+        out.push(Request {
+            arrival_s,
+            prompt_tokens,
+            output_tokens,
+        });
     }
     Ok(out)
 }
@@ -89,7 +103,11 @@ fn parse_timestamp(s: &str) -> Option<f64> {
     let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
     let (y, m, day) = (d.next()??, d.next()??, d.next()??);
     let mut t = time.split(':');
-    let (h, mi, sec) = (t.next()?.parse::<f64>().ok()?, t.next()?.parse::<f64>().ok()?, t.next()?.parse::<f64>().ok()?);
+    let (h, mi, sec) = (
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
     // Days from civil (Howard Hinnant's algorithm).
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
@@ -145,7 +163,11 @@ pub fn scale(requests: &[Request], scale: f64, seed: u64) -> Vec<Request> {
     for r in requests {
         let n = whole + u32::from(frac > 0.0 && rng.random::<f64>() < frac);
         for k in 0..n {
-            let shift = if k == 0 { 0.0 } else { rng.random::<f64>() * COPY_SPREAD_S };
+            let shift = if k == 0 {
+                0.0
+            } else {
+                rng.random::<f64>() * COPY_SPREAD_S
+            };
             out.push(Request {
                 arrival_s: (r.arrival_s + shift).min(end),
                 ..*r
@@ -200,7 +222,13 @@ impl Timeline {
         let p: f64 = self.prompt[a..b].iter().sum();
         let o: f64 = self.output[a..b].iter().sum();
         let span = (to - from).max(self.bucket_s);
-        Some((n / span, Workload { mean_prompt_tokens: p / n, mean_output_tokens: o / n }))
+        Some((
+            n / span,
+            Workload {
+                mean_prompt_tokens: p / n,
+                mean_output_tokens: o / n,
+            },
+        ))
     }
 }
 
@@ -230,7 +258,11 @@ mod tests {
         std::fs::write(&jsonl, "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 5, \"hash_ids\": [1]}\n{\"timestamp\": 1500, \"input_length\": 7, \"output_length\": 3}\n").unwrap();
         let r = load(&jsonl).unwrap();
         assert_eq!(r[1].arrival_s, 1.5);
-        std::fs::write(&csv, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:47,x,2\n").unwrap();
+        std::fs::write(
+            &csv,
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:47,x,2\n",
+        )
+        .unwrap();
         assert!(load(&csv).unwrap_err().to_string().contains("line 2"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -238,7 +270,11 @@ mod tests {
     #[test]
     fn scaling_multiplies_the_rate_and_keeps_the_span() {
         let base: Vec<Request> = (0..1000)
-            .map(|i| Request { arrival_s: f64::from(i) * 3.6, prompt_tokens: 100, output_tokens: 10 })
+            .map(|i| Request {
+                arrival_s: f64::from(i) * 3.6,
+                prompt_tokens: 100,
+                output_tokens: 10,
+            })
             .collect();
         let four = scale(&base, 4.0, 1);
         assert_eq!(four.len(), 4000);

@@ -113,9 +113,22 @@ impl Policy for Hpa {
         let desired = if rec >= spec {
             rec
         } else {
-            self.history.iter().map(|&(_, n)| n).max().unwrap_or(rec).min(spec)
+            self.history
+                .iter()
+                .map(|&(_, n)| n)
+                .max()
+                .unwrap_or(rec)
+                .min(spec)
         };
-        let mut d = super::single(s.time_s, &s.model, &self.profile, &c.variant, c.capacity, desired, Mode::Stable);
+        let mut d = super::single(
+            s.time_s,
+            &s.model,
+            &self.profile,
+            &c.variant,
+            c.capacity,
+            desired,
+            Mode::Stable,
+        );
         d.reason(
             ReasonKind::Baseline,
             Some(&c.variant),
@@ -137,7 +150,11 @@ mod tests {
     fn signals(t: f64, ready: u32, in_flight: u64, cpu: f64) -> Signals {
         Signals {
             time_s: t,
-            queue: Queue { waiting: 0, waiting_prompt_tokens: 0, running: in_flight },
+            queue: Queue {
+                waiting: 0,
+                waiting_prompt_tokens: 0,
+                running: in_flight,
+            },
             variants: vec![VariantSignals {
                 variant: "nvidia-l4".into(),
                 ready,
@@ -168,12 +185,28 @@ mod tests {
     fn hpa_follows_its_formula_tolerance_and_scale_down_window() {
         let mut h = hpa(HpaMetric::Concurrency, 10.0);
         // 4 replicas at 25 in flight each: ⌈100 / 10⌉ = 10, limited to 2 × 4 = 8.
-        assert_eq!(h.decide(&signals(0.0, 4, 100, 0.3)).replicas_of("nvidia-l4"), 8);
+        assert_eq!(
+            h.decide(&signals(0.0, 4, 100, 0.3))
+                .replicas_of("nvidia-l4"),
+            8
+        );
         // Within tolerance (ratio 1.05): unchanged.
-        assert_eq!(h.decide(&signals(15.0, 8, 84, 0.3)).replicas_of("nvidia-l4"), 8);
+        assert_eq!(
+            h.decide(&signals(15.0, 8, 84, 0.3))
+                .replicas_of("nvidia-l4"),
+            8
+        );
         // Load falls: the window keeps the earlier 8 for five minutes, then follows.
-        assert_eq!(h.decide(&signals(30.0, 8, 20, 0.3)).replicas_of("nvidia-l4"), 8);
-        assert_eq!(h.decide(&signals(400.0, 8, 20, 0.3)).replicas_of("nvidia-l4"), 2);
+        assert_eq!(
+            h.decide(&signals(30.0, 8, 20, 0.3))
+                .replicas_of("nvidia-l4"),
+            8
+        );
+        assert_eq!(
+            h.decide(&signals(400.0, 8, 20, 0.3))
+                .replicas_of("nvidia-l4"),
+            2
+        );
     }
 
     #[test]
@@ -183,10 +216,15 @@ mod tests {
         let mut n = 10;
         let mut most = n;
         for i in 0..200 {
-            n = h.decide(&signals(f64::from(i) * 15.0, n, 1000, 0.3)).replicas_of("nvidia-l4");
+            n = h
+                .decide(&signals(f64::from(i) * 15.0, n, 1000, 0.3))
+                .replicas_of("nvidia-l4");
             most = most.max(n);
         }
         assert_eq!(most, 10, "never scales up");
-        assert_eq!(n, 1, "ends at its minimum with a thousand requests in flight");
+        assert_eq!(
+            n, 1,
+            "ends at its minimum with a thousand requests in flight"
+        );
     }
 }

@@ -54,7 +54,12 @@ impl Kpa {
     }
 
     fn average(&self, since: f64) -> f64 {
-        let xs: Vec<f64> = self.samples.iter().filter(|&&(t, _)| t >= since).map(|&(_, x)| x).collect();
+        let xs: Vec<f64> = self
+            .samples
+            .iter()
+            .filter(|&&(t, _)| t >= since)
+            .map(|&(_, x)| x)
+            .collect();
         if xs.is_empty() {
             0.0
         } else {
@@ -76,7 +81,11 @@ impl Policy for Kpa {
             self.last_traffic_s = t;
         }
         self.samples.push_back((t, in_flight));
-        while self.samples.front().is_some_and(|&(x, _)| x < t - c.stable_window_s) {
+        while self
+            .samples
+            .front()
+            .is_some_and(|&(x, _)| x < t - c.stable_window_s)
+        {
             self.samples.pop_front();
         }
         let per = c.target * c.utilisation;
@@ -86,21 +95,32 @@ impl Policy for Kpa {
         let panic_want = (self.average(t - c.panic_window_s) / per).ceil() as u32;
         let ready = s.variant(&c.variant, c.capacity).map_or(0, |v| v.ready);
         let spec = s.provisioned(&c.variant, c.capacity);
-        if f64::from(panic_want) >= c.panic_threshold * f64::from(ready.max(1)) && panic_want > ready {
+        if f64::from(panic_want) >= c.panic_threshold * f64::from(ready.max(1))
+            && panic_want > ready
+        {
             self.panic_until = t + c.stable_window_s;
         }
         let panic = t < self.panic_until;
-        let mut n = if panic { panic_want.max(stable).max(spec) } else { stable };
+        let mut n = if panic {
+            panic_want.max(stable).max(spec)
+        } else {
+            stable
+        };
         if t - self.last_traffic_s < c.scale_to_zero_grace_s && in_flight > 0.0 {
             n = n.max(1);
         }
-        n = n.max((f64::from(spec) / c.max_scale_down_rate).floor() as u32).min(c.max);
+        n = n
+            .max((f64::from(spec) / c.max_scale_down_rate).floor() as u32)
+            .min(c.max);
         let mode = if panic { Mode::Panic } else { Mode::Stable };
         let mut d = super::single(t, &s.model, &self.profile, &c.variant, c.capacity, n, mode);
         d.reason(
             ReasonKind::Baseline,
             Some(&c.variant),
-            format!("concurrency {in_flight:.0} against {per:.1} per replica{}", if panic { " (panic)" } else { "" }),
+            format!(
+                "concurrency {in_flight:.0} against {per:.1} per replica{}",
+                if panic { " (panic)" } else { "" }
+            ),
         );
         d
     }
@@ -114,8 +134,16 @@ mod tests {
     fn signals(t: f64, ready: u32, in_flight: u64) -> Signals {
         Signals {
             time_s: t,
-            queue: Queue { waiting: 0, waiting_prompt_tokens: 0, running: in_flight },
-            variants: vec![VariantSignals { variant: "nvidia-l4".into(), ready, ..VariantSignals::default() }],
+            queue: Queue {
+                waiting: 0,
+                waiting_prompt_tokens: 0,
+                running: in_flight,
+            },
+            variants: vec![VariantSignals {
+                variant: "nvidia-l4".into(),
+                ready,
+                ..VariantSignals::default()
+            }],
             ..Signals::default()
         }
     }
@@ -138,7 +166,11 @@ mod tests {
             },
         );
         for i in 0..6 {
-            assert_eq!(k.decide(&signals(f64::from(i) * 10.0, 2, 20)).replicas_of("nvidia-l4"), 2);
+            assert_eq!(
+                k.decide(&signals(f64::from(i) * 10.0, 2, 20))
+                    .replicas_of("nvidia-l4"),
+                2
+            );
         }
         // A spike to 100 in flight: the 6 s window wants 10 ≥ 2 × 2 ready → panic, 10 now.
         let d = k.decide(&signals(60.0, 2, 100));

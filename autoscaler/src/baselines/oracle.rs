@@ -33,7 +33,8 @@ pub struct OracleConfig {
     /// Sliding window over which a rate is measured (the same as sluice's long window).
     pub window_s: f64,
     pub hold_s: f64,
-    pub switch_tolerance: f64,
+    /// As sluice's: a cheaper mix must pay back its start-ups within this many seconds.
+    pub switch_amortise_s: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -110,15 +111,35 @@ impl Policy for Oracle {
         let limits = &c.limits;
         let current = plan::current_counts(s, limits);
         let to = t + self.lead_s + c.hold_s;
-        let peak = peak_window(&self.profile, limits, &c.slo, &c.planning, &self.timeline, c.window_s, t, to);
+        let peak = peak_window(
+            &self.profile,
+            limits,
+            &c.slo,
+            &c.planning,
+            &self.timeline,
+            c.window_s,
+            t,
+            to,
+        );
         let (rate, w) = peak.unwrap_or((
             0.0,
-            Workload { mean_prompt_tokens: 0.0, mean_output_tokens: 1.0 },
+            Workload {
+                mean_prompt_tokens: 0.0,
+                mean_output_tokens: 1.0,
+            },
         ));
         let (caps, _) = plan::capacities(&self.profile, limits, &w, &c.slo, &c.planning);
         let cap = c.capacity;
-        let offers = plan::offers(&self.profile, limits, &caps, &current, |_, k| k == cap, |l| l.min);
-        let (m, why) = plan::keep_or_switch(&offers, &current, rate, c.switch_tolerance);
+        let offers = plan::offers(
+            &self.profile,
+            limits,
+            &caps,
+            &current,
+            |_, k| k == cap,
+            |l| l.min,
+        );
+        let startup = plan::startup_times(&self.profile, limits);
+        let (m, why) = plan::keep_or_switch(&offers, &current, rate, &startup, c.switch_amortise_s);
         // A replica it wanted within the hold window is not released yet: the variants are
         // interchangeable at the margin, and without this the fill-in count flaps tick to tick
         // while each cancelled start is billed.
@@ -129,7 +150,11 @@ impl Policy for Oracle {
         let mut counts: Vec<u32> = (0..m.counts.len())
             .map(|k| {
                 let held = self.history.iter().map(|(_, v)| v[k]).max().unwrap_or(0);
-                if m.counts[k] < current[k] { held.min(current[k]) } else { m.counts[k] }
+                if m.counts[k] < current[k] {
+                    held.min(current[k])
+                } else {
+                    m.counts[k]
+                }
             })
             .collect();
         let ready = plan::ready_counts(s, limits);

@@ -31,14 +31,33 @@ impl StaticPeak {
         timeline: &Arc<Timeline>,
         window_s: f64,
     ) -> Self {
-        let peak = super::oracle::peak_window(&profile, &limits, slo, planning, timeline, window_s, 0.0, timeline.end_s());
+        let peak = super::oracle::peak_window(
+            &profile,
+            &limits,
+            slo,
+            planning,
+            timeline,
+            window_s,
+            0.0,
+            timeline.end_s(),
+        );
         let (rate, w) = peak.unwrap_or((
             0.0,
-            crate::capacity::Workload { mean_prompt_tokens: 0.0, mean_output_tokens: 1.0 },
+            crate::capacity::Workload {
+                mean_prompt_tokens: 0.0,
+                mean_output_tokens: 1.0,
+            },
         ));
         let (caps, _) = plan::capacities(&profile, &limits, &w, slo, planning);
         let zero = vec![0; plan::offer_keys(&limits).len()];
-        let offers = plan::offers(&profile, &limits, &caps, &zero, |_, k| k == capacity, |l| l.min);
+        let offers = plan::offers(
+            &profile,
+            &limits,
+            &caps,
+            &zero,
+            |_, k| k == capacity,
+            |l| l.min,
+        );
         let m = mix::cheapest(&offers, rate);
         let demand = Demand {
             planned_requests_per_s: rate,
@@ -48,7 +67,12 @@ impl StaticPeak {
             cost_per_hour: m.cost_per_hour,
             ..Demand::default()
         };
-        StaticPeak { profile, limits, counts: m.counts, demand }
+        StaticPeak {
+            profile,
+            limits,
+            counts: m.counts,
+            demand,
+        }
     }
 }
 
@@ -68,7 +92,10 @@ impl Policy for StaticPeak {
         d.reason(
             ReasonKind::Baseline,
             None,
-            format!("sized once for the peak, {:.2} req/s", self.demand.planned_requests_per_s),
+            format!(
+                "sized once for the peak, {:.2} req/s",
+                self.demand.planned_requests_per_s
+            ),
         );
         plan::fill_targets(&mut d, &self.profile, &self.limits, &self.counts);
         d

@@ -60,7 +60,9 @@ pub fn capacities(
         limits
             .iter()
             .map(|l| {
-                let v = profile.variant(&l.variant).expect("limits name profile variants");
+                let v = profile
+                    .variant(&l.variant)
+                    .expect("limits name profile variants");
                 capacity::at_slo(v, w, slo, plan)
             })
             .collect()
@@ -92,15 +94,23 @@ pub fn offers(
         .map(|(k, (name, cap))| {
             let li = k / 2;
             let l = &limits[li];
-            let v = profile.variant(&name).expect("limits name profile variants");
+            let v = profile
+                .variant(&name)
+                .expect("limits name profile variants");
             let allowed = allow(&name, cap);
             // The floor applies to the on-demand key unless on-demand is not allowed.
-            let floor_here = if allowed && (cap == CapacityType::OnDemand || !allow(&name, CapacityType::OnDemand)) {
+            let floor_here = if allowed
+                && (cap == CapacityType::OnDemand || !allow(&name, CapacityType::OnDemand))
+            {
                 floor(l)
             } else {
                 0
             };
-            let max = if allowed { l.max } else { current[k].min(l.max) };
+            let max = if allowed {
+                l.max
+            } else {
+                current[k].min(l.max)
+            };
             Offer {
                 variant: name,
                 capacity: cap,
@@ -133,13 +143,23 @@ pub fn ready_counts(signals: &Signals, limits: &[VariantLimits]) -> Vec<u32> {
 /// removed keep serving until the ready capacity of what remains covers `demand` (a switch from
 /// L4s to an H100 must not drop the L4s before the H100 is up). Starting replicas of a shrinking
 /// key may still be cancelled. Returns whether it held anything back.
-pub fn make_before_break(offers: &[Offer], current: &[u32], ready: &[u32], counts: &mut [u32], demand: f64) -> bool {
+pub fn make_before_break(
+    offers: &[Offer],
+    current: &[u32],
+    ready: &[u32],
+    counts: &mut [u32],
+    demand: f64,
+) -> bool {
     let ready_after: f64 = offers
         .iter()
         .zip(counts.iter().zip(ready))
         .map(|(o, (&c, &r))| o.requests_per_s * f64::from(c.min(r)))
         .sum();
-    let ready_now: f64 = offers.iter().zip(ready).map(|(o, &r)| o.requests_per_s * f64::from(r)).sum();
+    let ready_now: f64 = offers
+        .iter()
+        .zip(ready)
+        .map(|(o, &r)| o.requests_per_s * f64::from(r))
+        .sum();
     if ready_after + 1e-9 >= demand.min(ready_now) {
         return false;
     }
@@ -154,11 +174,25 @@ pub fn make_before_break(offers: &[Offer], current: &[u32], ready: &[u32], count
     held
 }
 
+/// Seconds from asking to serving for a replica of each key of [`offer_keys`] (on a new node).
+pub fn startup_times(profile: &Profile, limits: &[VariantLimits]) -> Vec<f64> {
+    offer_keys(limits)
+        .iter()
+        .map(|(n, _)| profile.variant(n).map_or(0.0, |v| v.startup_s(true)))
+        .collect()
+}
+
 /// The cheapest mix for `demand`, unless changing the current mix only in the direction the
-/// demand moved (adding to it, or removing from it) costs at most `tolerance` more: switching
-/// variants means paying for both while the new ones start, and flapping between mixes of
-/// nearly equal cost is churn for nothing.
-pub fn keep_or_switch(offers: &[Offer], current: &[u32], demand: f64, tolerance: f64) -> (Mix, ReasonKind) {
+/// demand moved (adding to it, or removing from it) is cheaper once the switch is paid for:
+/// replicas a switch starts are billed through their start-up without serving, so the cheaper
+/// mix must save that back within `amortise_s` seconds, or the current one is kept.
+pub fn keep_or_switch(
+    offers: &[Offer],
+    current: &[u32],
+    demand: f64,
+    startup_s: &[f64],
+    amortise_s: f64,
+) -> (Mix, ReasonKind) {
     let best = mix::cheapest(offers, demand);
     let now = mix::evaluate(offers, current);
     let constrained: Vec<Offer> = offers
@@ -176,9 +210,19 @@ pub fn keep_or_switch(offers: &[Offer], current: &[u32], demand: f64, tolerance:
         })
         .collect();
     let kept = mix::cheapest(&constrained, demand);
-    if kept.requests_per_s + 1e-9 >= demand.min(best.requests_per_s)
-        && kept.cost_per_hour <= best.cost_per_hour * (1.0 + tolerance) + 1e-9
-    {
+    let start_cost = |m: &Mix| -> f64 {
+        m.counts
+            .iter()
+            .zip(current)
+            .zip(offers.iter().zip(startup_s))
+            .map(|((&n, &c), (o, &s))| {
+                f64::from(n.saturating_sub(c)) * o.price_per_hour * s / 3600.0
+            })
+            .sum()
+    };
+    let kept_covers = kept.requests_per_s + 1e-9 >= demand.min(best.requests_per_s);
+    let saving = (kept.cost_per_hour - best.cost_per_hour) * amortise_s / 3600.0;
+    if kept_covers && saving <= start_cost(&best) - start_cost(&kept) + 1e-9 {
         (kept, ReasonKind::KeepMix)
     } else {
         (best, ReasonKind::CheapestMix)
@@ -186,11 +230,18 @@ pub fn keep_or_switch(offers: &[Offer], current: &[u32], demand: f64, tolerance:
 }
 
 /// Fills a decision's targets (every key, zeros included) and node pools from counts per key.
-pub fn fill_targets(decision: &mut Decision, profile: &Profile, limits: &[VariantLimits], counts: &[u32]) {
+pub fn fill_targets(
+    decision: &mut Decision,
+    profile: &Profile,
+    limits: &[VariantLimits],
+    counts: &[u32],
+) {
     decision.targets.clear();
     decision.pools.clear();
     for ((name, cap), &n) in offer_keys(limits).into_iter().zip(counts) {
-        let v = profile.variant(&name).expect("limits name profile variants");
+        let v = profile
+            .variant(&name)
+            .expect("limits name profile variants");
         decision.pools.push(PoolTarget {
             variant: name.clone(),
             capacity: cap,

@@ -29,12 +29,16 @@ pub struct SluiceConfig {
     pub limits: Vec<VariantLimits>,
     /// Buy Spot first (on-demand when Spot is out of stock).
     pub spot: bool,
-    /// Extra capacity over the planned rate, for arrivals' spread within the window.
+    /// Extra capacity over the planned rate: the forecast follows trends, not the minute-scale
+    /// swings of a bursty arrival process, and capacity ordered for a swing arrives minutes
+    /// after it.
     pub headroom: f64,
     /// Queued requests are planned to drain within this many seconds.
     pub backlog_drain_s: f64,
     pub holt_alpha: f64,
     pub holt_beta: f64,
+    /// The trend's damping time constant (see [`Holt`]).
+    pub forecast_damping_s: f64,
     /// Forecast horizon; `None` means the longest start-up (new node) of the variants.
     pub forecast_horizon_s: Option<f64>,
     /// Panic when the short-window arrival rate exceeds the ready capacity by this factor...
@@ -43,8 +47,9 @@ pub struct SluiceConfig {
     pub panic_queue_s: f64,
     pub panic_window_s: f64,
     pub scale_down_window_s: f64,
-    /// Keep the current mix unless the cheapest costs this share less.
-    pub switch_tolerance: f64,
+    /// A cheaper mix must pay back the start-up of its new replicas within this many seconds,
+    /// or the current mix is kept.
+    pub switch_amortise_s: f64,
     /// With no traffic for this long, floors fall from `keep_warm` to `min`.
     pub scale_to_zero_after_s: f64,
     /// A Spot replica pending longer than this means a stockout: use on-demand for a while.
@@ -61,16 +66,17 @@ impl SluiceConfig {
             planning: Planning::default(),
             limits,
             spot: false,
-            headroom: 0.1,
+            headroom: 0.2,
             backlog_drain_s: 30.0,
             holt_alpha: 0.3,
             holt_beta: 0.1,
+            forecast_damping_s: 300.0,
             forecast_horizon_s: None,
             panic_rate_ratio: 1.5,
             panic_queue_s: 10.0,
             panic_window_s: 60.0,
             scale_down_window_s: 300.0,
-            switch_tolerance: 0.1,
+            switch_amortise_s: 600.0,
             scale_to_zero_after_s: 900.0,
             spot_stockout_after_s: 600.0,
             spot_retry_after_s: 1800.0,
@@ -86,21 +92,24 @@ pub struct Sluice {
     profile: Profile,
     holt: Holt,
     shape: Option<Workload>,
-    /// Per offer key: recent recommendations for the scale-down window.
-    history: Vec<VecDeque<(f64, u32)>>,
+    /// Recent planned demand (requests/s) for the scale-down window.
+    history: VecDeque<(f64, f64)>,
     panic_until: f64,
     last_traffic_s: f64,
     margin: f64,
     spot_out_until: HashMap<String, f64>,
-    seeded: bool,
+    first_seen_s: Option<f64>,
+    /// Per variant: capacity at SLO is divided by this while its own latency breaches the SLO.
+    variant_margin: HashMap<String, f64>,
 }
 
 impl Sluice {
     pub fn new(profile: Profile, config: SluiceConfig) -> Self {
-        let keys = plan::offer_keys(&config.limits).len();
         Sluice {
-            holt: Holt::new(config.holt_alpha, config.holt_beta),
-            history: vec![VecDeque::new(); keys],
+            holt: Holt::new(config.holt_alpha, config.holt_beta).damped(config.forecast_damping_s),
+            first_seen_s: None,
+            variant_margin: HashMap::new(),
+            history: VecDeque::new(),
             profile,
             config,
             shape: None,
@@ -108,7 +117,6 @@ impl Sluice {
             last_traffic_s: f64::NEG_INFINITY,
             margin: 1.0,
             spot_out_until: HashMap::new(),
-            seeded: false,
         }
     }
 
@@ -127,16 +135,48 @@ impl Sluice {
         })
     }
 
-    /// Widens the margin while latency breaches the SLO for reasons capacity fixes (slow
-    /// decode, or slow first tokens with a queue), narrows it back when well below.
+    /// Widens the demand margin while first tokens are late with requests queued (too little
+    /// capacity overall), narrows it back when latency is well below the SLO. A variant whose
+    /// own replicas breach the SLO while there is no queue has its capacity discounted instead
+    /// (its replicas are loaded past what they serve well): more of every variant would not
+    /// fix it, fewer requests per replica of that one does.
     fn update_margin(&mut self, s: &Signals, d: &mut Decision) {
         let slo = self.config.slo;
+        for l in &self.config.limits {
+            let worst = |f: fn(&crate::signals::VariantSignals) -> Option<f64>| {
+                s.variants
+                    .iter()
+                    .filter(|v| v.variant == l.variant)
+                    .filter_map(f)
+                    .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))))
+            };
+            let tpot = worst(|v| v.tpot_p99_s);
+            let ttft = worst(|v| v.ttft_p99_s);
+            let m = self.variant_margin.entry(l.variant.clone()).or_insert(1.0);
+            let slow_first_token = ttft.is_some_and(|x| x > slo.ttft_p99_s) && s.queue.waiting == 0;
+            if tpot.is_some_and(|x| x > slo.tpot_p99_s) || slow_first_token {
+                *m = (*m * 1.1).min(self.config.max_margin);
+                d.reason(
+                    ReasonKind::LatencyBreach,
+                    Some(&l.variant),
+                    format!(
+                        "TTFT p99 {:.2}s, TPOT p99 {:.0}ms: capacity per replica ÷{:.2}",
+                        ttft.unwrap_or(0.0),
+                        tpot.unwrap_or(0.0) * 1e3,
+                        *m
+                    ),
+                );
+            } else if tpot.is_some_and(|x| x < 0.8 * slo.tpot_p99_s)
+                && ttft.is_none_or(|x| x < 0.8 * slo.ttft_p99_s)
+            {
+                *m = (*m * 0.97).max(1.0);
+            }
+        }
         let l = &s.latency;
-        let tpot_high = l.tpot_p99_s.is_some_and(|x| x > slo.tpot_p99_s);
         let ttft_high = l.ttft_p99_s.is_some_and(|x| x > slo.ttft_p99_s) && s.queue.waiting > 0;
         let low = l.tpot_p99_s.is_some_and(|x| x < 0.8 * slo.tpot_p99_s)
             && l.ttft_p99_s.is_some_and(|x| x < 0.8 * slo.ttft_p99_s);
-        if tpot_high || ttft_high {
+        if ttft_high {
             self.margin = (self.margin * 1.1).min(self.config.max_margin);
             d.reason(
                 ReasonKind::LatencyBreach,
@@ -173,9 +213,16 @@ impl Sluice {
                     );
                 }
             }
-            let out_of_stock = self.spot_out_until.get(&l.variant).is_some_and(|&u| s.time_s < u);
+            let out_of_stock = self
+                .spot_out_until
+                .get(&l.variant)
+                .is_some_and(|&u| s.time_s < u);
             if out_of_stock {
-                d.reason(ReasonKind::Spot, Some(&l.variant), "Spot out of stock: on-demand fallback");
+                d.reason(
+                    ReasonKind::Spot,
+                    Some(&l.variant),
+                    "Spot out of stock: on-demand fallback",
+                );
             }
             out.insert(l.variant.clone(), !out_of_stock);
         }
@@ -215,20 +262,44 @@ impl Policy for Sluice {
             let counts: Vec<u32> = plan::offer_keys(&limits)
                 .iter()
                 .enumerate()
-                .map(|(k, (_, c))| if *c == CapacityType::OnDemand { floor(&limits[k / 2]) } else { 0 })
+                .map(|(k, (_, c))| {
+                    if *c == CapacityType::OnDemand {
+                        floor(&limits[k / 2])
+                    } else {
+                        0
+                    }
+                })
                 .collect();
             d.reason(ReasonKind::MinMax, None, "no traffic seen yet: floors only");
             plan::fill_targets(&mut d, &self.profile, &limits, &counts);
             return d;
         };
-        let (caps, relaxed) = plan::capacities(&self.profile, &limits, &w, &self.config.slo, &self.config.planning);
+        self.update_margin(s, &mut d);
+        let (mut caps, relaxed) = plan::capacities(
+            &self.profile,
+            &limits,
+            &w,
+            &self.config.slo,
+            &self.config.planning,
+        );
+        for (l, c) in limits.iter().zip(caps.iter_mut()) {
+            c.requests_per_s /= self.variant_margin.get(&l.variant).copied().unwrap_or(1.0);
+        }
         for (l, c) in limits.iter().zip(&caps) {
             if c.requests_per_s == 0.0 {
-                d.reason(ReasonKind::Ineligible, Some(&l.variant), "cannot meet the SLO for this request shape");
+                d.reason(
+                    ReasonKind::Ineligible,
+                    Some(&l.variant),
+                    "cannot meet the SLO for this request shape",
+                );
             }
         }
         if relaxed {
-            d.reason(ReasonKind::Ineligible, None, "no variant meets the TTFT target for this prompt length; sized for TPOT only");
+            d.reason(
+                ReasonKind::Ineligible,
+                None,
+                "no variant meets the TTFT target for this prompt length; sized for TPOT only",
+            );
         }
         let keys = plan::offer_keys(&limits);
         let ready_capacity: f64 = keys
@@ -242,7 +313,8 @@ impl Policy for Sluice {
         // Panic: a spike the long window has not caught up with, or a queue the ready fleet
         // cannot drain soon.
         let spike = a.short_requests_per_s > self.config.panic_rate_ratio * ready_capacity;
-        let queue_spike = s.queue.waiting as f64 > self.config.panic_queue_s * ready_capacity.max(1e-9);
+        let queue_spike =
+            s.queue.waiting as f64 > self.config.panic_queue_s * ready_capacity.max(1e-9);
         if (spike && a.short_requests_per_s > a.requests_per_s) || queue_spike {
             if t >= self.panic_until {
                 d.reason(
@@ -259,15 +331,23 @@ impl Policy for Sluice {
         let panic = t < self.panic_until;
         d.mode = if panic { Mode::Panic } else { Mode::Stable };
 
-        self.update_margin(s, &mut d);
         let horizon = self.horizon_s();
-        let forecast = self.holt.forecast(horizon).unwrap_or(0.0);
+        // A trend needs a full window of history before it means anything.
+        let first = *self.first_seen_s.get_or_insert(t);
+        let forecast = if t - first >= a.window_s {
+            self.holt.forecast(horizon).unwrap_or(0.0)
+        } else {
+            0.0
+        };
         let mut base = a.requests_per_s.max(forecast);
         if forecast > a.requests_per_s {
             d.reason(
                 ReasonKind::Forecast,
                 None,
-                format!("rate {:.2}/s forecast to {:.2}/s in {:.0}s", a.requests_per_s, forecast, horizon),
+                format!(
+                    "rate {:.2}/s forecast to {:.2}/s in {:.0}s",
+                    a.requests_per_s, forecast, horizon
+                ),
             );
         }
         if panic {
@@ -280,13 +360,20 @@ impl Policy for Sluice {
             d.reason(
                 ReasonKind::Backlog,
                 None,
-                format!("{} queued: +{:.2}/s to drain in {:.0}s", s.queue.waiting, backlog, self.config.backlog_drain_s),
+                format!(
+                    "{} queued: +{:.2}/s to drain in {:.0}s",
+                    s.queue.waiting, backlog, self.config.backlog_drain_s
+                ),
             );
         }
         let mut planned = base * (1.0 + self.config.headroom) * self.margin + backlog;
         if idle {
             planned = 0.0;
-            d.reason(ReasonKind::ScaleToZero, None, "idle past the scale-to-zero delay");
+            d.reason(
+                ReasonKind::ScaleToZero,
+                None,
+                "idle past the scale-to-zero delay",
+            );
         }
 
         let spot_ok = self.spot_allowed(s, &mut d);
@@ -296,53 +383,83 @@ impl Policy for Sluice {
             CapacityType::OnDemand => !(spot && spot_ok.get(n).copied().unwrap_or(false)),
         };
         let offers = plan::offers(&self.profile, &limits, &caps, &current, allow, floor);
-        let (mix, why) = plan::keep_or_switch(&offers, &current, planned, self.config.switch_tolerance);
+        // Stabilisation (HPA's, on the planned demand rather than per variant, so a switch of
+        // mix is never half held back): up at once, down only to the highest demand planned
+        // within the window; in panic, not down at all; and not before a full window of
+        // arrivals has been measured (taking over a running fleet, the first rates are not yet
+        // rates).
+        let current_capacity = crate::mix::evaluate(&offers, &current).requests_per_s;
+        let warming = t - first < a.window_s;
+        let held_now = if panic || warming {
+            planned.max(current_capacity)
+        } else {
+            planned
+        };
+        self.history.push_back((t, held_now));
+        while self
+            .history
+            .front()
+            .is_some_and(|&(h, _)| h < t - self.config.scale_down_window_s)
+        {
+            self.history.pop_front();
+        }
+        // Holding never grows the fleet: at most what runs now.
+        let held = self
+            .history
+            .iter()
+            .map(|&(_, p)| p)
+            .fold(0.0, f64::max)
+            .min(current_capacity);
+        let stable = planned.max(held).max(held_now);
+        if stable > planned + 1e-9 && stable > 0.0 {
+            d.reason(
+                ReasonKind::Stabilisation,
+                None,
+                format!(
+                    "holding {:.2} req/s (planned {:.2}){}",
+                    stable,
+                    planned,
+                    if panic {
+                        ": panic, no scale-down"
+                    } else if warming {
+                        ": still measuring the first window"
+                    } else {
+                        " for the scale-down window"
+                    }
+                ),
+            );
+        }
+        let startup = plan::startup_times(&self.profile, &limits);
+        let (mix, why) = plan::keep_or_switch(
+            &offers,
+            &current,
+            stable,
+            &startup,
+            self.config.switch_amortise_s,
+        );
         d.reason(
             why,
             None,
-            format!("{:.2} req/s planned: ${:.2}/h for {:.2} req/s at SLO", planned, mix.cost_per_hour, mix.requests_per_s),
+            format!(
+                "{:.2} req/s: ${:.2}/h for {:.2} req/s at SLO",
+                stable, mix.cost_per_hour, mix.requests_per_s
+            ),
         );
-        if mix.requests_per_s + 1e-9 < planned {
-            d.reason(ReasonKind::MinMax, None, "every variant at its maximum and still short");
+        if mix.requests_per_s + 1e-9 < stable {
+            d.reason(
+                ReasonKind::MinMax,
+                None,
+                "every variant at its maximum and still short",
+            );
         }
-
-        // Stabilisation: up at once, down to the window's highest recommendation; panic holds.
-        // The first tick seeds the window with the fleet as found, so a policy taking over a
-        // running fleet does not shrink it on its first, least informed, look.
-        let mut counts = Vec::with_capacity(keys.len());
-        for (k, (name, _)) in keys.iter().enumerate() {
-            let rec = mix.counts[k];
-            let hist = &mut self.history[k];
-            if !self.seeded {
-                hist.push_back((t, current[k]));
-            }
-            hist.push_back((t, rec));
-            while hist.front().is_some_and(|&(h, _)| h < t - self.config.scale_down_window_s) {
-                hist.pop_front();
-            }
-            let cur = current[k];
-            let n = if rec >= cur {
-                rec
-            } else if panic {
-                d.reason(ReasonKind::Stabilisation, Some(name), format!("panic: holding {cur} (wanted {rec})"));
-                cur
-            } else {
-                let windowed = hist.iter().map(|&(_, n)| n).max().unwrap_or(rec).min(cur);
-                if windowed > rec {
-                    d.reason(
-                        ReasonKind::Stabilisation,
-                        Some(name),
-                        format!("holding {windowed} (wanted {rec}) for the scale-down window"),
-                    );
-                }
-                windowed
-            };
-            counts.push(n);
-        }
-        self.seeded = true;
+        let mut counts = mix.counts.clone();
         let ready = plan::ready_counts(s, &limits);
-        if plan::make_before_break(&offers, &current, &ready, &mut counts, planned) {
-            d.reason(ReasonKind::Stabilisation, None, "keeping ready replicas until their replacements are ready");
+        if plan::make_before_break(&offers, &current, &ready, &mut counts, stable) {
+            d.reason(
+                ReasonKind::Stabilisation,
+                None,
+                "keeping ready replicas until their replacements are ready",
+            );
         }
         d.demand = Demand {
             observed_requests_per_s: a.requests_per_s,

@@ -70,24 +70,42 @@ impl Fleet {
         self.replicas
             .iter()
             .enumerate()
-            .filter(move |(_, r)| r.key == key && matches!(r.phase, Phase::Starting { .. } | Phase::Ready))
+            .filter(move |(_, r)| {
+                r.key == key && matches!(r.phase, Phase::Starting { .. } | Phase::Ready)
+            })
             .map(|(i, _)| i)
     }
 
     /// Creates a replica of `key` at `now`; `warm` makes it (and a new node) ready at once,
     /// for the fleet a run starts with.
-    pub fn add_replica(&mut self, key: usize, now: f64, warm: bool, applied: &mut Applied) -> usize {
+    pub fn add_replica(
+        &mut self,
+        key: usize,
+        now: f64,
+        warm: bool,
+        applied: &mut Applied,
+    ) -> usize {
         let pool = &self.pools[key];
         let gang = pool.variant.gpus_per_replica;
         let free: Vec<u32> = self
             .nodes
             .iter()
-            .map(|n| if n.key == key && n.released_s.is_none() && !n.doomed { n.free_gpus } else { 0 })
+            .map(|n| {
+                if n.key == key && n.released_s.is_none() && !n.doomed {
+                    n.free_gpus
+                } else {
+                    0
+                }
+            })
             .collect();
         let node = match mix::place_gang(&free, gang) {
             Some(i) => i,
             None => {
-                let ready_s = if warm { now } else { now + pool.variant.startup.node_provision_s };
+                let ready_s = if warm {
+                    now
+                } else {
+                    now + pool.variant.startup.node_provision_s
+                };
                 self.nodes.push(Node {
                     key,
                     free_gpus: pool.variant.gpus_per_node,
@@ -162,11 +180,23 @@ impl Fleet {
                 continue;
             }
             // Cancel starting replicas first (newest first), then drain the least loaded.
-            let mut starting_first: Vec<usize> = live.iter().copied().filter(|&i| !self.replicas[i].is_ready()).collect();
+            let mut starting_first: Vec<usize> = live
+                .iter()
+                .copied()
+                .filter(|&i| !self.replicas[i].is_ready())
+                .collect();
             starting_first.sort_by(|a, b| b.cmp(a));
-            let mut ready: Vec<usize> = live.iter().copied().filter(|&i| self.replicas[i].is_ready()).collect();
+            let mut ready: Vec<usize> = live
+                .iter()
+                .copied()
+                .filter(|&i| self.replicas[i].is_ready())
+                .collect();
             ready.sort_by_key(|&i| self.replicas[i].seqs());
-            for id in starting_first.into_iter().chain(ready).take((n - target) as usize) {
+            for id in starting_first
+                .into_iter()
+                .chain(ready)
+                .take((n - target) as usize)
+            {
                 if self.replicas[id].is_ready() {
                     self.replicas[id].phase = Phase::Draining;
                     applied.draining.push(id);

@@ -53,7 +53,14 @@ impl Gateway {
 
     /// Admits what it can at `now`; returns the replicas that took work.
     /// `weights[key]` is the planned batch of each pool key's variant.
-    pub fn dispatch(&mut self, now: f64, requests: &[Request], fleet: &mut Fleet, active: &[usize], weights: &[f64]) -> Vec<usize> {
+    pub fn dispatch(
+        &mut self,
+        now: f64,
+        requests: &[Request],
+        fleet: &mut Fleet,
+        active: &[usize],
+        weights: &[f64],
+    ) -> Vec<usize> {
         let mut touched = Vec::new();
         let mut i = 0;
         while i < self.queue.len().min(SCAN) {

@@ -118,7 +118,11 @@ enum Kind {
 
 /// The pools a profile gives: every variant on demand and on Spot, in [`offer_keys`] order.
 pub fn pools(profile: &Profile) -> (Vec<VariantLimits>, Vec<Pool>) {
-    let limits: Vec<VariantLimits> = profile.variants.iter().map(|v| VariantLimits::new(&v.name, u32::MAX)).collect();
+    let limits: Vec<VariantLimits> = profile
+        .variants
+        .iter()
+        .map(|v| VariantLimits::new(&v.name, u32::MAX))
+        .collect();
     let pools = offer_keys(&limits)
         .into_iter()
         .map(|(name, capacity)| Pool {
@@ -167,13 +171,13 @@ impl Sim<'_> {
         }
     }
 
-    fn record(&mut self, p: Progress) {
+    fn record(&mut self, p: Progress, key: usize) {
         match p {
             Progress::FirstToken { req, t } => {
                 let a = self.requests[req as usize].arrival_s;
                 self.first_token[req as usize] = t;
                 self.outcomes[req as usize].ttft_s = Some(t - a);
-                self.observer.on_first_token(t, t - a);
+                self.observer.on_first_token(t, t - a, key);
             }
             Progress::Finished { req, t } => {
                 let r = &self.requests[req as usize];
@@ -184,13 +188,19 @@ impl Sim<'_> {
                 };
                 self.outcomes[req as usize].tpot_s = Some(tpot);
                 self.settled += 1;
-                self.observer.on_finish(t, tpot);
+                self.observer.on_finish(t, tpot, key);
             }
         }
     }
 
     fn dispatch(&mut self, now: f64) {
-        let admitted = self.gateway.dispatch(now, self.requests, &mut self.fleet, &self.active, &self.weights);
+        let admitted = self.gateway.dispatch(
+            now,
+            self.requests,
+            &mut self.fleet,
+            &self.active,
+            &self.weights,
+        );
         for id in admitted {
             self.reschedule(id);
         }
@@ -200,8 +210,9 @@ impl Sim<'_> {
         let mut progress = std::mem::take(&mut self.progress);
         progress.clear();
         self.fleet.replicas[id].complete(now, self.requests, &mut progress);
+        let key = self.fleet.replicas[id].key;
         for p in progress.drain(..) {
-            self.record(p);
+            self.record(p, key);
         }
         self.progress = progress;
         let r = &self.fleet.replicas[id];
@@ -236,8 +247,13 @@ impl Sim<'_> {
     }
 
     fn update_weights(&mut self, s: &crate::signals::Signals) {
-        let Some((p, o)) = s.request_shape() else { return };
-        let w = Workload { mean_prompt_tokens: p, mean_output_tokens: o };
+        let Some((p, o)) = s.request_shape() else {
+            return;
+        };
+        let w = Workload {
+            mean_prompt_tokens: p,
+            mean_output_tokens: o,
+        };
         for (key, pool) in self.fleet.pools.iter().enumerate() {
             let c = capacity::at_slo(&pool.variant, &w, &self.slo, &self.planning);
             // An ineligible variant still routes, as a last resort.
@@ -273,7 +289,12 @@ impl Sim<'_> {
     }
 
     fn on_spot_kill(&mut self, node: usize, now: f64) {
-        let ids: Vec<usize> = self.active.iter().copied().filter(|&id| self.fleet.replicas[id].node == node).collect();
+        let ids: Vec<usize> = self
+            .active
+            .iter()
+            .copied()
+            .filter(|&id| self.fleet.replicas[id].node == node)
+            .collect();
         for id in ids {
             if self.fleet.replicas[id].phase == Phase::Gone {
                 continue;
@@ -317,7 +338,12 @@ pub fn run(
         seq: 0,
         outcomes: requests
             .iter()
-            .map(|r| Outcome { arrival_s: r.arrival_s, ttft_s: None, tpot_s: None, failed: false })
+            .map(|r| Outcome {
+                arrival_s: r.arrival_s,
+                ttft_s: None,
+                tpot_s: None,
+                failed: false,
+            })
             .collect(),
         first_token: vec![0.0; requests.len()],
         active: Vec::new(),
@@ -340,7 +366,12 @@ pub fn run(
     for &node in &applied.new_nodes {
         sim.maybe_preempt(node, 0.0);
     }
-    let max_fit = profile.variants.iter().map(|v| v.perf.kv_cache_tokens).max().unwrap_or(0);
+    let max_fit = profile
+        .variants
+        .iter()
+        .map(|v| v.perf.kv_cache_tokens)
+        .max()
+        .unwrap_or(0);
     let max_context = profile.model.max_context_tokens;
     let last_arrival = requests.last().map_or(0.0, |r| r.arrival_s);
     let deadline = last_arrival + cfg.max_drain_s;
@@ -388,7 +419,9 @@ pub fn run(
                 sim.dispatch(now);
             }
             Kind::Step(id, epoch) => {
-                if sim.fleet.replicas[id].epoch == epoch && sim.fleet.replicas[id].phase != Phase::Gone {
+                if sim.fleet.replicas[id].epoch == epoch
+                    && sim.fleet.replicas[id].phase != Phase::Gone
+                {
                     sim.on_step(id, now);
                     sim.dispatch(now);
                 }
@@ -399,18 +432,25 @@ pub fn run(
                 sim.dispatch(now);
             }
             Kind::Tick => {
-                sim.active.retain(|&id| sim.fleet.replicas[id].phase != Phase::Gone);
+                sim.active
+                    .retain(|&id| sim.fleet.replicas[id].phase != Phase::Gone);
                 let done = next == requests.len() && sim.settled == requests.len();
                 if done {
                     break;
                 }
-                let signals = sim.observer.signals(now, &profile.model.name, &sim.fleet, sim.gateway.waiting(), requests, &sim.preempted);
+                let signals = sim.observer.signals(
+                    now,
+                    &profile.model.name,
+                    &sim.fleet,
+                    sim.gateway.waiting(),
+                    requests,
+                    &sim.preempted,
+                );
                 sim.preempted.iter_mut().for_each(|p| *p = 0);
                 sim.update_weights(&signals);
                 let d = policy.decide(&signals);
                 scale_events += sim.apply(&d, now);
                 samples.push(sample(&variants, &signals, now));
-                if std::env::var("DBG").is_ok_and(|p| p == policy.name()) { eprintln!("t={:.0} rate={:.1} short={:.1} q={} run={} ready={:?} targets={:?} ttft99={:?} tpot99={:?}", now, signals.arrivals.requests_per_s, signals.arrivals.short_requests_per_s, signals.queue.waiting, signals.queue.running, signals.variants.iter().map(|v| (v.ready, v.starting+v.pending, v.running_per_replica as u32, v.waiting_per_replica as u32, (v.kv_cache_usage*100.0) as u32)).collect::<Vec<_>>(), d.targets.iter().map(|t| t.replicas).collect::<Vec<_>>(), signals.latency.ttft_p99_s, signals.latency.tpot_p99_s); }
                 last_decision = Some(d);
                 sim.dispatch(now);
                 sim.push(now + cfg.tick_s, Kind::Tick);
@@ -444,5 +484,11 @@ fn sample(variants: &[String], s: &crate::signals::Signals, now: f64) -> Sample 
             starting[i] += v.starting + v.pending;
         }
     }
-    Sample { time_s: now, arrival_rate: s.arrivals.requests_per_s, ready, starting, queue: s.queue.waiting }
+    Sample {
+        time_s: now,
+        arrival_rate: s.arrivals.requests_per_s,
+        ready,
+        starting,
+        queue: s.queue.waiting,
+    }
 }

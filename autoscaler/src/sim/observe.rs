@@ -24,8 +24,8 @@ pub struct Observer {
     arrivals: VecDeque<(f64, u32, u32)>,
     prompt_sum: f64,
     output_sum: f64,
-    ttft: VecDeque<(f64, f64)>,
-    tpot: VecDeque<(f64, f64)>,
+    ttft: VecDeque<(f64, f64, usize)>,
+    tpot: VecDeque<(f64, f64, usize)>,
 }
 
 fn percentile(xs: &mut [f64], q: f64) -> Option<f64> {
@@ -52,17 +52,19 @@ impl Observer {
     }
 
     pub fn on_arrival(&mut self, t: f64, r: &Request) {
-        self.arrivals.push_back((t, r.prompt_tokens, r.output_tokens));
+        self.arrivals
+            .push_back((t, r.prompt_tokens, r.output_tokens));
         self.prompt_sum += f64::from(r.prompt_tokens);
         self.output_sum += f64::from(r.output_tokens);
     }
 
-    pub fn on_first_token(&mut self, t: f64, ttft: f64) {
-        self.ttft.push_back((t, ttft));
+    /// A first token at `t` on a replica of pool `key`.
+    pub fn on_first_token(&mut self, t: f64, ttft: f64, key: usize) {
+        self.ttft.push_back((t, ttft, key));
     }
 
-    pub fn on_finish(&mut self, t: f64, tpot: f64) {
-        self.tpot.push_back((t, tpot));
+    pub fn on_finish(&mut self, t: f64, tpot: f64, key: usize) {
+        self.tpot.push_back((t, tpot, key));
     }
 
     fn expire(&mut self, now: f64) {
@@ -75,17 +77,25 @@ impl Observer {
             self.output_sum -= f64::from(o);
         }
         let cut = now - self.latency_window_s;
-        while self.ttft.front().is_some_and(|&(t, _)| t < cut) {
+        while self.ttft.front().is_some_and(|&(t, _, _)| t < cut) {
             self.ttft.pop_front();
         }
-        while self.tpot.front().is_some_and(|&(t, _)| t < cut) {
+        while self.tpot.front().is_some_and(|&(t, _, _)| t < cut) {
             self.tpot.pop_front();
         }
     }
 
     /// The signals at `now`. `waiting` is the gateway queue; `preempted` counts Spot notices
     /// per pool key since the last tick.
-    pub fn signals(&mut self, now: f64, model: &str, fleet: &Fleet, waiting: &[u32], requests: &[Request], preempted: &[u32]) -> Signals {
+    pub fn signals(
+        &mut self,
+        now: f64,
+        model: &str,
+        fleet: &Fleet,
+        waiting: &[u32],
+        requests: &[Request],
+        preempted: &[u32],
+    ) -> Signals {
         self.expire(now);
         let span = self.window_s.min(now.max(self.short_window_s));
         let n = self.arrivals.len() as f64;
@@ -102,10 +112,15 @@ impl Observer {
             output_tokens_per_s: self.output_sum.max(0.0) / span,
             short_window_s: self.short_window_s,
             short_requests_per_s: short / self.short_window_s.min(now.max(1.0)),
-            max_prompt_tokens: self.arrivals.iter().map(|&(_, p, _)| u64::from(p)).max().unwrap_or(0),
+            max_prompt_tokens: self
+                .arrivals
+                .iter()
+                .map(|&(_, p, _)| u64::from(p))
+                .max()
+                .unwrap_or(0),
         };
-        let mut ttft: Vec<f64> = self.ttft.iter().map(|&(_, x)| x).collect();
-        let mut tpot: Vec<f64> = self.tpot.iter().map(|&(_, x)| x).collect();
+        let mut ttft: Vec<f64> = self.ttft.iter().map(|&(_, x, _)| x).collect();
+        let mut tpot: Vec<f64> = self.tpot.iter().map(|&(_, x, _)| x).collect();
         let latency = Latency {
             window_s: self.latency_window_s,
             ttft_p50_s: percentile(&mut ttft, 0.5),
@@ -121,6 +136,24 @@ impl Observer {
                 variant: pool.variant.name.clone(),
                 capacity: pool.capacity,
                 preempted: preempted[key],
+                ttft_p99_s: percentile(
+                    &mut self
+                        .ttft
+                        .iter()
+                        .filter(|e| e.2 == key)
+                        .map(|e| e.1)
+                        .collect::<Vec<_>>(),
+                    0.99,
+                ),
+                tpot_p99_s: percentile(
+                    &mut self
+                        .tpot
+                        .iter()
+                        .filter(|e| e.2 == key)
+                        .map(|e| e.1)
+                        .collect::<Vec<_>>(),
+                    0.99,
+                ),
                 ..VariantSignals::default()
             };
             let (mut seqs, mut prefilling, mut kv, mut cpu) = (0usize, 0usize, 0.0, 0.0);
@@ -157,7 +190,10 @@ impl Observer {
                 vs.kv_cache_usage = kv / n;
                 vs.cpu_utilisation = cpu / n;
             }
-            let live_nodes = fleet.nodes.iter().filter(|n| n.key == key && n.released_s.is_none());
+            let live_nodes = fleet
+                .nodes
+                .iter()
+                .filter(|n| n.key == key && n.released_s.is_none());
             let (mut nodes, mut provisioning) = (0, 0);
             for n in live_nodes {
                 if n.ready_s > now {
@@ -175,7 +211,10 @@ impl Observer {
             });
             variants.push(vs);
         }
-        let waiting_prompt_tokens = waiting.iter().map(|&i| u64::from(requests[i as usize].prompt_tokens)).sum();
+        let waiting_prompt_tokens = waiting
+            .iter()
+            .map(|&i| u64::from(requests[i as usize].prompt_tokens))
+            .sum();
         Signals {
             time_s: now,
             model: model.to_string(),

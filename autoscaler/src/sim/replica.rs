@@ -20,7 +20,9 @@ use crate::trace::Request;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Phase {
     /// Waiting for its node (`node_ready_s`) and then its image and model; serves at `ready_s`.
-    Starting { ready_s: f64 },
+    Starting {
+        ready_s: f64,
+    },
     Ready,
     /// Out of routing, finishing what it holds.
     Draining,
@@ -51,6 +53,11 @@ pub enum Progress {
     FirstToken { req: u32, t: f64 },
     Finished { req: u32, t: f64 },
 }
+
+/// A replica takes new prompts while the ones it holds need less than this much prefill time:
+/// enough to keep its prefill busy between routing decisions, short enough that a burst
+/// waits at the gateway for whichever replica frees up (or starts) first.
+pub const MAX_PREFILL_BACKLOG_S: f64 = 0.5;
 
 /// Prefill left below this many tokens counts as done (floating-point slack).
 const TOKEN_EPS: f64 = 1e-6;
@@ -133,13 +140,14 @@ impl Replica {
     }
 
     /// Whether the replica takes the request now: routable, a sequence slot and KV for its
-    /// whole length, and a prefill backlog under one step's budget (work beyond that waits at
-    /// the gateway, where any replica, a new one included, can take it).
+    /// whole length, and a prefill backlog under [`MAX_PREFILL_BACKLOG_S`] (work beyond that
+    /// waits at the gateway, where any replica, a new one included, can take it).
     pub fn can_admit(&self, r: &Request) -> bool {
         self.is_ready()
             && self.seqs() < self.max_seqs
             && self.kv_used + u64::from(r.prompt_tokens) + u64::from(r.output_tokens) <= self.kv_cap
-            && self.prefill_tokens < self.chunk
+            && (self.prefill.is_empty()
+                || self.prefill_tokens / self.prefill_rate < MAX_PREFILL_BACKLOG_S)
     }
 
     /// Estimated seconds to this request's first token here, for least-load routing.
@@ -156,7 +164,9 @@ impl Replica {
             self.step_s = decode;
             self.prefill_per_s = 0.0;
         } else {
-            let c = (self.chunk - b).max(1.0).min(self.prefill_tokens.max(TOKEN_EPS));
+            let c = (self.chunk - b)
+                .max(1.0)
+                .min(self.prefill_tokens.max(TOKEN_EPS));
             self.step_s = decode + c / self.prefill_rate;
             self.prefill_per_s = c / self.step_s;
         }
@@ -197,7 +207,8 @@ impl Replica {
     /// Admits a request at `now`.
     pub fn admit(&mut self, now: f64, idx: u32, r: &Request) {
         self.advance(now);
-        self.prefill.push_back((idx, f64::from(r.prompt_tokens).max(TOKEN_EPS)));
+        self.prefill
+            .push_back((idx, f64::from(r.prompt_tokens).max(TOKEN_EPS)));
         self.prefill_tokens += f64::from(r.prompt_tokens);
         let kv = u64::from(r.prompt_tokens) + u64::from(r.output_tokens);
         self.kv_used += kv;
@@ -215,7 +226,10 @@ impl Replica {
     pub fn complete(&mut self, now: f64, requests: &[Request], out: &mut Vec<Progress>) {
         self.advance(now);
         loop {
-            let head_done = self.prefill.front().is_some_and(|&(_, left)| left <= TOKEN_EPS);
+            let head_done = self
+                .prefill
+                .front()
+                .is_some_and(|&(_, left)| left <= TOKEN_EPS);
             if !head_done {
                 break;
             }
@@ -230,7 +244,8 @@ impl Replica {
                 self.release(idx);
                 out.push(Progress::Finished { req: idx, t: now });
             } else {
-                self.decoding.push(Reverse((Ord64(self.v + f64::from(rest)), idx)));
+                self.decoding
+                    .push(Reverse((Ord64(self.v + f64::from(rest)), idx)));
             }
         }
         while let Some(&Reverse((end, idx))) = self.decoding.peek() {
