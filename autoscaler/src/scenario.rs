@@ -70,16 +70,28 @@ impl Scenario {
 
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::Scenario(m.to_string()));
-        if !(self.rate_scale > 0.0) {
+        if self.rate_scale.is_nan() || self.rate_scale <= 0.0 {
             return bad("rate scale must be positive");
         }
-        if !(self.slo.ttft_p99_s > 0.0 && self.slo.tpot_p99_s > 0.0) {
+        if self.slo.ttft_p99_s.is_nan()
+            || self.slo.tpot_p99_s.is_nan()
+            || self.slo.ttft_p99_s <= 0.0
+            || self.slo.tpot_p99_s <= 0.0
+        {
             return bad("SLOs must be positive");
         }
-        if !(self.sim.tick_s > 0.0 && self.sim.window_s > 0.0) {
+        if self.sim.tick_s.is_nan()
+            || self.sim.window_s.is_nan()
+            || self.sim.tick_s <= 0.0
+            || self.sim.window_s <= 0.0
+        {
             return bad("tick and window must be positive");
         }
-        if !(self.planning.tpot_share > 0.0 && self.planning.ttft_share > 0.0) {
+        if self.planning.tpot_share.is_nan()
+            || self.planning.ttft_share.is_nan()
+            || self.planning.tpot_share <= 0.0
+            || self.planning.ttft_share <= 0.0
+        {
             return bad("planning shares must be positive");
         }
         Ok(())
@@ -182,16 +194,14 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
         .iter()
         .map(|v| v.startup_s(true))
         .fold(0.0, f64::max);
-    let first = crate::baselines::oracle::peak_window(
-        &scn.profile,
-        &limits,
-        &scn.slo,
-        &scn.planning,
-        &timeline,
-        scn.sim.window_s,
-        0.0,
-        lead,
-    );
+    let sizing = crate::baselines::oracle::Sizing {
+        profile: &scn.profile,
+        limits: &limits,
+        slo: &scn.slo,
+        planning: &scn.planning,
+    };
+    let first =
+        crate::baselines::oracle::peak_window(sizing, &timeline, scn.sim.window_s, 0.0, lead);
     // Cheapest fleet for the first window over `allowed` variants, as counts per key.
     let sized = |allowed: &dyn Fn(&str) -> bool| -> Vec<u32> {
         let Some((rate, w)) = first else {

@@ -110,7 +110,7 @@ impl Policy for Kpa {
             n = n.max(1);
         }
         n = n
-            .max((f64::from(spec) / c.max_scale_down_rate).floor() as u32)
+            .max((f64::from(spec) / c.max_scale_down_rate).ceil() as u32)
             .min(c.max);
         let mode = if panic { Mode::Panic } else { Mode::Stable };
         let mut d = super::single(t, &s.model, &self.profile, &c.variant, c.capacity, n, mode);

@@ -65,13 +65,19 @@ impl Oracle {
     }
 }
 
+/// What sizing a fleet needs besides the demand.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizing<'a> {
+    pub profile: &'a Profile,
+    pub limits: &'a [VariantLimits],
+    pub slo: &'a Slo,
+    pub planning: &'a Planning,
+}
+
 /// The most demanding sliding window in `[from, to]`: its rate and shape, judged by replicas of
 /// the most efficient variant it would need.
 pub(crate) fn peak_window(
-    profile: &Profile,
-    limits: &[VariantLimits],
-    slo: &Slo,
-    planning: &Planning,
+    sizing: Sizing<'_>,
     timeline: &Timeline,
     window_s: f64,
     from: f64,
@@ -82,7 +88,13 @@ pub(crate) fn peak_window(
     let mut t = from;
     while t <= to {
         if let Some((rate, w)) = timeline.window(t, t + window_s) {
-            let (caps, _) = plan::capacities(profile, limits, &w, slo, planning);
+            let (caps, _) = plan::capacities(
+                sizing.profile,
+                sizing.limits,
+                &w,
+                sizing.slo,
+                sizing.planning,
+            );
             let per = caps.iter().map(|c| c.requests_per_s).fold(0.0, f64::max);
             let load = if per > 0.0 { rate / per } else { rate };
             if best.as_ref().is_none_or(|b| load > b.0) {
@@ -111,16 +123,13 @@ impl Policy for Oracle {
         let limits = &c.limits;
         let current = plan::current_counts(s, limits);
         let to = t + self.lead_s + c.hold_s;
-        let peak = peak_window(
-            &self.profile,
+        let sizing = Sizing {
+            profile: &self.profile,
             limits,
-            &c.slo,
-            &c.planning,
-            &self.timeline,
-            c.window_s,
-            t,
-            to,
-        );
+            slo: &c.slo,
+            planning: &c.planning,
+        };
+        let peak = peak_window(sizing, &self.timeline, c.window_s, t, to);
         let (rate, w) = peak.unwrap_or((
             0.0,
             Workload {

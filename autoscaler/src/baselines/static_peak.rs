@@ -31,16 +31,13 @@ impl StaticPeak {
         timeline: &Arc<Timeline>,
         window_s: f64,
     ) -> Self {
-        let peak = super::oracle::peak_window(
-            &profile,
-            &limits,
+        let sizing = super::oracle::Sizing {
+            profile: &profile,
+            limits: &limits,
             slo,
             planning,
-            timeline,
-            window_s,
-            0.0,
-            timeline.end_s(),
-        );
+        };
+        let peak = super::oracle::peak_window(sizing, timeline, window_s, 0.0, timeline.end_s());
         let (rate, w) = peak.unwrap_or((
             0.0,
             crate::capacity::Workload {

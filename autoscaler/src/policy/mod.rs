@@ -21,3 +21,6 @@ pub trait Policy: std::fmt::Debug {
     /// One tick: what the fleet should be now.
     fn decide(&mut self, signals: &Signals) -> Decision;
 }
+
+#[cfg(test)]
+mod tests;

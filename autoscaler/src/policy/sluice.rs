@@ -382,6 +382,20 @@ impl Policy for Sluice {
             CapacityType::Spot => spot && spot_ok.get(n).copied().unwrap_or(false),
             CapacityType::OnDemand => !(spot && spot_ok.get(n).copied().unwrap_or(false)),
         };
+        // Spot replicas still pending in a stockout are not coming: plan without them.
+        let current: Vec<u32> = keys
+            .iter()
+            .zip(&current)
+            .map(|((n, c), &k)| {
+                let stocked_out =
+                    *c == CapacityType::Spot && spot && !spot_ok.get(n).copied().unwrap_or(false);
+                if stocked_out {
+                    k - s.variant(n, *c).map_or(0, |v| v.pending).min(k)
+                } else {
+                    k
+                }
+            })
+            .collect();
         let offers = plan::offers(&self.profile, &limits, &caps, &current, allow, floor);
         // Stabilisation (HPA's, on the planned demand rather than per variant, so a switch of
         // mix is never half held back): up at once, down only to the highest demand planned

@@ -315,7 +315,6 @@ impl Sim<'_> {
 
 /// Runs one policy over the requests. `initial` is the fleet at time zero per pool key (ready:
 /// the trace is a window cut from a running service).
-#[allow(clippy::too_many_arguments)]
 pub fn run(
     cfg: &SimConfig,
     profile: &Profile,
