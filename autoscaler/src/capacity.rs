@@ -12,7 +12,7 @@
 //! ```
 //!
 //! bounded by the KV cache (`b ≤ K / (P + O)`, sequences reserve their whole length) and
-//! `max_num_seqs`, and by the prefill queue: an M/D/1 queue of prompts whose mean wait plus
+//! `max_num_seqs`, and by the prefill queue: an M/G/1 queue of prompts whose mean wait plus
 //! service must fit in the planning share of the TTFT SLO.
 
 use serde::{Deserialize, Serialize};
@@ -53,6 +53,22 @@ impl Default for Planning {
 pub struct Workload {
     pub mean_prompt_tokens: f64,
     pub mean_output_tokens: f64,
+    /// Squared coefficient of variation of prompt lengths (variance / mean²): 0 for equal
+    /// prompts, 1 for exponential ones, more for heavy tails. Queueing for prefill grows with
+    /// it (Pollaczek–Khinchine).
+    #[serde(default)]
+    pub prompt_cv2: f64,
+}
+
+impl Workload {
+    /// Equal-length requests of this size.
+    pub fn uniform(prompt: f64, output: f64) -> Workload {
+        Workload {
+            mean_prompt_tokens: prompt,
+            mean_output_tokens: output,
+            prompt_cv2: 0.0,
+        }
+    }
 }
 
 /// What bound a variant's capacity.
@@ -142,13 +158,15 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
     let lambda_tpot = (t - alpha) / (t * (prefill_s + beta * out));
     // At the KV bound the batch is fixed, TPOT falls below `t`.
     let lambda_kv = 1.0 / (out * (alpha + beta * b_kv) / b_kv + prefill_s);
-    // M/D/1 prefill queue: mean wait ρS/(2(1−ρ)) plus service S within the TTFT budget. When
+    // M/G/1 prefill queue: mean wait ρS(1 + C²)/(2(1−ρ)) plus service S within the TTFT
+    // budget, C² the prompts' squared coefficient of variation. When
     // the service alone nearly fills the budget, queueing is not what makes first tokens late
     // and more replicas would not help: prefill utilisation is never planned below one half
     // (where the mean wait is S/2), so capacity does not collapse to zero as prompts approach
     // the budget.
     let k = (ttft_budget - prefill_s) / prefill_s.max(1e-9);
-    let rho_max = (2.0 * k / (1.0 + 2.0 * k)).clamp(MIN_PREFILL_UTILISATION, 1.0);
+    let spread = 1.0 + w.prompt_cv2.max(0.0);
+    let rho_max = (2.0 * k / (spread + 2.0 * k)).clamp(MIN_PREFILL_UTILISATION, 1.0);
     let lambda_prefill = if prefill_s > 0.0 {
         rho_max / prefill_s
     } else {
@@ -220,19 +238,13 @@ mod tests {
     fn batch_at_tpot_is_the_largest_batch_whose_itl_meets_it_bounded_by_kv() {
         let p = Profile::load("llama-3-8b").unwrap();
         let h100 = p.variant("nvidia-h100-80gb").unwrap();
-        let short = Workload {
-            mean_prompt_tokens: 100.0,
-            mean_output_tokens: 100.0,
-        };
+        let short = Workload::uniform(100.0, 100.0);
         // (12.7 − 4.56) / 0.0407 = 200.0: the NIM point itself.
         let b = batch_at_tpot(h100, &short, 0.0127);
         assert_eq!(b, 200.0);
         assert!(h100.itl_s(b) <= 0.0127 + 1e-12 && h100.itl_s(b + 1.0) > 0.0127);
         // Long sequences: 460,000 KV tokens / 20,000 per sequence = 23.
-        let long = Workload {
-            mean_prompt_tokens: 19_000.0,
-            mean_output_tokens: 1_000.0,
-        };
+        let long = Workload::uniform(19_000.0, 1_000.0);
         assert_eq!(batch_at_tpot(h100, &long, 0.1), 23.0);
         // Below α no batch meets it.
         assert_eq!(batch_at_tpot(h100, &short, 0.004), 0.0);
@@ -242,10 +254,7 @@ mod tests {
     fn capacity_meets_its_own_targets_and_names_the_binding_constraint() {
         let p = Profile::load("llama-3-8b").unwrap();
         let plan = Planning::default();
-        let w = Workload {
-            mean_prompt_tokens: 1000.0,
-            mean_output_tokens: 200.0,
-        };
+        let w = Workload::uniform(1000.0, 200.0);
         // An L4's decode step alone (α = 51 ms) exceeds the mean TPOT planned for a 100 ms p99.
         let l4 = p.variant("nvidia-l4").unwrap();
         assert_eq!(at_slo(l4, &w, &slo(), &plan).bound, Bound::Ineligible);
@@ -291,15 +300,19 @@ mod tests {
     fn slow_prefill_makes_a_variant_ineligible_and_long_prompts_bind_prefill() {
         let p = Profile::load("llama-3-8b").unwrap();
         let plan = Planning::default();
-        let long = Workload {
-            mean_prompt_tokens: 15_000.0,
-            mean_output_tokens: 150.0,
-        };
+        let long = Workload::uniform(15_000.0, 150.0);
         let l4 = p.variant("nvidia-l4").unwrap();
         assert_eq!(at_slo(l4, &long, &slo(), &plan).bound, Bound::Ineligible);
         let h = p.variant("nvidia-h100-80gb").unwrap();
         let c = at_slo(h, &long, &slo(), &plan);
         assert_eq!(c.bound, Bound::Prefill);
+        // Variable prompts queue longer for prefill (Pollaczek–Khinchine): less capacity.
+        let variable = Workload {
+            prompt_cv2: 3.0,
+            ..long
+        };
+        let cv = at_slo(h, &variable, &slo(), &plan);
+        assert!(cv.requests_per_s < c.requests_per_s, "{cv:?} vs {c:?}");
         // Prefill utilisation stays below one, so the prompt queue is stable.
         assert!(c.requests_per_s * 15_000.0 / 24_000.0 < 1.0);
     }

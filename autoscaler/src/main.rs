@@ -242,10 +242,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
 
 fn profiles(a: ProfilesArgs) -> Result<()> {
     let profile = a.common.profile()?;
-    let w = Workload {
-        mean_prompt_tokens: a.prompt_tokens,
-        mean_output_tokens: a.output_tokens,
-    };
+    let w = Workload::uniform(a.prompt_tokens, a.output_tokens);
     let slo = a.common.slo();
     let plan = capacity::Planning::default();
     println!(

@@ -145,18 +145,17 @@ impl Scenario {
 
 /// Mean prompt and output tokens of the requests.
 pub fn mean_shape(requests: &[Request]) -> Workload {
-    let n = requests.len().max(1) as f64;
+    let n = requests.len() as f64;
+    let p: f64 = requests.iter().map(|r| f64::from(r.prompt_tokens)).sum();
+    let p2: f64 = requests
+        .iter()
+        .map(|r| f64::from(r.prompt_tokens).powi(2))
+        .sum();
+    let o: f64 = requests.iter().map(|r| f64::from(r.output_tokens)).sum();
     Workload {
-        mean_prompt_tokens: requests
-            .iter()
-            .map(|r| f64::from(r.prompt_tokens))
-            .sum::<f64>()
-            / n,
-        mean_output_tokens: requests
-            .iter()
-            .map(|r| f64::from(r.output_tokens))
-            .sum::<f64>()
-            / n,
+        mean_prompt_tokens: p / n.max(1.0),
+        mean_output_tokens: o / n.max(1.0),
+        prompt_cv2: crate::sim::observe::cv2(n, p, p2),
     }
 }
 

@@ -34,8 +34,12 @@ pub struct Arrivals {
     pub output_tokens_per_s: f64,
     pub short_window_s: f64,
     pub short_requests_per_s: f64,
-    /// Largest prompt seen in the long window (routes long prompts to fast prefill).
+    /// Largest prompt seen in the long window.
     pub max_prompt_tokens: u64,
+    /// Squared coefficient of variation of prompt lengths in the long window (from
+    /// `vllm:request_prompt_tokens`' histogram in a controller); 0 if unknown.
+    #[serde(default)]
+    pub prompt_tokens_cv2: f64,
 }
 
 /// Work waiting: at the gateway and in the replicas' own queues.
@@ -115,6 +119,16 @@ impl Signals {
     pub fn provisioned(&self, name: &str, capacity: CapacityType) -> u32 {
         self.variant(name, capacity)
             .map_or(0, |v| v.ready + v.starting + v.pending)
+    }
+
+    /// The request shape over the long window, if any arrived.
+    pub fn workload(&self) -> Option<crate::capacity::Workload> {
+        self.request_shape()
+            .map(|(p, o)| crate::capacity::Workload {
+                mean_prompt_tokens: p,
+                mean_output_tokens: o,
+                prompt_cv2: self.arrivals.prompt_tokens_cv2,
+            })
     }
 
     /// Mean prompt and output tokens per request over the long window, if any arrived.

@@ -184,6 +184,7 @@ pub struct Timeline {
     pub bucket_s: f64,
     requests: Vec<f64>,
     prompt: Vec<f64>,
+    prompt_sq: Vec<f64>,
     output: Vec<f64>,
 }
 
@@ -195,12 +196,14 @@ impl Timeline {
             bucket_s,
             requests: vec![0.0; n],
             prompt: vec![0.0; n],
+            prompt_sq: vec![0.0; n],
             output: vec![0.0; n],
         };
         for r in requests {
             let b = ((r.arrival_s / bucket_s).floor() as usize).min(n - 1);
             t.requests[b] += 1.0;
             t.prompt[b] += f64::from(r.prompt_tokens);
+            t.prompt_sq[b] += f64::from(r.prompt_tokens).powi(2);
             t.output[b] += f64::from(r.output_tokens);
         }
         t
@@ -221,14 +224,14 @@ impl Timeline {
         }
         let p: f64 = self.prompt[a..b].iter().sum();
         let o: f64 = self.output[a..b].iter().sum();
+        let p2: f64 = self.prompt_sq[a..b].iter().sum();
         let span = (to - from).max(self.bucket_s);
-        Some((
-            n / span,
-            Workload {
-                mean_prompt_tokens: p / n,
-                mean_output_tokens: o / n,
-            },
-        ))
+        let w = Workload {
+            mean_prompt_tokens: p / n,
+            mean_output_tokens: o / n,
+            prompt_cv2: crate::sim::observe::cv2(n, p, p2),
+        };
+        Some((n / span, w))
     }
 }
 

@@ -151,10 +151,7 @@ fn mean_tpot_matches_the_capacity_model() {
         .restrict(&["nvidia-h100-80gb".into()])
         .unwrap();
     let v = &profile.variants[0];
-    let w = Workload {
-        mean_prompt_tokens: 1000.0,
-        mean_output_tokens: 200.0,
-    };
+    let w = Workload::uniform(1000.0, 200.0);
     let cap = capacity::at_slo(v, &w, &SLO, &Planning::default());
     for share in [0.3, 0.6, 0.9] {
         let rate = share * cap.requests_per_s;

@@ -89,6 +89,13 @@ fn azure_default_scenario_ranks_the_policies() {
         }
     }
     assert!(sluice.cost_usd < hpa_conc.cost_usd && sluice.cost_usd < peak.cost_usd);
+    // The goal on this trace: within 15 % of the oracle's cost.
+    assert!(
+        sluice.cost_usd <= 1.15 * oracle.cost_usd,
+        "sluice ${:.2} vs oracle ${:.2}",
+        sluice.cost_usd,
+        oracle.cost_usd
+    );
 }
 
 #[test]

@@ -130,13 +130,7 @@ impl Policy for Oracle {
             planning: &c.planning,
         };
         let peak = peak_window(sizing, &self.timeline, c.window_s, t, to);
-        let (rate, w) = peak.unwrap_or((
-            0.0,
-            Workload {
-                mean_prompt_tokens: 0.0,
-                mean_output_tokens: 1.0,
-            },
-        ));
+        let (rate, w) = peak.unwrap_or((0.0, crate::capacity::Workload::uniform(0.0, 1.0)));
         let (caps, _) = plan::capacities(&self.profile, limits, &w, &c.slo, &c.planning);
         let cap = c.capacity;
         let offers = plan::offers(

@@ -38,13 +38,7 @@ impl StaticPeak {
             planning,
         };
         let peak = super::oracle::peak_window(sizing, timeline, window_s, 0.0, timeline.end_s());
-        let (rate, w) = peak.unwrap_or((
-            0.0,
-            crate::capacity::Workload {
-                mean_prompt_tokens: 0.0,
-                mean_output_tokens: 1.0,
-            },
-        ));
+        let (rate, w) = peak.unwrap_or((0.0, crate::capacity::Workload::uniform(0.0, 1.0)));
         let (caps, _) = plan::capacities(&profile, &limits, &w, slo, planning);
         let zero = vec![0; plan::offer_keys(&limits).len()];
         let offers = plan::offers(

@@ -33,8 +33,9 @@ pub struct SluiceConfig {
     /// swings of a bursty arrival process, and capacity ordered for a swing arrives minutes
     /// after it.
     pub headroom: f64,
-    /// Queued requests are planned to drain within this many seconds.
-    pub backlog_drain_s: f64,
+    /// Queued requests are planned to drain within this many seconds; `None` means the
+    /// start-up lead: capacity ordered now serves only what is still queued when it is up.
+    pub backlog_drain_s: Option<f64>,
     pub holt_alpha: f64,
     pub holt_beta: f64,
     /// The trend's damping time constant (see [`Holt`]).
@@ -67,7 +68,7 @@ impl SluiceConfig {
             limits,
             spot: false,
             headroom: 0.2,
-            backlog_drain_s: 30.0,
+            backlog_drain_s: None,
             holt_alpha: 0.3,
             holt_beta: 0.1,
             forecast_damping_s: 300.0,
@@ -136,10 +137,12 @@ impl Sluice {
     }
 
     /// Widens the demand margin while first tokens are late with requests queued (too little
-    /// capacity overall), narrows it back when latency is well below the SLO. A variant whose
-    /// own replicas breach the SLO while there is no queue has its capacity discounted instead
-    /// (its replicas are loaded past what they serve well): more of every variant would not
-    /// fix it, fewer requests per replica of that one does.
+    /// capacity overall), narrows it back when latency is well below the SLO. It does not
+    /// widen while replicas are starting: capacity is already on its way, and integrating the
+    /// error meanwhile would order more that arrives after the spike (anti-windup). A variant
+    /// whose own replicas decode slower than the TPOT SLO has its capacity discounted instead
+    /// (they are loaded past what they serve well): more of every variant would not fix it,
+    /// fewer requests per replica of that one does.
     fn update_margin(&mut self, s: &Signals, d: &mut Decision) {
         let slo = self.config.slo;
         for l in &self.config.limits {
@@ -153,8 +156,9 @@ impl Sluice {
             let tpot = worst(|v| v.tpot_p99_s);
             let ttft = worst(|v| v.ttft_p99_s);
             let m = self.variant_margin.entry(l.variant.clone()).or_insert(1.0);
-            let slow_first_token = ttft.is_some_and(|x| x > slo.ttft_p99_s) && s.queue.waiting == 0;
-            if tpot.is_some_and(|x| x > slo.tpot_p99_s) || slow_first_token {
+            // Only decode speed is attributed to a variant: late first tokens mostly come from
+            // the shared queue, which the demand margin below answers.
+            if tpot.is_some_and(|x| x > slo.tpot_p99_s) {
                 *m = (*m * 1.1).min(self.config.max_margin);
                 d.reason(
                     ReasonKind::LatencyBreach,
@@ -173,7 +177,9 @@ impl Sluice {
             }
         }
         let l = &s.latency;
-        let ttft_high = l.ttft_p99_s.is_some_and(|x| x > slo.ttft_p99_s) && s.queue.waiting > 0;
+        let arriving = s.variants.iter().any(|v| v.starting + v.pending > 0);
+        let ttft_high =
+            l.ttft_p99_s.is_some_and(|x| x > slo.ttft_p99_s) && s.queue.waiting > 0 && !arriving;
         let low = l.tpot_p99_s.is_some_and(|x| x < 0.8 * slo.tpot_p99_s)
             && l.ttft_p99_s.is_some_and(|x| x < 0.8 * slo.ttft_p99_s);
         if ttft_high {
@@ -243,15 +249,12 @@ impl Policy for Sluice {
             ..Decision::default()
         };
         let a = &s.arrivals;
-        self.holt.observe(t, a.requests_per_s);
+
         if a.requests_per_s > 0.0 || s.queue.waiting > 0 || s.queue.running > 0 {
             self.last_traffic_s = t;
         }
-        if let Some((p, o)) = s.request_shape() {
-            self.shape = Some(Workload {
-                mean_prompt_tokens: p,
-                mean_output_tokens: o,
-            });
+        if let Some(w) = s.workload() {
+            self.shape = Some(w);
         }
         let limits = self.config.limits.clone();
         let current = plan::current_counts(s, &limits);
@@ -334,6 +337,11 @@ impl Policy for Sluice {
         let horizon = self.horizon_s();
         // A trend needs a full window of history before it means anything.
         let first = *self.first_seen_s.get_or_insert(t);
+        // Rates from before a full window was measured are not rates yet: the trend would
+        // learn the window filling up.
+        if t - first >= a.window_s {
+            self.holt.observe(t, a.requests_per_s);
+        }
         let forecast = if t - first >= a.window_s {
             self.holt.forecast(horizon).unwrap_or(0.0)
         } else {
@@ -355,14 +363,15 @@ impl Policy for Sluice {
         }
         // Replicas ordered for a backlog arrive minutes later, when most of it has drained
         // through the fleet that exists: the backlog at most doubles the planned rate.
-        let backlog = (s.queue.waiting as f64 / self.config.backlog_drain_s).min(base.max(1e-3));
+        let drain_s = self.config.backlog_drain_s.unwrap_or(horizon).max(1.0);
+        let backlog = (s.queue.waiting as f64 / drain_s).min(base.max(1e-3));
         if s.queue.waiting > 0 {
             d.reason(
                 ReasonKind::Backlog,
                 None,
                 format!(
                     "{} queued: +{:.2}/s to drain in {:.0}s",
-                    s.queue.waiting, backlog, self.config.backlog_drain_s
+                    s.queue.waiting, backlog, drain_s
                 ),
             );
         }

@@ -43,6 +43,7 @@ fn signals(t: f64, rate: f64, waiting: u64, fleet: &[(&str, CapacityType, u32, u
             short_window_s: 10.0,
             short_requests_per_s: rate,
             max_prompt_tokens: 1000,
+            prompt_tokens_cv2: 0.0,
         },
         queue: Queue {
             waiting,
@@ -121,8 +122,10 @@ fn a_queue_spike_panics_scales_up_at_once_and_blocks_scale_down() {
     let d = settle(&mut p, 0.0, 30, 20.0);
     let before = d.replicas_of(H100);
     let fleet = [(H100, CapacityType::OnDemand, before, 0)];
-    // A thousand requests queue up.
-    let spike = p.decide(&signals(450.0, 20.0, 1000, &fleet));
+    // Arrivals triple over the last ten seconds and a thousand requests queue up.
+    let mut s = signals(450.0, 20.0, 1000, &fleet);
+    s.arrivals.short_requests_per_s = 60.0;
+    let spike = p.decide(&s);
     assert_eq!(spike.mode, Mode::Panic);
     assert!(spike.has_reason(ReasonKind::Panic) && spike.has_reason(ReasonKind::Backlog));
     let grown = spike.replicas_of(H100);
@@ -285,7 +288,12 @@ fn signals_and_decisions_round_trip_through_json() {
     let mut p = Sluice::new(profile(), config());
     let d = p.decide(&s);
     let back: Decision = serde_json::from_str(&serde_json::to_string(&d).unwrap()).unwrap();
-    assert_eq!(back, d);
+    // Floats may differ in the last bit through JSON; the actionable parts must not.
+    assert_eq!(
+        (&back.targets, &back.pools, &back.reasons, back.mode),
+        (&d.targets, &d.pools, &d.reasons, d.mode)
+    );
+    assert!((back.demand.planned_requests_per_s - d.demand.planned_requests_per_s).abs() < 1e-9);
     // Partial signals (what a controller may have) parse with defaults.
     let partial: Signals = serde_json::from_str(r#"{"time_s": 1.0, "model": "m", "arrivals": {"window_s": 60, "requests_per_s": 1, "prompt_tokens_per_s": 100, "output_tokens_per_s": 10, "short_window_s": 10, "short_requests_per_s": 1, "max_prompt_tokens": 100}, "queue": {"waiting": 0, "waiting_prompt_tokens": 0, "running": 0}, "latency": {"window_s": 60}, "variants": [], "pools": []}"#).unwrap();
     assert_eq!(partial.request_shape(), Some((100.0, 10.0)));

@@ -23,7 +23,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::capacity::{self, Planning, Slo, Workload};
+use crate::capacity::{self, Planning, Slo};
 use crate::decision::Decision;
 use crate::policy::plan::offer_keys;
 use crate::policy::{Policy, VariantLimits};
@@ -247,12 +247,8 @@ impl Sim<'_> {
     }
 
     fn update_weights(&mut self, s: &crate::signals::Signals) {
-        let Some((p, o)) = s.request_shape() else {
+        let Some(w) = s.workload() else {
             return;
-        };
-        let w = Workload {
-            mean_prompt_tokens: p,
-            mean_output_tokens: o,
         };
         for (key, pool) in self.fleet.pools.iter().enumerate() {
             let c = capacity::at_slo(&pool.variant, &w, &self.slo, &self.planning);

@@ -23,9 +23,19 @@ pub struct Observer {
     pub latency_window_s: f64,
     arrivals: VecDeque<(f64, u32, u32)>,
     prompt_sum: f64,
+    prompt_sq_sum: f64,
     output_sum: f64,
     ttft: VecDeque<(f64, f64, usize)>,
     tpot: VecDeque<(f64, f64, usize)>,
+}
+
+/// Squared coefficient of variation from a count, a sum and a sum of squares.
+pub fn cv2(n: f64, sum: f64, sum_sq: f64) -> f64 {
+    if n < 2.0 || sum <= 0.0 {
+        return 0.0;
+    }
+    let mean = sum / n;
+    (sum_sq / n / (mean * mean) - 1.0).max(0.0)
 }
 
 fn percentile(xs: &mut [f64], q: f64) -> Option<f64> {
@@ -45,6 +55,7 @@ impl Observer {
             latency_window_s,
             arrivals: VecDeque::new(),
             prompt_sum: 0.0,
+            prompt_sq_sum: 0.0,
             output_sum: 0.0,
             ttft: VecDeque::new(),
             tpot: VecDeque::new(),
@@ -55,6 +66,7 @@ impl Observer {
         self.arrivals
             .push_back((t, r.prompt_tokens, r.output_tokens));
         self.prompt_sum += f64::from(r.prompt_tokens);
+        self.prompt_sq_sum += f64::from(r.prompt_tokens).powi(2);
         self.output_sum += f64::from(r.output_tokens);
     }
 
@@ -74,6 +86,7 @@ impl Observer {
             }
             self.arrivals.pop_front();
             self.prompt_sum -= f64::from(p);
+            self.prompt_sq_sum -= f64::from(p).powi(2);
             self.output_sum -= f64::from(o);
         }
         let cut = now - self.latency_window_s;
@@ -118,6 +131,7 @@ impl Observer {
                 .map(|&(_, p, _)| u64::from(p))
                 .max()
                 .unwrap_or(0),
+            prompt_tokens_cv2: cv2(n, self.prompt_sum, self.prompt_sq_sum),
         };
         let mut ttft: Vec<f64> = self.ttft.iter().map(|&(_, x, _)| x).collect();
         let mut tpot: Vec<f64> = self.tpot.iter().map(|&(_, x, _)| x).collect();
