@@ -199,9 +199,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
             CapacityType::OnDemand
         };
         println!(
-            "  {:<22} {:>6.2} req/s per replica at SLO ({:?}-bound), ${:.3}/h, ${:.3} per 1k requests, start-up {:.0} s",
+            "  {:<22} {:>6.2} req/s per replica at SLO ({:?}-bound), ${:.3}/h, ${} per 1k requests, start-up {:.0} s",
             v.name, c.requests_per_s, c.bound, v.replica_price_per_hour(ct),
-            if c.requests_per_s > 0.0 { v.replica_price_per_hour(ct) / c.requests_per_s / 3.6 } else { f64::NAN },
+            per_thousand(v.replica_price_per_hour(ct), c.requests_per_s),
             v.startup_s(true)
         );
     }
@@ -240,6 +240,15 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     Ok(())
 }
 
+/// Dollars per thousand requests at a price per hour and a rate, `-` when it serves none.
+fn per_thousand(price_per_hour: f64, requests_per_s: f64) -> String {
+    if requests_per_s > 0.0 {
+        format!("{:.3}", price_per_hour / requests_per_s / 3.6)
+    } else {
+        "-".into()
+    }
+}
+
 fn profiles(a: ProfilesArgs) -> Result<()> {
     let profile = a.common.profile()?;
     let w = Workload::uniform(a.prompt_tokens, a.output_tokens);
@@ -257,9 +266,9 @@ fn profiles(a: ProfilesArgs) -> Result<()> {
         let c = capacity::at_slo(v, &w, &slo, &plan);
         let price = v.replica_price_per_hour(CapacityType::OnDemand);
         println!(
-            "  {:<22} batch {:>6.1}  TPOT {:>5.1} ms  {:>7.2} req/s  {:>8.0} out tok/s  ${:>6.3}/h  ${:.4}/1k req  bound {:?}",
+            "  {:<22} batch {:>6.1}  TPOT {:>5.1} ms  {:>7.2} req/s  {:>8.0} out tok/s  ${:>6.3}/h  ${}/1k req  bound {:?}",
             v.name, c.batch, c.tpot_s * 1e3, c.requests_per_s, c.output_tokens_per_s, price,
-            if c.requests_per_s > 0.0 { price / c.requests_per_s / 3.6 } else { f64::NAN }, c.bound
+            per_thousand(price, c.requests_per_s), c.bound
         );
     }
     Ok(())
