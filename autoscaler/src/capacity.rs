@@ -147,8 +147,22 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
         tpot_s: alpha,
         bound: Bound::Ineligible,
     };
-    let b_kv = kv_batch(v, w);
+    // A decode step that carries a full prefill chunk is the slowest a sequence sees; a request
+    // decoding through a run of prompts sees it step after step, so it must fit the TPOT SLO
+    // itself (not just the planned mean): `α + β·b + (C − b)/R ≤ SLO`, which caps the batch
+    // when β exceeds 1/R and rules the variant out when even a lone decode behind a chunk
+    // is too slow.
+    let chunk = f64::from(v.perf.max_batched_tokens);
+    let per_token = 1.0 / v.perf.prefill_tokens_per_s;
+    let worst_step = |b: f64| alpha + beta * b + (chunk - b).max(0.0) * per_token;
+    let b_step = if beta > per_token {
+        ((slo.tpot_p99_s - alpha - chunk * per_token) / (beta - per_token)).floor()
+    } else {
+        f64::INFINITY
+    };
+    let b_kv = kv_batch(v, w).min(b_step);
     if t <= alpha
+        || worst_step(1.0) > slo.tpot_p99_s
         || prefill_s >= ttft_budget
         || b_kv < 1.0
         || prompt + out > v.perf.kv_cache_tokens as f64
@@ -176,7 +190,9 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
         (lambda_tpot, Bound::Tpot),
         (
             lambda_kv,
-            if b_kv >= f64::from(p.max_num_seqs) {
+            if b_kv >= b_step {
+                Bound::Tpot
+            } else if b_kv >= f64::from(p.max_num_seqs) {
                 Bound::MaxSeqs
             } else {
                 Bound::KvCache
@@ -284,7 +300,8 @@ mod tests {
         assert!(b70 < 0.5 * c.batch, "{b70} vs {}", c.batch);
         assert!((batch_at_rate(h, &w, c.requests_per_s).unwrap() - c.batch).abs() < 1e-6);
         assert_eq!(batch_at_rate(h, &w, 1e6), None);
-        // At a 200 ms TPOT SLO the L4 qualifies, and gives less per replica.
+        // At a 200 ms TPOT SLO the L4 qualifies (a decode behind a full 256-token prefill chunk
+        // takes ~136 ms), and gives less per replica.
         let loose = Slo {
             ttft_p99_s: 2.0,
             tpot_p99_s: 0.2,
