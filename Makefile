@@ -6,7 +6,7 @@ export SLUICE_MODEL_DIR ?= $(CURDIR)/models/cache
 LLAMACPP_PY ?= /tmp/llamacpp/bin/python
 PEERS ?= $(CURDIR)/../shared/peers
 
-.PHONY: model run test bench bench-engine bench-loadtest lint fmt
+.PHONY: model run test bench bench-engine bench-loadtest simulate lint fmt
 
 ## Fetch the default model (SmolLM2-135M-Instruct Q4_1) into $(SLUICE_MODEL_DIR), verified.
 model:
@@ -36,6 +36,10 @@ bench-engine: model
 ## The load tester's own ceiling: req/s against a fake answering at once, timing cost per chunk.
 bench-loadtest:
 	$(CARGO) run --release -p sluice-loadtest --example self_bench
+
+## Every autoscaling policy over the Azure conversation trace, default scenario (release).
+simulate:
+	$(CARGO) run --release -p sluice-autoscaler -- simulate --trace ../shared/data/traces/azure-llm-2023-conv.csv
 
 ## Formatting and clippy, warnings as errors.
 lint:

@@ -1,0 +1,336 @@
+//! What one replica of a variant can serve while meeting the SLO.
+//!
+//! The performance model is a decode step of `α + β·b` seconds for a batch of `b` sequences,
+//! prefill at `R` tokens/s sharing the steps (chunked prefill), and a KV cache of `K` tokens.
+//! A replica receiving `λ` requests/s of `P` prompt and `O` output tokens spends `λP/R` of each
+//! second prefilling, so a decode step takes `(α + βb) / (1 − λP/R)` on average, and by
+//! Little's law `b = λ·O·TPOT`. Setting TPOT to the planning target `T` gives the largest rate
+//! at which the TPOT SLO holds:
+//!
+//! ```text
+//! λ_tpot = (T − α) / (T · (P/R + β·O))
+//! ```
+//!
+//! bounded by the KV cache (`b ≤ K / (P + O)`, sequences reserve their whole length) and
+//! `max_num_seqs`, and by the prefill queue: an M/G/1 queue of prompts whose mean wait plus
+//! service must fit in the planning share of the TTFT SLO.
+
+use serde::{Deserialize, Serialize};
+
+use crate::profile::Variant;
+
+/// The lowest prefill utilisation the TTFT bound plans for (see [`at_slo`]).
+pub const MIN_PREFILL_UTILISATION: f64 = 0.5;
+
+/// Latency objectives, as percentiles over requests.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Slo {
+    pub ttft_p99_s: f64,
+    pub tpot_p99_s: f64,
+}
+
+/// How much of the SLO the capacity model plans to use on average, leaving the rest for the
+/// spread of per-request latency around the mean (the p99 is well above the mean).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Planning {
+    /// Mean TPOT planned for, as a share of the TPOT SLO.
+    pub tpot_share: f64,
+    /// Mean prefill wait plus service planned for, as a share of the TTFT SLO.
+    pub ttft_share: f64,
+}
+
+impl Default for Planning {
+    fn default() -> Self {
+        Planning {
+            tpot_share: 0.5,
+            ttft_share: 0.5,
+        }
+    }
+}
+
+/// Mean request shape the capacity is computed for.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Workload {
+    pub mean_prompt_tokens: f64,
+    pub mean_output_tokens: f64,
+    /// Squared coefficient of variation of prompt lengths (variance / mean²): 0 for equal
+    /// prompts, 1 for exponential ones, more for heavy tails. Queueing for prefill grows with
+    /// it (Pollaczek–Khinchine).
+    #[serde(default)]
+    pub prompt_cv2: f64,
+}
+
+impl Workload {
+    /// Equal-length requests of this size.
+    pub fn uniform(prompt: f64, output: f64) -> Workload {
+        Workload {
+            mean_prompt_tokens: prompt,
+            mean_output_tokens: output,
+            prompt_cv2: 0.0,
+        }
+    }
+}
+
+/// What bound a variant's capacity.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Bound {
+    /// The batch at which ITL (with prefill's share) reaches the TPOT target.
+    Tpot,
+    KvCache,
+    MaxSeqs,
+    /// The prefill queue would push TTFT past its target.
+    Prefill,
+    /// The variant cannot meet the SLO at all for this workload.
+    Ineligible,
+}
+
+/// One replica's capacity at SLO for a workload.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Capacity {
+    /// Requests per second one replica serves within the planning targets.
+    pub requests_per_s: f64,
+    /// The same in output tokens per second.
+    pub output_tokens_per_s: f64,
+    /// Running sequences at that rate (Little's law).
+    pub batch: f64,
+    /// Mean decode step at that batch, prefill share included.
+    pub tpot_s: f64,
+    pub bound: Bound,
+}
+
+impl Capacity {
+    /// Requests per second a whole fleet of `n` such replicas serves.
+    pub fn fleet(&self, n: u32) -> f64 {
+        self.requests_per_s * f64::from(n)
+    }
+}
+
+/// The largest batch whose ITL meets a TPOT target, bounded by KV and `max_num_seqs`
+/// (decode only, no prefill sharing the steps).
+pub fn batch_at_tpot(v: &Variant, w: &Workload, tpot_s: f64) -> f64 {
+    let p = &v.perf;
+    let alpha = p.itl_alpha_ms / 1000.0;
+    let beta = p.itl_beta_ms / 1000.0;
+    let by_itl = if tpot_s <= alpha {
+        0.0
+    } else if beta == 0.0 {
+        f64::INFINITY
+    } else {
+        ((tpot_s - alpha) / beta).floor()
+    };
+    by_itl.min(kv_batch(v, w))
+}
+
+/// Sequences that fit in KV and the sequence limit at once.
+fn kv_batch(v: &Variant, w: &Workload) -> f64 {
+    let per_seq = (w.mean_prompt_tokens + w.mean_output_tokens).max(1.0);
+    (v.perf.kv_cache_tokens as f64 / per_seq)
+        .floor()
+        .min(f64::from(v.perf.max_num_seqs))
+}
+
+/// Capacity of one replica of `v` at the SLO for workload `w`.
+pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity {
+    let p = &v.perf;
+    let alpha = p.itl_alpha_ms / 1000.0;
+    let beta = p.itl_beta_ms / 1000.0;
+    let prompt = w.mean_prompt_tokens.max(0.0);
+    let out = w.mean_output_tokens.max(1.0);
+    let t = slo.tpot_p99_s * plan.tpot_share;
+    let prefill_s = prompt / p.prefill_tokens_per_s;
+    let ttft_budget = slo.ttft_p99_s * plan.ttft_share;
+    let ineligible = Capacity {
+        requests_per_s: 0.0,
+        output_tokens_per_s: 0.0,
+        batch: 0.0,
+        tpot_s: alpha,
+        bound: Bound::Ineligible,
+    };
+    // A decode step that carries a full prefill chunk is the slowest a sequence sees; a request
+    // decoding through a run of prompts sees it step after step, so it must fit the TPOT SLO
+    // itself (not just the planned mean): `α + β·b + (C − b)/R ≤ SLO`, which caps the batch
+    // when β exceeds 1/R and rules the variant out when even a lone decode behind a chunk
+    // is too slow.
+    let chunk = f64::from(v.perf.max_batched_tokens);
+    let per_token = 1.0 / v.perf.prefill_tokens_per_s;
+    let worst_step = |b: f64| alpha + beta * b + (chunk - b).max(0.0) * per_token;
+    let b_step = if beta > per_token {
+        ((slo.tpot_p99_s - alpha - chunk * per_token) / (beta - per_token)).floor()
+    } else {
+        f64::INFINITY
+    };
+    let b_kv = kv_batch(v, w).min(b_step);
+    if t <= alpha
+        || worst_step(1.0) > slo.tpot_p99_s
+        || prefill_s >= ttft_budget
+        || b_kv < 1.0
+        || prompt + out > v.perf.kv_cache_tokens as f64
+    {
+        return ineligible;
+    }
+    let lambda_tpot = (t - alpha) / (t * (prefill_s + beta * out));
+    // At the KV bound the batch is fixed, TPOT falls below `t`.
+    let lambda_kv = 1.0 / (out * (alpha + beta * b_kv) / b_kv + prefill_s);
+    // M/G/1 prefill queue: mean wait ρS(1 + C²)/(2(1−ρ)) plus service S within the TTFT
+    // budget, C² the prompts' squared coefficient of variation. When
+    // the service alone nearly fills the budget, queueing is not what makes first tokens late
+    // and more replicas would not help: prefill utilisation is never planned below one half
+    // (where the mean wait is S/2), so capacity does not collapse to zero as prompts approach
+    // the budget.
+    let k = (ttft_budget - prefill_s) / prefill_s.max(1e-9);
+    let spread = 1.0 + w.prompt_cv2.max(0.0);
+    let rho_max = (2.0 * k / (spread + 2.0 * k)).clamp(MIN_PREFILL_UTILISATION, 1.0);
+    let lambda_prefill = if prefill_s > 0.0 {
+        rho_max / prefill_s
+    } else {
+        f64::INFINITY
+    };
+    let (lambda, bound) = [
+        (lambda_tpot, Bound::Tpot),
+        (
+            lambda_kv,
+            if b_kv >= b_step {
+                Bound::Tpot
+            } else if b_kv >= f64::from(p.max_num_seqs) {
+                Bound::MaxSeqs
+            } else {
+                Bound::KvCache
+            },
+        ),
+        (lambda_prefill, Bound::Prefill),
+    ]
+    .into_iter()
+    .fold((f64::INFINITY, Bound::Tpot), |acc, x| {
+        if x.0 < acc.0 {
+            x
+        } else {
+            acc
+        }
+    });
+    let u_prefill = lambda * prefill_s;
+    // Solve b = λ·O·(α + βb)/(1 − u) for the batch at this rate.
+    let share = (1.0 - u_prefill).max(1e-9);
+    let denom = share - lambda * out * beta;
+    let batch = if denom > 0.0 {
+        lambda * out * alpha / denom
+    } else {
+        b_kv
+    };
+    let tpot_s = (alpha + beta * batch) / share;
+    Capacity {
+        requests_per_s: lambda,
+        output_tokens_per_s: lambda * out,
+        batch,
+        tpot_s,
+        bound,
+    }
+}
+
+/// Sequences running on one replica receiving `rate` requests/s of workload `w` (Little's law
+/// with the step-time model), or `None` if the replica cannot keep up at that rate.
+pub fn batch_at_rate(v: &Variant, w: &Workload, rate: f64) -> Option<f64> {
+    let alpha = v.perf.itl_alpha_ms / 1000.0;
+    let beta = v.perf.itl_beta_ms / 1000.0;
+    let out = w.mean_output_tokens.max(1.0);
+    let share = 1.0 - rate * w.mean_prompt_tokens / v.perf.prefill_tokens_per_s;
+    let denom = share - rate * out * beta;
+    (share > 0.0 && denom > 0.0).then(|| rate * out * alpha / denom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Profile;
+
+    fn slo() -> Slo {
+        Slo {
+            ttft_p99_s: 2.0,
+            tpot_p99_s: 0.1,
+        }
+    }
+
+    #[test]
+    fn batch_at_tpot_is_the_largest_batch_whose_itl_meets_it_bounded_by_kv() {
+        let p = Profile::load("llama-3-8b").unwrap();
+        let h100 = p.variant("nvidia-h100-80gb").unwrap();
+        let short = Workload::uniform(100.0, 100.0);
+        // (12.7 − 4.56) / 0.0407 = 200.0: the NIM point itself.
+        let b = batch_at_tpot(h100, &short, 0.0127);
+        assert_eq!(b, 200.0);
+        assert!(h100.itl_s(b) <= 0.0127 + 1e-12 && h100.itl_s(b + 1.0) > 0.0127);
+        // Long sequences: 460,000 KV tokens / 20,000 per sequence = 23.
+        let long = Workload::uniform(19_000.0, 1_000.0);
+        assert_eq!(batch_at_tpot(h100, &long, 0.1), 23.0);
+        // Below α no batch meets it.
+        assert_eq!(batch_at_tpot(h100, &short, 0.004), 0.0);
+    }
+
+    #[test]
+    fn capacity_meets_its_own_targets_and_names_the_binding_constraint() {
+        let p = Profile::load("llama-3-8b").unwrap();
+        let plan = Planning::default();
+        let w = Workload::uniform(1000.0, 200.0);
+        // An L4's decode step alone (α = 51 ms) exceeds the mean TPOT planned for a 100 ms p99.
+        let l4 = p.variant("nvidia-l4").unwrap();
+        assert_eq!(at_slo(l4, &w, &slo(), &plan).bound, Bound::Ineligible);
+        for v in p.variants.iter().filter(|v| v.name != "nvidia-l4") {
+            let c = at_slo(v, &w, &slo(), &plan);
+            assert!(c.requests_per_s > 0.0, "{}", v.name);
+            assert!(
+                c.tpot_s <= slo().tpot_p99_s * plan.tpot_share + 1e-9,
+                "{}: {c:?}",
+                v.name
+            );
+            // Little's law and the step-time model agree at the answer.
+            let u = c.requests_per_s * w.mean_prompt_tokens / v.perf.prefill_tokens_per_s;
+            let step = v.itl_s(c.batch) / (1.0 - u);
+            assert!((step - c.tpot_s).abs() < 1e-9);
+            assert!((c.batch - c.requests_per_s * w.mean_output_tokens * c.tpot_s).abs() < 1e-6);
+        }
+        // Closed form for the H100, TPOT-bound: (T − α) / (T · (P/R + β·O)).
+        let h = p.variant("nvidia-h100-80gb").unwrap();
+        let c = at_slo(h, &w, &slo(), &plan);
+        let t = 0.05;
+        let expect = (t - 0.00456) / (t * (1000.0 / 24000.0 + 0.0000407 * 200.0));
+        assert_eq!(c.bound, Bound::Tpot);
+        assert!((c.requests_per_s - expect).abs() < 1e-9);
+        // In flight grows steeply near capacity: at 70 % of the rate, well under 70 % of the batch.
+        let b70 = batch_at_rate(h, &w, 0.7 * c.requests_per_s).unwrap();
+        assert!(b70 < 0.5 * c.batch, "{b70} vs {}", c.batch);
+        assert!((batch_at_rate(h, &w, c.requests_per_s).unwrap() - c.batch).abs() < 1e-6);
+        assert_eq!(batch_at_rate(h, &w, 1e6), None);
+        // At a 200 ms TPOT SLO the L4 qualifies (a decode behind a full 256-token prefill chunk
+        // takes ~136 ms), and gives less per replica.
+        let loose = Slo {
+            ttft_p99_s: 2.0,
+            tpot_p99_s: 0.2,
+        };
+        let cl4 = at_slo(l4, &w, &loose, &plan);
+        assert!(
+            cl4.requests_per_s > 0.0
+                && cl4.requests_per_s < at_slo(h, &w, &loose, &plan).requests_per_s
+        );
+    }
+
+    #[test]
+    fn slow_prefill_makes_a_variant_ineligible_and_long_prompts_bind_prefill() {
+        let p = Profile::load("llama-3-8b").unwrap();
+        let plan = Planning::default();
+        let long = Workload::uniform(15_000.0, 150.0);
+        let l4 = p.variant("nvidia-l4").unwrap();
+        assert_eq!(at_slo(l4, &long, &slo(), &plan).bound, Bound::Ineligible);
+        let h = p.variant("nvidia-h100-80gb").unwrap();
+        let c = at_slo(h, &long, &slo(), &plan);
+        assert_eq!(c.bound, Bound::Prefill);
+        // Variable prompts queue longer for prefill (Pollaczek–Khinchine): less capacity.
+        let variable = Workload {
+            prompt_cv2: 3.0,
+            ..long
+        };
+        let cv = at_slo(h, &variable, &slo(), &plan);
+        assert!(cv.requests_per_s < c.requests_per_s, "{cv:?} vs {c:?}");
+        // Prefill utilisation stays below one, so the prompt queue is stable.
+        assert!(c.requests_per_s * 15_000.0 / 24_000.0 < 1.0);
+    }
+}

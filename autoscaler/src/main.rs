@@ -1,0 +1,295 @@
+//! `sluice-autoscaler`: `simulate` replays a trace through every policy; `profiles` prints
+//! each variant's capacity at SLO; `explain` runs the sluice policy on signals from a JSON file.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use sluice_autoscaler::capacity::{self, Slo, Workload};
+use sluice_autoscaler::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
+use sluice_autoscaler::profile::{CapacityType, Profile};
+use sluice_autoscaler::report::{self, Report};
+use sluice_autoscaler::scenario::{self, Scenario, POLICIES};
+use sluice_autoscaler::signals::Signals;
+use sluice_autoscaler::{plot, trace};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice-autoscaler",
+    version,
+    about = "SLO- and cost-aware autoscaling for GPU replicas"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a trace through a fleet model under each policy and compare them.
+    Simulate(SimulateArgs),
+    /// Print each variant's capacity and cost per request at SLO for a request shape.
+    Profiles(ProfilesArgs),
+    /// Run the sluice policy once on signals read from a JSON file and print the decision.
+    Explain(ExplainArgs),
+}
+
+#[derive(Args)]
+struct Common {
+    /// Built-in profile (`llama-3-8b`, `cpu`) or a TOML file.
+    #[arg(long, env = "SLUICE_AUTOSCALER_PROFILE", default_value = "llama-3-8b")]
+    profile: String,
+    /// Variants to use, comma-separated (default: L4 and H100 for llama-3-8b, all otherwise).
+    #[arg(long, env = "SLUICE_AUTOSCALER_VARIANTS", value_delimiter = ',')]
+    variants: Vec<String>,
+    /// TTFT SLO, p99, seconds.
+    #[arg(long, env = "SLUICE_AUTOSCALER_TTFT_SLO", default_value_t = 2.0)]
+    ttft_slo: f64,
+    /// TPOT SLO, p99, seconds.
+    #[arg(long, env = "SLUICE_AUTOSCALER_TPOT_SLO", default_value_t = 0.1)]
+    tpot_slo: f64,
+}
+
+impl Common {
+    fn profile(&self) -> Result<Profile> {
+        let p = Profile::load(&self.profile)?;
+        let names = if !self.variants.is_empty() {
+            self.variants.clone()
+        } else if self.profile == "llama-3-8b" {
+            vec!["nvidia-l4".into(), "nvidia-h100-80gb".into()]
+        } else {
+            p.variant_names()
+        };
+        Ok(p.restrict(&names)?)
+    }
+
+    fn slo(&self) -> Slo {
+        Slo {
+            ttft_p99_s: self.ttft_slo,
+            tpot_p99_s: self.tpot_slo,
+        }
+    }
+}
+
+#[derive(Args)]
+struct SimulateArgs {
+    /// Trace file: Azure LLM CSV (`.csv`) or Mooncake JSONL (`.jsonl`).
+    #[arg(long, env = "SLUICE_AUTOSCALER_TRACE")]
+    trace: PathBuf,
+    #[command(flatten)]
+    common: Common,
+    /// Multiply the trace's arrival rate (copies shifted by up to 60 s; below 1 thins it).
+    #[arg(long, env = "SLUICE_AUTOSCALER_RATE_SCALE", default_value_t = 4.0)]
+    rate_scale: f64,
+    /// Policies to compare, comma-separated.
+    #[arg(long, env = "SLUICE_AUTOSCALER_POLICIES", value_delimiter = ',', default_values_t = POLICIES.iter().map(|s| s.to_string()))]
+    policies: Vec<String>,
+    /// Buy Spot capacity (sluice: Spot first, on-demand fallback; baselines: all Spot).
+    #[arg(long, env = "SLUICE_AUTOSCALER_SPOT")]
+    spot: bool,
+    /// Spot reclaims per node-hour.
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_SPOT_PREEMPTIONS",
+        default_value_t = 0.0
+    )]
+    spot_preemptions_per_hour: f64,
+    /// Seconds between policy ticks.
+    #[arg(long, env = "SLUICE_AUTOSCALER_TICK", default_value_t = 15.0)]
+    tick: f64,
+    /// Most replicas of any one variant.
+    #[arg(long, env = "SLUICE_AUTOSCALER_MAX_REPLICAS", default_value_t = 200)]
+    max_replicas: u32,
+    /// The variant single-variant baselines (HPA, KPA) scale; default: cheapest per request.
+    #[arg(long, env = "SLUICE_AUTOSCALER_BASELINE_VARIANT")]
+    baseline_variant: Option<String>,
+    /// Seed for rate scaling and Spot reclaims.
+    #[arg(long, env = "SLUICE_AUTOSCALER_SEED", default_value_t = 1)]
+    seed: u64,
+    /// Write the JSON report here.
+    #[arg(long, env = "SLUICE_AUTOSCALER_JSON")]
+    json: Option<PathBuf>,
+    /// Write an SVG of replicas and demand over time here.
+    #[arg(long, env = "SLUICE_AUTOSCALER_PLOT")]
+    plot: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ProfilesArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_PROMPT_TOKENS",
+        default_value_t = 1000.0
+    )]
+    prompt_tokens: f64,
+    #[arg(long, env = "SLUICE_AUTOSCALER_OUTPUT_TOKENS", default_value_t = 200.0)]
+    output_tokens: f64,
+}
+
+#[derive(Args)]
+struct ExplainArgs {
+    /// Signals as JSON (the `Signals` type).
+    #[arg(long, env = "SLUICE_AUTOSCALER_SIGNALS")]
+    signals: PathBuf,
+    #[command(flatten)]
+    common: Common,
+    #[arg(long, env = "SLUICE_AUTOSCALER_MAX_REPLICAS", default_value_t = 200)]
+    max_replicas: u32,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Simulate(a) => simulate(a),
+        Command::Profiles(a) => profiles(a),
+        Command::Explain(a) => explain(a),
+    }
+}
+
+fn simulate(a: SimulateArgs) -> Result<()> {
+    let started = Instant::now();
+    let profile = a.common.profile()?;
+    let mut scn = Scenario::default_for(profile);
+    scn.slo = a.common.slo();
+    scn.rate_scale = a.rate_scale;
+    scn.spot = a.spot;
+    scn.max_replicas_per_variant = a.max_replicas;
+    scn.baseline_variant = a.baseline_variant.clone();
+    scn.sim.tick_s = a.tick;
+    scn.sim.seed = a.seed;
+    scn.sim.spot_preemptions_per_node_hour = a.spot_preemptions_per_hour;
+    scn.validate()?;
+    let raw = trace::load(&a.trace)?;
+    let requests = trace::scale(&raw, scn.rate_scale, scn.sim.seed);
+    let mean = scenario::mean_shape(&requests);
+    let (base, base_cap) = scn.baseline_choice(&mean)?;
+    let duration = requests.last().map_or(0.0, |r| r.arrival_s);
+    println!("scenario");
+    println!(
+        "  trace        {} ({} rows) × rate {} = {} requests over {:.0} s ({:.2} req/s)",
+        a.trace.display(),
+        raw.len(),
+        scn.rate_scale,
+        requests.len(),
+        duration,
+        requests.len() as f64 / duration.max(1.0)
+    );
+    println!(
+        "  model        {} on {}",
+        scn.profile.model.name,
+        scn.profile.variant_names().join(", ")
+    );
+    println!(
+        "  SLO          TTFT ≤ {:.2} s and TPOT ≤ {:.0} ms per request (report p99s)",
+        scn.slo.ttft_p99_s,
+        scn.slo.tpot_p99_s * 1e3
+    );
+    println!(
+        "  mean request {:.0} prompt + {:.0} output tokens",
+        mean.mean_prompt_tokens, mean.mean_output_tokens
+    );
+    for v in &scn.profile.variants {
+        let c = capacity::at_slo(v, &mean, &scn.slo, &scn.planning);
+        let ct = if scn.spot {
+            CapacityType::Spot
+        } else {
+            CapacityType::OnDemand
+        };
+        println!(
+            "  {:<22} {:>6.2} req/s per replica at SLO ({:?}-bound), ${:.3}/h, ${} per 1k requests, start-up {:.0} s",
+            v.name, c.requests_per_s, c.bound, v.replica_price_per_hour(ct),
+            per_thousand(v.replica_price_per_hour(ct), c.requests_per_s),
+            v.startup_s(true)
+        );
+    }
+    println!(
+        "  baselines    hpa-*/kpa scale {base} (target {:.0} in flight per replica)",
+        base_cap.batch
+    );
+    println!(
+        "  capacity     {}, tick {:.0} s, Spot reclaims {}/node-h",
+        if scn.spot { "Spot" } else { "on demand" },
+        scn.sim.tick_s,
+        scn.sim.spot_preemptions_per_node_hour
+    );
+    let prepared = scenario::prepare(&scn, &requests, &a.policies)?;
+    let runs = scenario::run_all(&scn, &requests, prepared);
+    let mut summaries: Vec<(String, report::Summary)> = runs
+        .iter()
+        .map(|r| (r.policy.clone(), report::summarise(r, &scn.slo, scn.goal)))
+        .collect();
+    report::relate_to_oracle(&mut summaries);
+    let elapsed = started.elapsed().as_secs_f64();
+    println!("\n{}", report::table(&summaries));
+    println!("{} policies in {:.2} s", runs.len(), elapsed);
+    if let Some(path) = &a.json {
+        let rep = Report {
+            scenario: serde_json::to_value(&scn).context("scenario to JSON")?,
+            policies: summaries.iter().cloned().collect(),
+            order: summaries.iter().map(|(n, _)| n.clone()).collect(),
+            elapsed_s: elapsed,
+        };
+        report::write_json(path, &rep)?;
+    }
+    if let Some(path) = &a.plot {
+        plot::write_svg(path, &runs)?;
+    }
+    Ok(())
+}
+
+/// Dollars per thousand requests at a price per hour and a rate, `-` when it serves none.
+fn per_thousand(price_per_hour: f64, requests_per_s: f64) -> String {
+    if requests_per_s > 0.0 {
+        format!("{:.3}", price_per_hour / requests_per_s / 3.6)
+    } else {
+        "-".into()
+    }
+}
+
+fn profiles(a: ProfilesArgs) -> Result<()> {
+    let profile = a.common.profile()?;
+    let w = Workload::uniform(a.prompt_tokens, a.output_tokens);
+    let slo = a.common.slo();
+    let plan = capacity::Planning::default();
+    println!(
+        "{}: {:.0} prompt + {:.0} output tokens, TTFT ≤ {} s, TPOT ≤ {} ms",
+        profile.model.name,
+        w.mean_prompt_tokens,
+        w.mean_output_tokens,
+        slo.ttft_p99_s,
+        slo.tpot_p99_s * 1e3
+    );
+    for v in &profile.variants {
+        let c = capacity::at_slo(v, &w, &slo, &plan);
+        let price = v.replica_price_per_hour(CapacityType::OnDemand);
+        println!(
+            "  {:<22} batch {:>6.1}  TPOT {:>5.1} ms  {:>7.2} req/s  {:>8.0} out tok/s  ${:>6.3}/h  ${}/1k req  bound {:?}",
+            v.name, c.batch, c.tpot_s * 1e3, c.requests_per_s, c.output_tokens_per_s, price,
+            per_thousand(price, c.requests_per_s), c.bound
+        );
+    }
+    Ok(())
+}
+
+fn explain(a: ExplainArgs) -> Result<()> {
+    let profile = a.common.profile()?;
+    let text = std::fs::read_to_string(&a.signals)
+        .with_context(|| format!("reading {}", a.signals.display()))?;
+    let signals: Signals =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", a.signals.display()))?;
+    let limits = profile
+        .variants
+        .iter()
+        .map(|v| VariantLimits::new(&v.name, a.max_replicas))
+        .collect();
+    let mut policy = Sluice::new(profile, SluiceConfig::new(a.common.slo(), limits));
+    let d = policy.decide(&signals);
+    println!("{}", serde_json::to_string_pretty(&d)?);
+    for r in &d.reasons {
+        eprintln!("{r}");
+    }
+    Ok(())
+}

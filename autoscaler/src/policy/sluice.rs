@@ -1,0 +1,500 @@
+//! sluice's policy: size the fleet from demand at SLO, cheapest mix first.
+//!
+//! Each tick: smooth the arrival rate with Holt's trend and forecast it over the start-up lead
+//! time; plan for the larger of the observed and forecast rate (the short-window rate too in
+//! panic), plus headroom, plus a rate that drains the backlog; convert each variant's capacity
+//! at SLO into offers (Spot first, on-demand when Spot is out of stock); pick the cheapest mix
+//! (keeping the current one when switching saves too little); scale up at once and scale down
+//! only to the highest recommendation of the stabilisation window, never in panic. Latency
+//! above the SLO widens the planning margin, latency well below narrows it back.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::plan::{self, VariantLimits};
+use super::Policy;
+use crate::capacity::{Planning, Slo, Workload};
+use crate::decision::{Decision, Demand, Mode, ReasonKind};
+use crate::forecast::Holt;
+use crate::profile::{CapacityType, Profile};
+use crate::signals::Signals;
+
+/// The policy's knobs. Defaults follow the autoscalers people know: HPA's five-minute
+/// scale-down stabilisation, KPA's sixty-second panic window.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SluiceConfig {
+    pub slo: Slo,
+    pub planning: Planning,
+    pub limits: Vec<VariantLimits>,
+    /// Buy Spot first (on-demand when Spot is out of stock).
+    pub spot: bool,
+    /// Extra capacity over the planned rate: the forecast follows trends, not the minute-scale
+    /// swings of a bursty arrival process, and capacity ordered for a swing arrives minutes
+    /// after it.
+    pub headroom: f64,
+    /// Queued requests are planned to drain within this many seconds; `None` means the
+    /// start-up lead: capacity ordered now serves only what is still queued when it is up.
+    pub backlog_drain_s: Option<f64>,
+    pub holt_alpha: f64,
+    pub holt_beta: f64,
+    /// The trend's damping time constant (see [`Holt`]).
+    pub forecast_damping_s: f64,
+    /// Forecast horizon; `None` means the longest start-up (new node) of the variants.
+    pub forecast_horizon_s: Option<f64>,
+    /// Panic when the short-window arrival rate exceeds the ready capacity by this factor...
+    pub panic_rate_ratio: f64,
+    /// ...or the queue holds more than this many seconds of the ready capacity.
+    pub panic_queue_s: f64,
+    pub panic_window_s: f64,
+    pub scale_down_window_s: f64,
+    /// A cheaper mix must pay back the start-up of its new replicas within this many seconds,
+    /// or the current mix is kept.
+    pub switch_amortise_s: f64,
+    /// With no traffic for this long, floors fall from `keep_warm` to `min`.
+    pub scale_to_zero_after_s: f64,
+    /// A Spot replica pending longer than this means a stockout: use on-demand for a while.
+    pub spot_stockout_after_s: f64,
+    pub spot_retry_after_s: f64,
+    /// Upper bound of the latency-driven planning margin.
+    pub max_margin: f64,
+}
+
+impl SluiceConfig {
+    pub fn new(slo: Slo, limits: Vec<VariantLimits>) -> Self {
+        SluiceConfig {
+            slo,
+            planning: Planning::default(),
+            limits,
+            spot: false,
+            headroom: 0.2,
+            backlog_drain_s: None,
+            holt_alpha: 0.3,
+            holt_beta: 0.1,
+            forecast_damping_s: 300.0,
+            forecast_horizon_s: None,
+            panic_rate_ratio: 1.5,
+            panic_queue_s: 10.0,
+            panic_window_s: 60.0,
+            scale_down_window_s: 300.0,
+            switch_amortise_s: 600.0,
+            scale_to_zero_after_s: 900.0,
+            spot_stockout_after_s: 600.0,
+            spot_retry_after_s: 1800.0,
+            max_margin: 1.5,
+        }
+    }
+}
+
+/// The policy with its memory.
+#[derive(Debug, Clone)]
+pub struct Sluice {
+    config: SluiceConfig,
+    profile: Profile,
+    holt: Holt,
+    shape: Option<Workload>,
+    /// Recent planned demand (requests/s) for the scale-down window.
+    history: VecDeque<(f64, f64)>,
+    panic_until: f64,
+    last_traffic_s: f64,
+    margin: f64,
+    spot_out_until: HashMap<String, f64>,
+    first_seen_s: Option<f64>,
+    /// Per variant: capacity at SLO is divided by this while its own latency breaches the SLO.
+    variant_margin: HashMap<String, f64>,
+}
+
+impl Sluice {
+    pub fn new(profile: Profile, config: SluiceConfig) -> Self {
+        Sluice {
+            holt: Holt::new(config.holt_alpha, config.holt_beta).damped(config.forecast_damping_s),
+            first_seen_s: None,
+            variant_margin: HashMap::new(),
+            history: VecDeque::new(),
+            profile,
+            config,
+            shape: None,
+            panic_until: f64::NEG_INFINITY,
+            last_traffic_s: f64::NEG_INFINITY,
+            margin: 1.0,
+            spot_out_until: HashMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &SluiceConfig {
+        &self.config
+    }
+
+    fn horizon_s(&self) -> f64 {
+        self.config.forecast_horizon_s.unwrap_or_else(|| {
+            self.config
+                .limits
+                .iter()
+                .filter_map(|l| self.profile.variant(&l.variant).ok())
+                .map(|v| v.startup_s(true))
+                .fold(0.0, f64::max)
+        })
+    }
+
+    /// Widens the demand margin while first tokens are late with requests queued (too little
+    /// capacity overall), narrows it back when latency is well below the SLO. It does not
+    /// widen while replicas are starting: capacity is already on its way, and integrating the
+    /// error meanwhile would order more that arrives after the spike (anti-windup). A variant
+    /// whose own replicas decode slower than the TPOT SLO has its capacity discounted instead
+    /// (they are loaded past what they serve well): more of every variant would not fix it,
+    /// fewer requests per replica of that one does.
+    fn update_margin(&mut self, s: &Signals, d: &mut Decision) {
+        let slo = self.config.slo;
+        for l in &self.config.limits {
+            let worst = |f: fn(&crate::signals::VariantSignals) -> Option<f64>| {
+                s.variants
+                    .iter()
+                    .filter(|v| v.variant == l.variant)
+                    .filter_map(f)
+                    .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))))
+            };
+            let tpot = worst(|v| v.tpot_p99_s);
+            let ttft = worst(|v| v.ttft_p99_s);
+            let m = self.variant_margin.entry(l.variant.clone()).or_insert(1.0);
+            // Only decode speed is attributed to a variant: late first tokens mostly come from
+            // the shared queue, which the demand margin below answers.
+            if tpot.is_some_and(|x| x > slo.tpot_p99_s) {
+                *m = (*m * 1.1).min(self.config.max_margin);
+                d.reason(
+                    ReasonKind::LatencyBreach,
+                    Some(&l.variant),
+                    format!(
+                        "TTFT p99 {:.2}s, TPOT p99 {:.0}ms: capacity per replica ÷{:.2}",
+                        ttft.unwrap_or(0.0),
+                        tpot.unwrap_or(0.0) * 1e3,
+                        *m
+                    ),
+                );
+            } else if tpot.is_some_and(|x| x < 0.8 * slo.tpot_p99_s)
+                && ttft.is_none_or(|x| x < 0.8 * slo.ttft_p99_s)
+            {
+                *m = (*m * 0.97).max(1.0);
+            }
+        }
+        let l = &s.latency;
+        let arriving = s.variants.iter().any(|v| v.starting + v.pending > 0);
+        let ttft_high =
+            l.ttft_p99_s.is_some_and(|x| x > slo.ttft_p99_s) && s.queue.waiting > 0 && !arriving;
+        let low = l.tpot_p99_s.is_some_and(|x| x < 0.8 * slo.tpot_p99_s)
+            && l.ttft_p99_s.is_some_and(|x| x < 0.8 * slo.ttft_p99_s);
+        if ttft_high {
+            self.margin = (self.margin * 1.1).min(self.config.max_margin);
+            d.reason(
+                ReasonKind::LatencyBreach,
+                None,
+                format!(
+                    "TTFT p99 {:.2}s, TPOT p99 {:.0}ms over the SLO: planning margin ×{:.2}",
+                    l.ttft_p99_s.unwrap_or(0.0),
+                    l.tpot_p99_s.unwrap_or(0.0) * 1e3,
+                    self.margin
+                ),
+            );
+        } else if low {
+            self.margin = (self.margin * 0.97).max(1.0);
+        }
+    }
+
+    fn spot_allowed(&mut self, s: &Signals, d: &mut Decision) -> HashMap<String, bool> {
+        let mut out = HashMap::new();
+        for l in &self.config.limits {
+            if !self.config.spot {
+                out.insert(l.variant.clone(), false);
+                continue;
+            }
+            if let Some(v) = s.variant(&l.variant, CapacityType::Spot) {
+                if v.pending > 0 && v.oldest_pending_s > self.config.spot_stockout_after_s {
+                    self.spot_out_until
+                        .insert(l.variant.clone(), s.time_s + self.config.spot_retry_after_s);
+                }
+                if v.preempted > 0 {
+                    d.reason(
+                        ReasonKind::SpotReplacement,
+                        Some(&l.variant),
+                        format!("{} Spot replicas preempted: replaced now", v.preempted),
+                    );
+                }
+            }
+            let out_of_stock = self
+                .spot_out_until
+                .get(&l.variant)
+                .is_some_and(|&u| s.time_s < u);
+            if out_of_stock {
+                d.reason(
+                    ReasonKind::Spot,
+                    Some(&l.variant),
+                    "Spot out of stock: on-demand fallback",
+                );
+            }
+            out.insert(l.variant.clone(), !out_of_stock);
+        }
+        out
+    }
+}
+
+impl Policy for Sluice {
+    fn name(&self) -> &str {
+        "sluice"
+    }
+
+    fn decide(&mut self, s: &Signals) -> Decision {
+        let t = s.time_s;
+        let mut d = Decision {
+            time_s: t,
+            model: s.model.clone(),
+            ..Decision::default()
+        };
+        let a = &s.arrivals;
+
+        if a.requests_per_s > 0.0 || s.queue.waiting > 0 || s.queue.running > 0 {
+            self.last_traffic_s = t;
+        }
+        if let Some(w) = s.workload() {
+            self.shape = Some(w);
+        }
+        let limits = self.config.limits.clone();
+        let current = plan::current_counts(s, &limits);
+        let idle = t - self.last_traffic_s > self.config.scale_to_zero_after_s;
+        let floor = |l: &VariantLimits| if idle { l.min } else { l.min.max(l.keep_warm) };
+        let Some(w) = self.shape else {
+            // Nothing ever arrived: floors only.
+            let counts: Vec<u32> = plan::offer_keys(&limits)
+                .iter()
+                .enumerate()
+                .map(|(k, (_, c))| {
+                    if *c == CapacityType::OnDemand {
+                        floor(&limits[k / 2])
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            d.reason(ReasonKind::MinMax, None, "no traffic seen yet: floors only");
+            plan::fill_targets(&mut d, &self.profile, &limits, &counts);
+            return d;
+        };
+        self.update_margin(s, &mut d);
+        let (mut caps, relaxed) = plan::capacities(
+            &self.profile,
+            &limits,
+            &w,
+            &self.config.slo,
+            &self.config.planning,
+        );
+        for (l, c) in limits.iter().zip(caps.iter_mut()) {
+            c.requests_per_s /= self.variant_margin.get(&l.variant).copied().unwrap_or(1.0);
+        }
+        for (l, c) in limits.iter().zip(&caps) {
+            if c.requests_per_s == 0.0 {
+                d.reason(
+                    ReasonKind::Ineligible,
+                    Some(&l.variant),
+                    "cannot meet the SLO for this request shape",
+                );
+            }
+        }
+        if relaxed {
+            d.reason(
+                ReasonKind::Ineligible,
+                None,
+                "no variant meets the TTFT target for this prompt length; sized for TPOT only",
+            );
+        }
+        let keys = plan::offer_keys(&limits);
+        let ready_capacity: f64 = keys
+            .iter()
+            .enumerate()
+            .map(|(k, (n, c))| {
+                f64::from(s.variant(n, *c).map_or(0, |v| v.ready)) * caps[k / 2].requests_per_s
+            })
+            .sum();
+
+        // Panic: a spike the long window has not caught up with, or a queue the ready fleet
+        // cannot drain soon.
+        let spike = a.short_requests_per_s > self.config.panic_rate_ratio * ready_capacity;
+        let queue_spike =
+            s.queue.waiting as f64 > self.config.panic_queue_s * ready_capacity.max(1e-9);
+        if (spike && a.short_requests_per_s > a.requests_per_s) || queue_spike {
+            if t >= self.panic_until {
+                d.reason(
+                    ReasonKind::Panic,
+                    None,
+                    format!(
+                        "short-window rate {:.1}/s or queue {} against ready capacity {:.1}/s",
+                        a.short_requests_per_s, s.queue.waiting, ready_capacity
+                    ),
+                );
+            }
+            self.panic_until = t + self.config.panic_window_s;
+        }
+        let panic = t < self.panic_until;
+        d.mode = if panic { Mode::Panic } else { Mode::Stable };
+
+        let horizon = self.horizon_s();
+        // A trend needs a full window of history before it means anything.
+        let first = *self.first_seen_s.get_or_insert(t);
+        // Rates from before a full window was measured are not rates yet: the trend would
+        // learn the window filling up.
+        if t - first >= a.window_s {
+            self.holt.observe(t, a.requests_per_s);
+        }
+        let forecast = if t - first >= a.window_s {
+            self.holt.forecast(horizon).unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        let mut base = a.requests_per_s.max(forecast);
+        if forecast > a.requests_per_s {
+            d.reason(
+                ReasonKind::Forecast,
+                None,
+                format!(
+                    "rate {:.2}/s forecast to {:.2}/s in {:.0}s",
+                    a.requests_per_s, forecast, horizon
+                ),
+            );
+        }
+        if panic {
+            base = base.max(a.short_requests_per_s);
+        }
+        // Replicas ordered for a backlog arrive minutes later, when most of it has drained
+        // through the fleet that exists: the backlog at most doubles the planned rate.
+        let drain_s = self.config.backlog_drain_s.unwrap_or(horizon).max(1.0);
+        let backlog = (s.queue.waiting as f64 / drain_s).min(base.max(1e-3));
+        if s.queue.waiting > 0 {
+            d.reason(
+                ReasonKind::Backlog,
+                None,
+                format!(
+                    "{} queued: +{:.2}/s to drain in {:.0}s",
+                    s.queue.waiting, backlog, drain_s
+                ),
+            );
+        }
+        let mut planned = base * (1.0 + self.config.headroom) * self.margin + backlog;
+        if idle {
+            planned = 0.0;
+            d.reason(
+                ReasonKind::ScaleToZero,
+                None,
+                "idle past the scale-to-zero delay",
+            );
+        }
+
+        let spot_ok = self.spot_allowed(s, &mut d);
+        let spot = self.config.spot;
+        let allow = |n: &str, c: CapacityType| match c {
+            CapacityType::Spot => spot && spot_ok.get(n).copied().unwrap_or(false),
+            CapacityType::OnDemand => !(spot && spot_ok.get(n).copied().unwrap_or(false)),
+        };
+        // Spot replicas still pending in a stockout are not coming: plan without them.
+        let current: Vec<u32> = keys
+            .iter()
+            .zip(&current)
+            .map(|((n, c), &k)| {
+                let stocked_out =
+                    *c == CapacityType::Spot && spot && !spot_ok.get(n).copied().unwrap_or(false);
+                if stocked_out {
+                    k - s.variant(n, *c).map_or(0, |v| v.pending).min(k)
+                } else {
+                    k
+                }
+            })
+            .collect();
+        let offers = plan::offers(&self.profile, &limits, &caps, &current, allow, floor);
+        // Stabilisation (HPA's, on the planned demand rather than per variant, so a switch of
+        // mix is never half held back): up at once, down only to the highest demand planned
+        // within the window; in panic, not down at all; and not before a full window of
+        // arrivals has been measured (taking over a running fleet, the first rates are not yet
+        // rates).
+        let current_capacity = crate::mix::evaluate(&offers, &current).requests_per_s;
+        let warming = t - first < a.window_s;
+        let held_now = if panic || warming {
+            planned.max(current_capacity)
+        } else {
+            planned
+        };
+        self.history.push_back((t, held_now));
+        while self
+            .history
+            .front()
+            .is_some_and(|&(h, _)| h < t - self.config.scale_down_window_s)
+        {
+            self.history.pop_front();
+        }
+        // Holding never grows the fleet: at most what runs now.
+        let held = self
+            .history
+            .iter()
+            .map(|&(_, p)| p)
+            .fold(0.0, f64::max)
+            .min(current_capacity);
+        let stable = planned.max(held).max(held_now);
+        if stable > planned + 1e-9 && stable > 0.0 {
+            d.reason(
+                ReasonKind::Stabilisation,
+                None,
+                format!(
+                    "holding {:.2} req/s (planned {:.2}){}",
+                    stable,
+                    planned,
+                    if panic {
+                        ": panic, no scale-down"
+                    } else if warming {
+                        ": still measuring the first window"
+                    } else {
+                        " for the scale-down window"
+                    }
+                ),
+            );
+        }
+        let startup = plan::startup_times(&self.profile, &limits);
+        let (mix, why) = plan::keep_or_switch(
+            &offers,
+            &current,
+            stable,
+            &startup,
+            self.config.switch_amortise_s,
+        );
+        d.reason(
+            why,
+            None,
+            format!(
+                "{:.2} req/s: ${:.2}/h for {:.2} req/s at SLO",
+                stable, mix.cost_per_hour, mix.requests_per_s
+            ),
+        );
+        if mix.requests_per_s + 1e-9 < stable {
+            d.reason(
+                ReasonKind::MinMax,
+                None,
+                "every variant at its maximum and still short",
+            );
+        }
+        let mut counts = mix.counts.clone();
+        let ready = plan::ready_counts(s, &limits);
+        if plan::make_before_break(&offers, &current, &ready, &mut counts, stable) {
+            d.reason(
+                ReasonKind::Stabilisation,
+                None,
+                "keeping ready replicas until their replacements are ready",
+            );
+        }
+        d.demand = Demand {
+            observed_requests_per_s: a.requests_per_s,
+            forecast_requests_per_s: forecast,
+            backlog_requests_per_s: backlog,
+            planned_requests_per_s: planned,
+            mean_prompt_tokens: w.mean_prompt_tokens,
+            mean_output_tokens: w.mean_output_tokens,
+            capacity_requests_per_s: crate::mix::evaluate(&offers, &counts).requests_per_s,
+            cost_per_hour: crate::mix::evaluate(&offers, &counts).cost_per_hour,
+        };
+        plan::fill_targets(&mut d, &self.profile, &limits, &counts);
+        d
+    }
+}

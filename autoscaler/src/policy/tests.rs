@@ -1,0 +1,300 @@
+//! The sluice policy's behaviour, tick by tick, on hand-made signals.
+
+use super::plan::VariantLimits;
+use super::{Policy, Sluice, SluiceConfig};
+use crate::capacity::Slo;
+use crate::decision::{Decision, Mode, ReasonKind};
+use crate::profile::{CapacityType, Profile};
+use crate::signals::{Arrivals, Queue, Signals, VariantSignals};
+
+const L4: &str = "nvidia-l4";
+const H100: &str = "nvidia-h100-80gb";
+
+fn profile() -> Profile {
+    Profile::load("llama-3-8b")
+        .unwrap()
+        .restrict(&[L4.into(), H100.into()])
+        .unwrap()
+}
+
+/// A TPOT SLO loose enough for the L4 to be worth something, so the mix has a choice.
+fn config() -> SluiceConfig {
+    let slo = Slo {
+        ttft_p99_s: 2.0,
+        tpot_p99_s: 0.2,
+    };
+    SluiceConfig::new(
+        slo,
+        vec![VariantLimits::new(L4, 100), VariantLimits::new(H100, 100)],
+    )
+}
+
+/// Signals at `t` for `rate` requests/s of 1000 + 200 tokens, with the given fleet
+/// (variant, capacity, ready, starting).
+fn signals(t: f64, rate: f64, waiting: u64, fleet: &[(&str, CapacityType, u32, u32)]) -> Signals {
+    Signals {
+        time_s: t,
+        model: "llama-3-8b".into(),
+        arrivals: Arrivals {
+            window_s: 60.0,
+            requests_per_s: rate,
+            prompt_tokens_per_s: rate * 1000.0,
+            output_tokens_per_s: rate * 200.0,
+            short_window_s: 10.0,
+            short_requests_per_s: rate,
+            max_prompt_tokens: 1000,
+            prompt_tokens_cv2: 0.0,
+        },
+        queue: Queue {
+            waiting,
+            waiting_prompt_tokens: waiting * 1000,
+            running: 0,
+        },
+        variants: fleet
+            .iter()
+            .map(|&(v, c, ready, starting)| VariantSignals {
+                variant: v.into(),
+                capacity: c,
+                ready,
+                starting,
+                ..VariantSignals::default()
+            })
+            .collect(),
+        ..Signals::default()
+    }
+}
+
+/// Runs the policy at a steady rate for `ticks` ticks, applying each decision as if replicas
+/// were ready at once; returns the last decision.
+fn settle(p: &mut Sluice, from: f64, ticks: usize, rate: f64) -> Decision {
+    let mut fleet = vec![
+        (L4, CapacityType::OnDemand, 0, 0),
+        (H100, CapacityType::OnDemand, 0, 0),
+    ];
+    let mut d = Decision::default();
+    for i in 0..ticks {
+        d = p.decide(&signals(from + i as f64 * 15.0, rate, 0, &fleet));
+        fleet = vec![
+            (
+                L4,
+                CapacityType::OnDemand,
+                d.replicas(L4, CapacityType::OnDemand),
+                0,
+            ),
+            (
+                H100,
+                CapacityType::OnDemand,
+                d.replicas(H100, CapacityType::OnDemand),
+                0,
+            ),
+        ];
+    }
+    d
+}
+
+#[test]
+fn small_demand_takes_small_replicas_and_large_demand_takes_h100s() {
+    let mut p = Sluice::new(profile(), config());
+    let small = settle(&mut p, 0.0, 10, 0.5);
+    assert!(
+        small.replicas_of(L4) >= 1 && small.replicas_of(H100) == 0,
+        "{:?}",
+        small.targets
+    );
+    let mut p = Sluice::new(profile(), config());
+    let large = settle(&mut p, 0.0, 10, 60.0);
+    assert!(large.replicas_of(H100) >= 3, "{:?}", large.targets);
+    // The chosen mix covers the planned demand, and the decision says why.
+    assert!(large.demand.capacity_requests_per_s >= large.demand.planned_requests_per_s);
+    assert!(large.has_reason(ReasonKind::CheapestMix) || large.has_reason(ReasonKind::KeepMix));
+    // Pools follow replicas (one GPU per node for both variants).
+    let pool = large
+        .pools
+        .iter()
+        .find(|p| p.variant == H100 && p.capacity == CapacityType::OnDemand)
+        .unwrap();
+    assert_eq!(pool.nodes, large.replicas_of(H100));
+}
+
+#[test]
+fn a_queue_spike_panics_scales_up_at_once_and_blocks_scale_down() {
+    let mut p = Sluice::new(profile(), config());
+    let d = settle(&mut p, 0.0, 30, 20.0);
+    let before = d.replicas_of(H100);
+    let fleet = [(H100, CapacityType::OnDemand, before, 0)];
+    // Arrivals triple over the last ten seconds and a thousand requests queue up.
+    let mut s = signals(450.0, 20.0, 1000, &fleet);
+    s.arrivals.short_requests_per_s = 60.0;
+    let spike = p.decide(&s);
+    assert_eq!(spike.mode, Mode::Panic);
+    assert!(spike.has_reason(ReasonKind::Panic) && spike.has_reason(ReasonKind::Backlog));
+    let grown = spike.replicas_of(H100);
+    assert!(grown > before, "{before} → {grown}");
+    // The queue drains and the rate halves, but panic holds the fleet for its window.
+    let fleet = [(H100, CapacityType::OnDemand, grown, 0)];
+    let calm = p.decide(&signals(480.0, 10.0, 0, &fleet));
+    assert_eq!(calm.mode, Mode::Panic);
+    assert_eq!(calm.replicas_of(H100), grown);
+}
+
+#[test]
+fn scale_down_waits_for_the_stabilisation_window() {
+    let mut p = Sluice::new(profile(), config());
+    let d = settle(&mut p, 0.0, 30, 40.0);
+    let high = d.replicas_of(H100);
+    let mut fleet = [
+        (L4, CapacityType::OnDemand, d.replicas_of(L4), 0),
+        (H100, CapacityType::OnDemand, high, 0),
+    ];
+    // The rate falls to a quarter: nothing is released for five minutes...
+    for i in 0..19 {
+        let d = p.decide(&signals(450.0 + f64::from(i) * 15.0, 10.0, 0, &fleet));
+        assert_eq!(d.replicas_of(H100), high, "tick {i}");
+        if i > 0 {
+            assert!(d.has_reason(ReasonKind::Stabilisation));
+        }
+    }
+    // ...then the fleet follows the demand down.
+    for i in 19..30 {
+        let d = p.decide(&signals(450.0 + f64::from(i) * 15.0, 10.0, 0, &fleet));
+        fleet = [
+            (L4, CapacityType::OnDemand, d.replicas_of(L4), 0),
+            (H100, CapacityType::OnDemand, d.replicas_of(H100), 0),
+        ];
+    }
+    assert!(fleet[1].2 < high, "{} → {}", high, fleet[1].2);
+}
+
+#[test]
+fn a_rising_rate_is_provisioned_ahead_by_the_forecast() {
+    let mut p = Sluice::new(profile(), config());
+    let mut last = Decision::default();
+    for i in 0..60 {
+        let t = f64::from(i) * 15.0;
+        last = p.decide(&signals(t, 5.0 + 0.02 * t, 0, &[]));
+    }
+    let observed = last.demand.observed_requests_per_s;
+    assert!(last.has_reason(ReasonKind::Forecast));
+    assert!(
+        last.demand.forecast_requests_per_s > observed + 2.0,
+        "{:?}",
+        last.demand
+    );
+    assert!(last.demand.planned_requests_per_s > last.demand.forecast_requests_per_s);
+}
+
+#[test]
+fn spot_first_replaced_when_preempted_and_on_demand_when_out_of_stock() {
+    // H100s only, so a Spot stockout has one way out: on-demand H100s.
+    let mut cfg = config();
+    cfg.limits.remove(0);
+    cfg.spot = true;
+    let mut p = Sluice::new(profile(), cfg);
+    let d = settle(&mut p, 0.0, 4, 0.0);
+    assert_eq!(d.replicas_of(H100), 0);
+    let d = p.decide(&signals(60.0, 30.0, 0, &[]));
+    let spot = d.replicas(H100, CapacityType::Spot);
+    assert!(
+        spot >= 1 && d.replicas(H100, CapacityType::OnDemand) == 0,
+        "{:?} {:?}",
+        d.targets,
+        d.reasons
+    );
+    // Two reclaimed: they vanish from the counts and are asked for again at once.
+    let mut s = signals(75.0, 30.0, 0, &[(H100, CapacityType::Spot, spot - 1, 0)]);
+    s.variants[0].preempted = 1;
+    let d = p.decide(&s);
+    assert!(d.has_reason(ReasonKind::SpotReplacement));
+    assert_eq!(d.replicas(H100, CapacityType::Spot), spot);
+    // Spot replicas pending for over ten minutes: a stockout, on-demand takes over.
+    let mut s = signals(90.0, 30.0, 0, &[(H100, CapacityType::Spot, 0, 0)]);
+    s.variants[0].pending = spot;
+    s.variants[0].oldest_pending_s = 700.0;
+    let d = p.decide(&s);
+    assert!(d.has_reason(ReasonKind::Spot));
+    assert!(
+        d.replicas(H100, CapacityType::OnDemand) >= 1,
+        "{:?}",
+        d.targets
+    );
+}
+
+#[test]
+fn idle_models_scale_to_zero_but_keep_warm_replicas_while_traffic_is_recent() {
+    let mut cfg = config();
+    cfg.limits[0].keep_warm = 1;
+    cfg.scale_to_zero_after_s = 300.0;
+    let mut p = Sluice::new(profile(), cfg);
+    settle(&mut p, 0.0, 10, 0.5);
+    // Traffic stops: the warm L4 stays while the last request is recent...
+    let fleet = [(L4, CapacityType::OnDemand, 1, 0)];
+    let d = p.decide(&signals(200.0, 0.0, 0, &fleet));
+    assert!(d.replicas_of(L4) >= 1);
+    // ...and goes once the model has idled past the delay.
+    let mut d = Decision::default();
+    for i in 0..40 {
+        d = p.decide(&signals(215.0 + f64::from(i) * 15.0, 0.0, 0, &fleet));
+    }
+    assert_eq!(d.replicas_of(L4) + d.replicas_of(H100), 0);
+    assert!(d.has_reason(ReasonKind::ScaleToZero));
+}
+
+#[test]
+fn a_switch_of_mix_keeps_ready_replicas_until_the_new_ones_serve() {
+    use crate::mix::Offer;
+    use crate::policy::plan::make_before_break;
+    let offer = |v: &str, rps: f64, price: f64| Offer {
+        variant: v.into(),
+        capacity: CapacityType::OnDemand,
+        requests_per_s: rps,
+        price_per_hour: price,
+        min: 0,
+        max: 100,
+    };
+    let offers = [offer(L4, 1.0, 0.842), offer(H100, 16.0, 9.88)];
+    // Six ready L4s; the cheapest answer to 8 req/s is one H100, not ready yet.
+    let mut counts = [0, 1];
+    assert!(make_before_break(
+        &offers,
+        &[6, 1],
+        &[6, 0],
+        &mut counts,
+        8.0
+    ));
+    assert_eq!(counts, [6, 1], "the ready L4s serve until the H100 is up");
+    // Once it is ready, the L4s go.
+    let mut counts = [0, 1];
+    assert!(!make_before_break(
+        &offers,
+        &[6, 1],
+        &[6, 1],
+        &mut counts,
+        8.0
+    ));
+    assert_eq!(counts, [0, 1]);
+    // Starting L4s are cancelled at once: only ready capacity is kept.
+    let mut counts = [0, 1];
+    make_before_break(&offers, &[6, 1], &[2, 0], &mut counts, 8.0);
+    assert_eq!(counts, [2, 1]);
+}
+
+#[test]
+fn signals_and_decisions_round_trip_through_json() {
+    let s = signals(15.0, 3.0, 2, &[(H100, CapacityType::Spot, 1, 1)]);
+    let text = serde_json::to_string(&s).unwrap();
+    assert!(text.contains("\"capacity\":\"spot\""));
+    let back: Signals = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, s);
+    let mut p = Sluice::new(profile(), config());
+    let d = p.decide(&s);
+    let back: Decision = serde_json::from_str(&serde_json::to_string(&d).unwrap()).unwrap();
+    // Floats may differ in the last bit through JSON; the actionable parts must not.
+    assert_eq!(
+        (&back.targets, &back.pools, &back.reasons, back.mode),
+        (&d.targets, &d.pools, &d.reasons, d.mode)
+    );
+    assert!((back.demand.planned_requests_per_s - d.demand.planned_requests_per_s).abs() < 1e-9);
+    // Partial signals (what a controller may have) parse with defaults.
+    let partial: Signals = serde_json::from_str(r#"{"time_s": 1.0, "model": "m", "arrivals": {"window_s": 60, "requests_per_s": 1, "prompt_tokens_per_s": 100, "output_tokens_per_s": 10, "short_window_s": 10, "short_requests_per_s": 1, "max_prompt_tokens": 100}, "queue": {"waiting": 0, "waiting_prompt_tokens": 0, "running": 0}, "latency": {"window_s": 60}, "variants": [], "pools": []}"#).unwrap();
+    assert_eq!(partial.request_shape(), Some((100.0, 10.0)));
+}

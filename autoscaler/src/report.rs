@@ -1,0 +1,268 @@
+//! Per-policy figures from a run, the table, and the JSON report.
+
+use std::path::Path;
+
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use serde::{Deserialize, Serialize};
+
+use crate::capacity::Slo;
+use crate::error::{Error, Result};
+use crate::sim::{Outcome, Run};
+
+/// Requests are grouped by arrival into buckets this long to find bursts the fleet missed.
+pub const BURST_BUCKET_S: f64 = 30.0;
+
+/// One policy's figures.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    pub requests: usize,
+    /// Share of requests meeting both the TTFT and the TPOT SLO (refused, cut and unfinished
+    /// requests miss).
+    pub slo_attainment: f64,
+    pub ttft_p50_s: f64,
+    pub ttft_p99_s: f64,
+    pub tpot_p50_s: f64,
+    pub tpot_p99_s: f64,
+    pub gpu_hours: f64,
+    pub cost_usd: f64,
+    /// Cost over the oracle's, when the oracle ran.
+    pub cost_vs_oracle: Option<f64>,
+    /// Ticks × pools whose replica count the policy changed.
+    pub scale_events: usize,
+    pub replicas_started: usize,
+    pub failed: usize,
+    pub unfinished: usize,
+    pub spot_preemptions: usize,
+    /// Episodes of consecutive 30-second arrival buckets below the attainment goal.
+    pub bursts: usize,
+    /// Longest and mean such episode: the time the fleet took to recover.
+    pub recovery_s_max: f64,
+    pub recovery_s_mean: f64,
+}
+
+/// The JSON report: the scenario as printed, and a summary per policy.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub scenario: serde_json::Value,
+    pub policies: std::collections::BTreeMap<String, Summary>,
+    pub order: Vec<String>,
+    pub elapsed_s: f64,
+}
+
+fn percentile(xs: &mut [f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.sort_by(f64::total_cmp);
+    let i = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len()) - 1;
+    xs[i]
+}
+
+/// Whether a request met both SLOs.
+pub fn met(o: &Outcome, slo: &Slo) -> bool {
+    !o.failed
+        && o.ttft_s.is_some_and(|t| t <= slo.ttft_p99_s)
+        && o.tpot_s.is_some_and(|t| t <= slo.tpot_p99_s)
+}
+
+/// Summarises a run. An unfinished request's TTFT counts as the time it waited (a lower bound).
+pub fn summarise(run: &Run, slo: &Slo, goal: f64) -> Summary {
+    let n = run.outcomes.len();
+    let ok = run.outcomes.iter().filter(|o| met(o, slo)).count();
+    let mut ttft: Vec<f64> = run
+        .outcomes
+        .iter()
+        .filter(|o| !o.failed)
+        .map(|o| o.ttft_s.unwrap_or((run.end_s - o.arrival_s).max(0.0)))
+        .collect();
+    let mut tpot: Vec<f64> = run.outcomes.iter().filter_map(|o| o.tpot_s).collect();
+    let failed = run.outcomes.iter().filter(|o| o.failed).count();
+    let unfinished = run
+        .outcomes
+        .iter()
+        .filter(|o| !o.failed && o.tpot_s.is_none())
+        .count();
+    let (bursts, max, mean) = recovery(&run.outcomes, slo, goal);
+    Summary {
+        requests: n,
+        slo_attainment: if n == 0 { 1.0 } else { ok as f64 / n as f64 },
+        ttft_p50_s: percentile(&mut ttft, 0.5),
+        ttft_p99_s: percentile(&mut ttft, 0.99),
+        tpot_p50_s: percentile(&mut tpot, 0.5),
+        tpot_p99_s: percentile(&mut tpot, 0.99),
+        gpu_hours: run.gpu_hours,
+        cost_usd: run.cost_usd,
+        cost_vs_oracle: None,
+        scale_events: run.scale_events,
+        replicas_started: run.replicas_started,
+        failed,
+        unfinished,
+        spot_preemptions: run.spot_preemptions,
+        bursts,
+        recovery_s_max: max,
+        recovery_s_mean: mean,
+    }
+}
+
+/// Episodes of consecutive arrival buckets whose attainment is below `goal`: count, longest
+/// and mean duration in seconds.
+pub fn recovery(outcomes: &[Outcome], slo: &Slo, goal: f64) -> (usize, f64, f64) {
+    let end = outcomes.iter().map(|o| o.arrival_s).fold(0.0, f64::max);
+    let n = (end / BURST_BUCKET_S).floor() as usize + 1;
+    let mut total = vec![0u32; n];
+    let mut good = vec![0u32; n];
+    for o in outcomes {
+        let b = ((o.arrival_s / BURST_BUCKET_S) as usize).min(n - 1);
+        total[b] += 1;
+        good[b] += u32::from(met(o, slo));
+    }
+    let mut episodes = Vec::new();
+    let mut run = 0usize;
+    for b in 0..n {
+        let bad = total[b] > 0 && f64::from(good[b]) < goal * f64::from(total[b]);
+        if bad {
+            run += 1;
+        } else if run > 0 {
+            episodes.push(run);
+            run = 0;
+        }
+    }
+    if run > 0 {
+        episodes.push(run);
+    }
+    let secs: Vec<f64> = episodes
+        .iter()
+        .map(|&e| e as f64 * BURST_BUCKET_S)
+        .collect();
+    let max = secs.iter().copied().fold(0.0, f64::max);
+    let mean = if secs.is_empty() {
+        0.0
+    } else {
+        secs.iter().sum::<f64>() / secs.len() as f64
+    };
+    (secs.len(), max, mean)
+}
+
+/// Fills `cost_vs_oracle` from the oracle's summary, if present.
+pub fn relate_to_oracle(summaries: &mut [(String, Summary)]) {
+    let oracle = summaries
+        .iter()
+        .find(|(n, _)| n == "oracle")
+        .map(|(_, s)| s.cost_usd);
+    if let Some(o) = oracle.filter(|&o| o > 0.0) {
+        for (_, s) in summaries.iter_mut() {
+            s.cost_vs_oracle = Some(s.cost_usd / o);
+        }
+    }
+}
+
+fn ms(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else {
+        format!("{:.0}", x * 1000.0)
+    }
+}
+
+/// The comparison table.
+pub fn table(summaries: &[(String, Summary)]) -> String {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "policy",
+        "SLO met",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "TPOT p50 ms",
+        "TPOT p99 ms",
+        "GPU-h",
+        "cost $",
+        "× oracle",
+        "scale ev.",
+        "bursts",
+        "recover max s",
+    ]);
+    for (name, s) in summaries {
+        let row = vec![
+            name.clone(),
+            format!("{:.2} %", s.slo_attainment * 100.0),
+            ms(s.ttft_p50_s),
+            ms(s.ttft_p99_s),
+            ms(s.tpot_p50_s),
+            ms(s.tpot_p99_s),
+            format!("{:.1}", s.gpu_hours),
+            format!("{:.2}", s.cost_usd),
+            s.cost_vs_oracle.map_or("-".into(), |x| format!("{x:.2}")),
+            s.scale_events.to_string(),
+            s.bursts.to_string(),
+            format!("{:.0}", s.recovery_s_max),
+        ];
+        t.add_row(row.into_iter().enumerate().map(|(i, c)| {
+            let cell = Cell::new(c);
+            if i == 0 {
+                cell
+            } else {
+                cell.set_alignment(CellAlignment::Right)
+            }
+        }));
+    }
+    t.to_string()
+}
+
+/// Writes the JSON report.
+pub fn write_json(path: &Path, report: &Report) -> Result<()> {
+    let text = serde_json::to_string_pretty(report).map_err(Error::Json)?;
+    std::fs::write(path, text).map_err(|source| Error::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn o(t: f64, ttft: f64, tpot: f64) -> Outcome {
+        Outcome {
+            arrival_s: t,
+            ttft_s: Some(ttft),
+            tpot_s: Some(tpot),
+            failed: false,
+        }
+    }
+
+    #[test]
+    fn attainment_needs_both_slos_and_bursts_are_runs_of_bad_buckets() {
+        let slo = Slo {
+            ttft_p99_s: 2.0,
+            tpot_p99_s: 0.1,
+        };
+        assert!(met(&o(0.0, 1.0, 0.05), &slo));
+        assert!(!met(&o(0.0, 3.0, 0.05), &slo));
+        assert!(!met(&o(0.0, 1.0, 0.2), &slo));
+        assert!(!met(
+            &Outcome {
+                failed: true,
+                ..o(0.0, 1.0, 0.05)
+            },
+            &slo
+        ));
+        // Buckets 0..10 good except 3, 4 and 7.
+        let mut outs = Vec::new();
+        for b in 0..10 {
+            let bad = [3, 4, 7].contains(&b);
+            for i in 0..10 {
+                let t = f64::from(b) * BURST_BUCKET_S + f64::from(i);
+                outs.push(if bad {
+                    o(t, 5.0, 0.05)
+                } else {
+                    o(t, 0.5, 0.05)
+                });
+            }
+        }
+        let (n, max, mean) = recovery(&outs, &slo, 0.99);
+        assert_eq!(n, 2);
+        assert_eq!(max, 2.0 * BURST_BUCKET_S);
+        assert_eq!(mean, 1.5 * BURST_BUCKET_S);
+    }
+}

@@ -1,0 +1,338 @@
+//! A scenario: the model, variants, SLO, trace scaling and fleet behaviour every policy runs
+//! under, the policies built for it, and running them side by side.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::baselines::hpa::{Hpa, HpaConfig, HpaMetric};
+use crate::baselines::kpa::{Kpa, KpaConfig};
+use crate::baselines::oracle::{Oracle, OracleConfig};
+use crate::baselines::static_peak::StaticPeak;
+use crate::capacity::{self, Planning, Slo, Workload};
+use crate::error::{Error, Result};
+use crate::mix;
+use crate::policy::plan::{self, VariantLimits};
+use crate::policy::{Policy, Sluice, SluiceConfig};
+use crate::profile::{CapacityType, Profile};
+use crate::sim::{self, Run, SimConfig};
+use crate::trace::{Request, Timeline};
+
+/// Every policy the simulator knows, in report order.
+pub const POLICIES: &[&str] = &[
+    "sluice",
+    "static-peak",
+    "hpa-cpu",
+    "hpa-concurrency",
+    "kpa",
+    "oracle",
+];
+
+/// Bucket of the arrival timeline the oracle and static peak read.
+const TIMELINE_BUCKET_S: f64 = 10.0;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Scenario {
+    pub profile: Profile,
+    pub slo: Slo,
+    pub planning: Planning,
+    pub rate_scale: f64,
+    /// Buy Spot (every policy: sluice Spot first with on-demand fallback, baselines on Spot).
+    pub spot: bool,
+    pub max_replicas_per_variant: u32,
+    pub sim: SimConfig,
+    /// The variant single-variant baselines scale; `None` picks the cheapest per request at
+    /// SLO for the trace's mean shape.
+    pub baseline_variant: Option<String>,
+    /// Attainment the burst-recovery figure measures against.
+    pub goal: f64,
+}
+
+impl Scenario {
+    /// The default scenario: Llama-3-8B on L4 and H100, TTFT p99 ≤ 2 s, TPOT p99 ≤ 100 ms,
+    /// the trace's rate × 4, on demand.
+    pub fn default_for(profile: Profile) -> Scenario {
+        Scenario {
+            profile,
+            slo: Slo {
+                ttft_p99_s: 2.0,
+                tpot_p99_s: 0.1,
+            },
+            planning: Planning::default(),
+            rate_scale: 4.0,
+            spot: false,
+            max_replicas_per_variant: 200,
+            sim: SimConfig::default(),
+            baseline_variant: None,
+            goal: 0.99,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::Scenario(m.to_string()));
+        if self.rate_scale.is_nan() || self.rate_scale <= 0.0 {
+            return bad("rate scale must be positive");
+        }
+        if self.slo.ttft_p99_s.is_nan()
+            || self.slo.tpot_p99_s.is_nan()
+            || self.slo.ttft_p99_s <= 0.0
+            || self.slo.tpot_p99_s <= 0.0
+        {
+            return bad("SLOs must be positive");
+        }
+        if self.sim.tick_s.is_nan()
+            || self.sim.window_s.is_nan()
+            || self.sim.tick_s <= 0.0
+            || self.sim.window_s <= 0.0
+        {
+            return bad("tick and window must be positive");
+        }
+        if self.planning.tpot_share.is_nan()
+            || self.planning.ttft_share.is_nan()
+            || self.planning.tpot_share <= 0.0
+            || self.planning.ttft_share <= 0.0
+        {
+            return bad("planning shares must be positive");
+        }
+        Ok(())
+    }
+
+    fn capacity_type(&self) -> CapacityType {
+        if self.spot {
+            CapacityType::Spot
+        } else {
+            CapacityType::OnDemand
+        }
+    }
+
+    fn limits(&self) -> Vec<VariantLimits> {
+        self.profile
+            .variants
+            .iter()
+            .map(|v| VariantLimits::new(&v.name, self.max_replicas_per_variant))
+            .collect()
+    }
+
+    /// The single-variant baselines' variant and its capacity at SLO for the mean shape.
+    pub fn baseline_choice(&self, mean: &Workload) -> Result<(String, capacity::Capacity)> {
+        if let Some(name) = &self.baseline_variant {
+            let v = self.profile.variant(name)?;
+            return Ok((
+                name.clone(),
+                capacity::at_slo(v, mean, &self.slo, &self.planning),
+            ));
+        }
+        let limits = self.limits();
+        let (caps, _) = plan::capacities(&self.profile, &limits, mean, &self.slo, &self.planning);
+        let cap_type = self.capacity_type();
+        let best = self
+            .profile
+            .variants
+            .iter()
+            .zip(caps)
+            .filter(|(_, c)| c.requests_per_s > 0.0)
+            .min_by(|(a, ca), (b, cb)| {
+                let ua = a.replica_price_per_hour(cap_type) / ca.requests_per_s;
+                let ub = b.replica_price_per_hour(cap_type) / cb.requests_per_s;
+                ua.total_cmp(&ub)
+            })
+            .ok_or_else(|| {
+                Error::Scenario("no variant can serve this trace's mean request".into())
+            })?;
+        Ok((best.0.name.clone(), best.1))
+    }
+}
+
+/// Mean prompt and output tokens of the requests.
+pub fn mean_shape(requests: &[Request]) -> Workload {
+    let n = requests.len() as f64;
+    let p: f64 = requests.iter().map(|r| f64::from(r.prompt_tokens)).sum();
+    let p2: f64 = requests
+        .iter()
+        .map(|r| f64::from(r.prompt_tokens).powi(2))
+        .sum();
+    let o: f64 = requests.iter().map(|r| f64::from(r.output_tokens)).sum();
+    Workload {
+        mean_prompt_tokens: p / n.max(1.0),
+        mean_output_tokens: o / n.max(1.0),
+        prompt_cv2: crate::sim::observe::cv2(n, p, p2),
+    }
+}
+
+/// A policy ready to run, and the fleet it starts with per pool key.
+pub struct Prepared {
+    pub policy: Box<dyn Policy + Send>,
+    pub initial: Vec<u32>,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("policy", &self.policy.name())
+            .field("initial", &self.initial)
+            .finish()
+    }
+}
+
+/// Builds the named policies for a scenario and trace. Every policy starts with the fleet the
+/// capacity model sizes for the arrivals before the first replica it could add is up, on the
+/// variants it manages.
+pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result<Vec<Prepared>> {
+    scn.validate()?;
+    let timeline = Arc::new(Timeline::new(requests, TIMELINE_BUCKET_S));
+    let limits = scn.limits();
+    let keys = plan::offer_keys(&limits);
+    let cap_type = scn.capacity_type();
+    let mean = mean_shape(requests);
+    let (base_variant, base_cap) = scn.baseline_choice(&mean)?;
+    // The trace is cut from a running service: every policy starts with the fleet the capacity
+    // model sizes for the busiest window before a replica asked for at time zero could serve.
+    let lead = scn
+        .profile
+        .variants
+        .iter()
+        .map(|v| v.startup_s(true))
+        .fold(0.0, f64::max);
+    let sizing = crate::baselines::oracle::Sizing {
+        profile: &scn.profile,
+        limits: &limits,
+        slo: &scn.slo,
+        planning: &scn.planning,
+    };
+    let first =
+        crate::baselines::oracle::peak_window(sizing, &timeline, scn.sim.window_s, 0.0, lead);
+    // Cheapest fleet for the first window over `allowed` variants, as counts per key.
+    let sized = |allowed: &dyn Fn(&str) -> bool| -> Vec<u32> {
+        let Some((rate, w)) = first else {
+            return vec![0; keys.len()];
+        };
+        let (caps, _) = plan::capacities(&scn.profile, &limits, &w, &scn.slo, &scn.planning);
+        let zero = vec![0; keys.len()];
+        let offers = plan::offers(
+            &scn.profile,
+            &limits,
+            &caps,
+            &zero,
+            |n, c| c == cap_type && allowed(n),
+            |l| l.min,
+        );
+        mix::cheapest(&offers, rate).counts
+    };
+    let mut out = Vec::new();
+    for name in names {
+        let all = sized(&|_| true);
+        let single = sized(&|n| n == base_variant);
+        let (policy, initial): (Box<dyn Policy + Send>, Vec<u32>) = match name.as_str() {
+            "sluice" => {
+                let mut cfg = SluiceConfig::new(scn.slo, limits.clone());
+                cfg.planning = scn.planning;
+                cfg.spot = scn.spot;
+                (Box::new(Sluice::new(scn.profile.clone(), cfg)), all)
+            }
+            "static-peak" => {
+                let mut p = StaticPeak::new(
+                    scn.profile.clone(),
+                    limits.clone(),
+                    &scn.slo,
+                    &scn.planning,
+                    cap_type,
+                    &timeline,
+                    scn.sim.window_s,
+                );
+                let counts = p
+                    .decide(&Default::default())
+                    .targets
+                    .iter()
+                    .map(|t| t.replicas)
+                    .collect();
+                (Box::new(p), counts)
+            }
+            "oracle" => {
+                let cfg = OracleConfig {
+                    slo: scn.slo,
+                    planning: scn.planning,
+                    limits: limits.clone(),
+                    capacity: cap_type,
+                    window_s: scn.sim.window_s,
+                    hold_s: 60.0,
+                    switch_amortise_s: 600.0,
+                };
+                (
+                    Box::new(Oracle::new(scn.profile.clone(), cfg, timeline.clone())),
+                    all,
+                )
+            }
+            "hpa-cpu" | "hpa-concurrency" => {
+                let (metric, target) = if name == "hpa-cpu" {
+                    (HpaMetric::Cpu, 0.6)
+                } else {
+                    // What a replica holds at 70 % of its capacity at SLO: the usual headroom,
+                    // taken on the rate since in-flight grows steeply near saturation.
+                    let v = scn.profile.variant(&base_variant)?;
+                    let b = capacity::batch_at_rate(v, &mean, 0.7 * base_cap.requests_per_s);
+                    (HpaMetric::Concurrency, b.unwrap_or(base_cap.batch).max(1.0))
+                };
+                let cfg = HpaConfig {
+                    metric,
+                    target,
+                    tolerance: 0.1,
+                    scale_down_window_s: 300.0,
+                    min: 1,
+                    max: scn.max_replicas_per_variant,
+                    variant: base_variant.clone(),
+                    capacity: cap_type,
+                };
+                (Box::new(Hpa::new(scn.profile.clone(), cfg)), single)
+            }
+            "kpa" => {
+                let cfg = KpaConfig {
+                    target: base_cap.batch.max(1.0),
+                    utilisation: 0.7,
+                    stable_window_s: 60.0,
+                    panic_window_s: 6.0,
+                    panic_threshold: 2.0,
+                    scale_to_zero_grace_s: 30.0,
+                    max_scale_down_rate: 2.0,
+                    max: scn.max_replicas_per_variant,
+                    variant: base_variant.clone(),
+                    capacity: cap_type,
+                };
+                (Box::new(Kpa::new(scn.profile.clone(), cfg)), single)
+            }
+            other => {
+                return Err(Error::Scenario(format!(
+                    "unknown policy {other:?} (known: {})",
+                    POLICIES.join(", ")
+                )));
+            }
+        };
+        out.push(Prepared { policy, initial });
+    }
+    Ok(out)
+}
+
+/// Runs every prepared policy over the same requests, in parallel threads.
+pub fn run_all(scn: &Scenario, requests: &[Request], prepared: Vec<Prepared>) -> Vec<Run> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = prepared
+            .into_iter()
+            .map(|mut p| {
+                s.spawn(move || {
+                    sim::run(
+                        &scn.sim,
+                        &scn.profile,
+                        &scn.slo,
+                        &scn.planning,
+                        requests,
+                        p.policy.as_mut(),
+                        &p.initial,
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a simulation thread panicked"))
+            .collect()
+    })
+}

@@ -1,0 +1,102 @@
+//! The gateway: one FIFO queue in front of the replicas and least-load routing.
+//!
+//! A request waits here until some ready replica can admit it (sequence slot, KV for its whole
+//! length, a short prefill backlog); among those it goes to the least loaded relative to what
+//! the replica's variant serves at SLO: sequences held divided by the variant's planned batch
+//! (the capacity model's in-flight count at the SLO for the current request shape), so an H100
+//! and an L4 reach their SLO limits together instead of the L4 being loaded like an H100.
+//! Ties go to the earliest estimated first token. Work queues centrally rather than on replicas so a replica that has
+//! just started takes the backlog at once. The queue is first come, first served, except that
+//! a request no ready replica could ever hold (a long prompt while only small-memory replicas
+//! run) is passed over rather than blocking everyone behind it.
+
+use std::collections::VecDeque;
+
+use crate::sim::fleet::Fleet;
+use crate::trace::Request;
+
+/// How far past the head the router looks for requests the head's blocking does not concern.
+const SCAN: usize = 64;
+
+#[derive(Debug, Default)]
+pub struct Gateway {
+    queue: VecDeque<u32>,
+    /// A contiguous copy of the queue for signals, rebuilt lazily.
+    view: Vec<u32>,
+}
+
+impl Gateway {
+    pub fn push(&mut self, idx: u32) {
+        self.queue.push_back(idx);
+    }
+
+    /// Requests a Spot reclaim took back before their first token go first.
+    pub fn requeue_front(&mut self, ids: &[u32]) {
+        for &i in ids.iter().rev() {
+            self.queue.push_front(i);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub fn waiting(&mut self) -> &[u32] {
+        self.view.clear();
+        self.view.extend(self.queue.iter().copied());
+        &self.view
+    }
+
+    /// Admits what it can at `now`; returns the replicas that took work.
+    /// `weights[key]` is the planned batch of each pool key's variant.
+    pub fn dispatch(
+        &mut self,
+        now: f64,
+        requests: &[Request],
+        fleet: &mut Fleet,
+        active: &[usize],
+        weights: &[f64],
+    ) -> Vec<usize> {
+        let mut touched = Vec::new();
+        let mut i = 0;
+        while i < self.queue.len().min(SCAN) {
+            let idx = self.queue[i];
+            let r = &requests[idx as usize];
+            let mut best: Option<((f64, f64), usize)> = None;
+            let mut could_fit = false;
+            for &id in active {
+                let rep = &fleet.replicas[id];
+                if !rep.is_ready() {
+                    continue;
+                }
+                if rep.fits(r) {
+                    could_fit = true;
+                }
+                if rep.can_admit(r) {
+                    let load = (rep.seqs() + 1) as f64 / weights[rep.key].max(1e-9);
+                    let est = (load, rep.estimated_ttft_s(r));
+                    if best.is_none_or(|(b, _)| est < b) {
+                        best = Some((est, id));
+                    }
+                }
+            }
+            match best {
+                Some((_, id)) => {
+                    fleet.replicas[id].admit(now, idx, r);
+                    self.queue.remove(i);
+                    if !touched.contains(&id) {
+                        touched.push(id);
+                    }
+                }
+                // Head-of-line: it fits a ready replica, just not now; everyone waits.
+                None if could_fit => break,
+                None => i += 1,
+            }
+        }
+        touched
+    }
+}

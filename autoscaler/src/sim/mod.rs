@@ -1,0 +1,489 @@
+//! The discrete-event simulator: a trace through a gateway queue, least-load routing and
+//! replicas batching by the profile's model, scaled by a [`Policy`] every tick.
+//!
+//! - [`replica`]: one replica's batching in closed form between events.
+//! - [`fleet`]: nodes, replicas, start-up delays, billing; the simulator's actuator.
+//! - [`gateway`]: the central queue and least-load routing.
+//! - [`observe`]: the windows that become each tick's [`Signals`](crate::signals::Signals).
+//! - [`run`](self::run()): the event loop.
+//!
+//! Events are arrivals (read in order from the trace), replica completions (one pending per
+//! replica, invalidated by an epoch when its batch changes), replicas becoming ready, policy
+//! ticks, and Spot reclaim notices and kills. Everything is deterministic for a seed.
+
+pub mod fleet;
+pub mod gateway;
+pub mod observe;
+pub mod replica;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::capacity::{self, Planning, Slo};
+use crate::decision::Decision;
+use crate::policy::plan::offer_keys;
+use crate::policy::{Policy, VariantLimits};
+use crate::profile::{CapacityType, Profile};
+use crate::trace::Request;
+use fleet::{Fleet, Pool};
+use gateway::Gateway;
+use observe::Observer;
+use replica::{Ord64, Phase, Progress};
+
+/// How the fleet behaves, independent of the policy.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SimConfig {
+    pub tick_s: f64,
+    /// Long window of the arrival rate in the signals.
+    pub window_s: f64,
+    pub short_window_s: f64,
+    pub latency_window_s: f64,
+    /// Spot reclaims per node-hour (exponential lifetimes).
+    pub spot_preemptions_per_node_hour: f64,
+    /// Notice before a reclaimed Spot node disappears (GCE gives 30 s).
+    pub spot_notice_s: f64,
+    /// Requests still unfinished this long after the last arrival are counted as failed.
+    pub max_drain_s: f64,
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            tick_s: 15.0,
+            window_s: 60.0,
+            short_window_s: 10.0,
+            latency_window_s: 60.0,
+            spot_preemptions_per_node_hour: 0.0,
+            spot_notice_s: 30.0,
+            max_drain_s: 1800.0,
+            seed: 1,
+        }
+    }
+}
+
+/// What happened to one request.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub arrival_s: f64,
+    /// Seconds to the first token; `None` if none came.
+    pub ttft_s: Option<f64>,
+    /// Mean seconds per output token after the first; `None` if it did not finish.
+    pub tpot_s: Option<f64>,
+    /// Refused (longer than any replica holds), or its stream cut by a Spot reclaim.
+    pub failed: bool,
+}
+
+/// One tick of the fleet, for the plot.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Sample {
+    pub time_s: f64,
+    pub arrival_rate: f64,
+    /// Ready replicas per variant (both capacity types), in the profile's variant order.
+    pub ready: Vec<u32>,
+    /// Starting or pending, per variant.
+    pub starting: Vec<u32>,
+    pub queue: u64,
+}
+
+/// A policy's run.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub policy: String,
+    pub outcomes: Vec<Outcome>,
+    pub cost_usd: f64,
+    pub gpu_hours: f64,
+    pub scale_events: usize,
+    pub replicas_started: usize,
+    pub spot_preemptions: usize,
+    pub end_s: f64,
+    pub samples: Vec<Sample>,
+    pub variants: Vec<String>,
+    /// The last decision, for `--explain`-style output.
+    pub last_decision: Option<Decision>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Ready(usize),
+    Step(usize, u64),
+    SpotNotice(usize),
+    SpotKill(usize),
+    Tick,
+}
+
+/// The pools a profile gives: every variant on demand and on Spot, in [`offer_keys`] order.
+pub fn pools(profile: &Profile) -> (Vec<VariantLimits>, Vec<Pool>) {
+    let limits: Vec<VariantLimits> = profile
+        .variants
+        .iter()
+        .map(|v| VariantLimits::new(&v.name, u32::MAX))
+        .collect();
+    let pools = offer_keys(&limits)
+        .into_iter()
+        .map(|(name, capacity)| Pool {
+            variant: profile.variant(&name).expect("from the profile").clone(),
+            capacity,
+        })
+        .collect();
+    (limits, pools)
+}
+
+struct Sim<'a> {
+    cfg: &'a SimConfig,
+    requests: &'a [Request],
+    fleet: Fleet,
+    gateway: Gateway,
+    observer: Observer,
+    heap: BinaryHeap<Reverse<(Ord64, u64, Kind)>>,
+    seq: u64,
+    outcomes: Vec<Outcome>,
+    first_token: Vec<f64>,
+    active: Vec<usize>,
+    rng: ChaCha8Rng,
+    preempted: Vec<u32>,
+    spot_preemptions: usize,
+    progress: Vec<Progress>,
+    /// Requests finished, refused or cut.
+    settled: usize,
+    /// Routing weight per pool key: the variant's planned batch for the current request shape.
+    weights: Vec<f64>,
+    slo: Slo,
+    planning: Planning,
+}
+
+impl Sim<'_> {
+    fn push(&mut self, t: f64, kind: Kind) {
+        self.seq += 1;
+        self.heap.push(Reverse((Ord64(t), self.seq, kind)));
+    }
+
+    fn reschedule(&mut self, id: usize) {
+        let r = &mut self.fleet.replicas[id];
+        r.epoch += 1;
+        let epoch = r.epoch;
+        if let Some(t) = r.next_event() {
+            self.push(t, Kind::Step(id, epoch));
+        }
+    }
+
+    fn record(&mut self, p: Progress, key: usize) {
+        match p {
+            Progress::FirstToken { req, t } => {
+                let a = self.requests[req as usize].arrival_s;
+                self.first_token[req as usize] = t;
+                self.outcomes[req as usize].ttft_s = Some(t - a);
+                self.observer.on_first_token(t, t - a, key);
+            }
+            Progress::Finished { req, t } => {
+                let r = &self.requests[req as usize];
+                let tpot = if r.output_tokens > 1 {
+                    (t - self.first_token[req as usize]) / f64::from(r.output_tokens - 1)
+                } else {
+                    0.0
+                };
+                self.outcomes[req as usize].tpot_s = Some(tpot);
+                self.settled += 1;
+                self.observer.on_finish(t, tpot, key);
+            }
+        }
+    }
+
+    fn dispatch(&mut self, now: f64) {
+        let admitted = self.gateway.dispatch(
+            now,
+            self.requests,
+            &mut self.fleet,
+            &self.active,
+            &self.weights,
+        );
+        for id in admitted {
+            self.reschedule(id);
+        }
+    }
+
+    fn on_step(&mut self, id: usize, now: f64) {
+        let mut progress = std::mem::take(&mut self.progress);
+        progress.clear();
+        self.fleet.replicas[id].complete(now, self.requests, &mut progress);
+        let key = self.fleet.replicas[id].key;
+        for p in progress.drain(..) {
+            self.record(p, key);
+        }
+        self.progress = progress;
+        let r = &self.fleet.replicas[id];
+        if r.phase == Phase::Draining && r.seqs() == 0 {
+            self.fleet.retire(id, now);
+        } else {
+            self.reschedule(id);
+        }
+    }
+
+    fn apply(&mut self, d: &Decision, now: f64) -> usize {
+        let targets: Vec<u32> = self
+            .fleet
+            .pools
+            .iter()
+            .map(|p| d.replicas(&p.variant.name, p.capacity))
+            .collect();
+        let applied = self.fleet.apply(&targets, now);
+        for &(id, ready_s) in &applied.started {
+            self.active.push(id);
+            self.push(ready_s, Kind::Ready(id));
+        }
+        for &node in &applied.new_nodes {
+            self.maybe_preempt(node, now);
+        }
+        for &id in &applied.draining {
+            if self.fleet.replicas[id].seqs() == 0 {
+                self.fleet.retire(id, now);
+            }
+        }
+        applied.changed_keys
+    }
+
+    fn update_weights(&mut self, s: &crate::signals::Signals) {
+        let Some(w) = s.workload() else {
+            return;
+        };
+        for (key, pool) in self.fleet.pools.iter().enumerate() {
+            let c = capacity::at_slo(&pool.variant, &w, &self.slo, &self.planning);
+            // An ineligible variant still routes, as a last resort.
+            self.weights[key] = if c.batch > 0.0 { c.batch } else { 1e-3 };
+        }
+    }
+
+    fn maybe_preempt(&mut self, node: usize, now: f64) {
+        let key = self.fleet.nodes[node].key;
+        let rate = self.cfg.spot_preemptions_per_node_hour;
+        if self.fleet.pools[key].capacity == CapacityType::Spot && rate > 0.0 {
+            let u: f64 = self.rng.random::<f64>().max(1e-12);
+            let life_s = -u.ln() / rate * 3600.0;
+            self.push(now + life_s, Kind::SpotNotice(node));
+        }
+    }
+
+    fn on_spot_notice(&mut self, node: usize, now: f64) {
+        if self.fleet.nodes[node].released_s.is_some() {
+            return;
+        }
+        self.fleet.nodes[node].doomed = true;
+        let key = self.fleet.nodes[node].key;
+        for &id in &self.active {
+            let r = &mut self.fleet.replicas[id];
+            if r.node == node && r.phase != Phase::Gone {
+                self.preempted[key] += 1;
+                self.spot_preemptions += 1;
+                r.phase = Phase::Draining;
+            }
+        }
+        self.push(now + self.cfg.spot_notice_s, Kind::SpotKill(node));
+    }
+
+    fn on_spot_kill(&mut self, node: usize, now: f64) {
+        let ids: Vec<usize> = self
+            .active
+            .iter()
+            .copied()
+            .filter(|&id| self.fleet.replicas[id].node == node)
+            .collect();
+        for id in ids {
+            if self.fleet.replicas[id].phase == Phase::Gone {
+                continue;
+            }
+            self.fleet.replicas[id].advance(now);
+            let (requeue, lost) = self.fleet.replicas[id].kill();
+            self.gateway.requeue_front(&requeue);
+            for i in lost {
+                self.outcomes[i as usize].failed = true;
+                self.settled += 1;
+            }
+            self.fleet.replicas[id].phase = Phase::Draining;
+            self.fleet.retire(id, now);
+        }
+        self.fleet.release_node(node, now);
+    }
+}
+
+/// Runs one policy over the requests. `initial` is the fleet at time zero per pool key (ready:
+/// the trace is a window cut from a running service).
+pub fn run(
+    cfg: &SimConfig,
+    profile: &Profile,
+    slo: &Slo,
+    planning: &Planning,
+    requests: &[Request],
+    policy: &mut dyn Policy,
+    initial: &[u32],
+) -> Run {
+    let (_, pools) = pools(profile);
+    let keys = pools.len();
+    let variants = profile.variant_names();
+    let mut sim = Sim {
+        cfg,
+        requests,
+        fleet: Fleet::new(pools),
+        gateway: Gateway::default(),
+        observer: Observer::new(cfg.window_s, cfg.short_window_s, cfg.latency_window_s),
+        heap: BinaryHeap::new(),
+        seq: 0,
+        outcomes: requests
+            .iter()
+            .map(|r| Outcome {
+                arrival_s: r.arrival_s,
+                ttft_s: None,
+                tpot_s: None,
+                failed: false,
+            })
+            .collect(),
+        first_token: vec![0.0; requests.len()],
+        active: Vec::new(),
+        rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+        preempted: vec![0; keys],
+        spot_preemptions: 0,
+        progress: Vec::new(),
+        settled: 0,
+        weights: vec![1.0; keys],
+        slo: *slo,
+        planning: *planning,
+    };
+    let mut applied = fleet::Applied::default();
+    for (key, &n) in initial.iter().enumerate() {
+        for _ in 0..n {
+            let id = sim.fleet.add_replica(key, 0.0, true, &mut applied);
+            sim.active.push(id);
+        }
+    }
+    for &node in &applied.new_nodes {
+        sim.maybe_preempt(node, 0.0);
+    }
+    let max_fit = profile
+        .variants
+        .iter()
+        .map(|v| v.perf.kv_cache_tokens)
+        .max()
+        .unwrap_or(0);
+    let max_context = profile.model.max_context_tokens;
+    let last_arrival = requests.last().map_or(0.0, |r| r.arrival_s);
+    let deadline = last_arrival + cfg.max_drain_s;
+    sim.push(0.0, Kind::Tick);
+    let mut next = 0usize;
+    let mut scale_events = 0;
+    let mut samples = Vec::new();
+    let mut last_decision = None;
+    let mut now = 0.0;
+    loop {
+        let next_arrival = requests.get(next).map(|r| r.arrival_s);
+        let next_event = sim.heap.peek().map(|Reverse((t, _, _))| t.0);
+        let take_arrival = match (next_arrival, next_event) {
+            (Some(a), Some(e)) => a <= e,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        if take_arrival {
+            let r = &requests[next];
+            now = r.arrival_s;
+            sim.observer.on_arrival(now, r);
+            let total = u64::from(r.prompt_tokens) + u64::from(r.output_tokens);
+            if total > max_fit || total > max_context {
+                sim.outcomes[next].failed = true;
+                sim.settled += 1;
+            } else {
+                sim.gateway.push(next as u32);
+            }
+            next += 1;
+            sim.dispatch(now);
+            continue;
+        }
+        let Reverse((t, _, kind)) = sim.heap.pop().expect("peeked");
+        now = t.0;
+        if now > deadline {
+            break;
+        }
+        match kind {
+            Kind::Ready(id) => {
+                if matches!(sim.fleet.replicas[id].phase, Phase::Starting { .. }) {
+                    sim.fleet.replicas[id].phase = Phase::Ready;
+                    sim.fleet.replicas[id].advance(now);
+                }
+                sim.dispatch(now);
+            }
+            Kind::Step(id, epoch) => {
+                if sim.fleet.replicas[id].epoch == epoch
+                    && sim.fleet.replicas[id].phase != Phase::Gone
+                {
+                    sim.on_step(id, now);
+                    sim.dispatch(now);
+                }
+            }
+            Kind::SpotNotice(node) => sim.on_spot_notice(node, now),
+            Kind::SpotKill(node) => {
+                sim.on_spot_kill(node, now);
+                sim.dispatch(now);
+            }
+            Kind::Tick => {
+                sim.active
+                    .retain(|&id| sim.fleet.replicas[id].phase != Phase::Gone);
+                let done = next == requests.len() && sim.settled == requests.len();
+                if done {
+                    break;
+                }
+                let signals = sim.observer.signals(
+                    now,
+                    &profile.model.name,
+                    &sim.fleet,
+                    sim.gateway.waiting(),
+                    requests,
+                    &sim.preempted,
+                );
+                sim.preempted.iter_mut().for_each(|p| *p = 0);
+                sim.update_weights(&signals);
+                let d = policy.decide(&signals);
+                scale_events += sim.apply(&d, now);
+                samples.push(sample(&variants, &signals, now));
+                last_decision = Some(d);
+                sim.dispatch(now);
+                sim.push(now + cfg.tick_s, Kind::Tick);
+            }
+        }
+    }
+    let end_s = now.min(deadline);
+    sim.fleet.close(end_s);
+    let replicas_started = sim.fleet.replicas.len();
+    Run {
+        policy: policy.name().to_string(),
+        outcomes: sim.outcomes,
+        cost_usd: sim.fleet.billing.cost_usd,
+        gpu_hours: sim.fleet.billing.gpu_hours,
+        scale_events,
+        replicas_started,
+        spot_preemptions: sim.spot_preemptions,
+        end_s,
+        samples,
+        variants,
+        last_decision,
+    }
+}
+
+fn sample(variants: &[String], s: &crate::signals::Signals, now: f64) -> Sample {
+    let mut ready = vec![0; variants.len()];
+    let mut starting = vec![0; variants.len()];
+    for v in &s.variants {
+        if let Some(i) = variants.iter().position(|n| *n == v.variant) {
+            ready[i] += v.ready;
+            starting[i] += v.starting + v.pending;
+        }
+    }
+    Sample {
+        time_s: now,
+        arrival_rate: s.arrivals.requests_per_s,
+        ready,
+        starting,
+        queue: s.queue.waiting,
+    }
+}

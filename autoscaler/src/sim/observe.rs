@@ -1,0 +1,246 @@
+//! What the simulated metrics pipeline reports each tick: windows of arrivals and latencies,
+//! and the fleet's state, as [`Signals`] — the same struct the controller will fill from
+//! Prometheus.
+
+use std::collections::VecDeque;
+
+use crate::signals::{Arrivals, Latency, PoolSignals, Queue, Signals, VariantSignals};
+use crate::sim::fleet::Fleet;
+use crate::sim::replica::Phase;
+use crate::trace::Request;
+
+/// CPU utilisation of a GPU replica's container: the engine's scheduler loop keeps about one
+/// of the four requested cores busy whether it batches one sequence or two hundred, and
+/// tokenisation adds little next to the GPU's work. Nearly flat from idle to saturated.
+pub fn cpu_utilisation(seqs: usize, max_seqs: usize) -> f64 {
+    0.25 + 0.05 * seqs as f64 / max_seqs.max(1) as f64
+}
+
+#[derive(Debug)]
+pub struct Observer {
+    pub window_s: f64,
+    pub short_window_s: f64,
+    pub latency_window_s: f64,
+    arrivals: VecDeque<(f64, u32, u32)>,
+    prompt_sum: f64,
+    prompt_sq_sum: f64,
+    output_sum: f64,
+    ttft: VecDeque<(f64, f64, usize)>,
+    tpot: VecDeque<(f64, f64, usize)>,
+}
+
+/// Squared coefficient of variation from a count, a sum and a sum of squares.
+pub fn cv2(n: f64, sum: f64, sum_sq: f64) -> f64 {
+    if n < 2.0 || sum <= 0.0 {
+        return 0.0;
+    }
+    let mean = sum / n;
+    (sum_sq / n / (mean * mean) - 1.0).max(0.0)
+}
+
+fn percentile(xs: &mut [f64], q: f64) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    let i = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len()) - 1;
+    Some(xs[i])
+}
+
+impl Observer {
+    pub fn new(window_s: f64, short_window_s: f64, latency_window_s: f64) -> Observer {
+        Observer {
+            window_s,
+            short_window_s,
+            latency_window_s,
+            arrivals: VecDeque::new(),
+            prompt_sum: 0.0,
+            prompt_sq_sum: 0.0,
+            output_sum: 0.0,
+            ttft: VecDeque::new(),
+            tpot: VecDeque::new(),
+        }
+    }
+
+    pub fn on_arrival(&mut self, t: f64, r: &Request) {
+        self.arrivals
+            .push_back((t, r.prompt_tokens, r.output_tokens));
+        self.prompt_sum += f64::from(r.prompt_tokens);
+        self.prompt_sq_sum += f64::from(r.prompt_tokens).powi(2);
+        self.output_sum += f64::from(r.output_tokens);
+    }
+
+    /// A first token at `t` on a replica of pool `key`.
+    pub fn on_first_token(&mut self, t: f64, ttft: f64, key: usize) {
+        self.ttft.push_back((t, ttft, key));
+    }
+
+    pub fn on_finish(&mut self, t: f64, tpot: f64, key: usize) {
+        self.tpot.push_back((t, tpot, key));
+    }
+
+    fn expire(&mut self, now: f64) {
+        while let Some(&(t, p, o)) = self.arrivals.front() {
+            if t >= now - self.window_s {
+                break;
+            }
+            self.arrivals.pop_front();
+            self.prompt_sum -= f64::from(p);
+            self.prompt_sq_sum -= f64::from(p).powi(2);
+            self.output_sum -= f64::from(o);
+        }
+        let cut = now - self.latency_window_s;
+        while self.ttft.front().is_some_and(|&(t, _, _)| t < cut) {
+            self.ttft.pop_front();
+        }
+        while self.tpot.front().is_some_and(|&(t, _, _)| t < cut) {
+            self.tpot.pop_front();
+        }
+    }
+
+    /// The signals at `now`. `waiting` is the gateway queue; `preempted` counts Spot notices
+    /// per pool key since the last tick.
+    pub fn signals(
+        &mut self,
+        now: f64,
+        model: &str,
+        fleet: &Fleet,
+        waiting: &[u32],
+        requests: &[Request],
+        preempted: &[u32],
+    ) -> Signals {
+        self.expire(now);
+        let span = self.window_s.min(now.max(self.short_window_s));
+        let n = self.arrivals.len() as f64;
+        let short = self
+            .arrivals
+            .iter()
+            .rev()
+            .take_while(|&&(t, _, _)| t >= now - self.short_window_s)
+            .count() as f64;
+        let arrivals = Arrivals {
+            window_s: self.window_s,
+            requests_per_s: n / span,
+            prompt_tokens_per_s: self.prompt_sum.max(0.0) / span,
+            output_tokens_per_s: self.output_sum.max(0.0) / span,
+            short_window_s: self.short_window_s,
+            short_requests_per_s: short / self.short_window_s.min(now.max(1.0)),
+            max_prompt_tokens: self
+                .arrivals
+                .iter()
+                .map(|&(_, p, _)| u64::from(p))
+                .max()
+                .unwrap_or(0),
+            prompt_tokens_cv2: cv2(n, self.prompt_sum, self.prompt_sq_sum),
+        };
+        let mut ttft: Vec<f64> = self.ttft.iter().map(|&(_, x, _)| x).collect();
+        let mut tpot: Vec<f64> = self.tpot.iter().map(|&(_, x, _)| x).collect();
+        let latency = Latency {
+            window_s: self.latency_window_s,
+            ttft_p50_s: percentile(&mut ttft, 0.5),
+            ttft_p99_s: percentile(&mut ttft, 0.99),
+            tpot_p50_s: percentile(&mut tpot, 0.5),
+            tpot_p99_s: percentile(&mut tpot, 0.99),
+        };
+        let mut running = 0u64;
+        let mut variants = Vec::new();
+        let mut pools = Vec::new();
+        for (key, pool) in fleet.pools.iter().enumerate() {
+            let mut vs = VariantSignals {
+                variant: pool.variant.name.clone(),
+                capacity: pool.capacity,
+                preempted: preempted[key],
+                ttft_p99_s: percentile(
+                    &mut self
+                        .ttft
+                        .iter()
+                        .filter(|e| e.2 == key)
+                        .map(|e| e.1)
+                        .collect::<Vec<_>>(),
+                    0.99,
+                ),
+                tpot_p99_s: percentile(
+                    &mut self
+                        .tpot
+                        .iter()
+                        .filter(|e| e.2 == key)
+                        .map(|e| e.1)
+                        .collect::<Vec<_>>(),
+                    0.99,
+                ),
+                ..VariantSignals::default()
+            };
+            let (mut seqs, mut prefilling, mut kv, mut cpu) = (0usize, 0usize, 0.0, 0.0);
+            for r in fleet.replicas.iter().filter(|r| r.key == key) {
+                match r.phase {
+                    Phase::Ready => {
+                        vs.ready += 1;
+                        seqs += r.seqs();
+                        prefilling += r.prefilling();
+                        kv += r.kv_usage();
+                        cpu += cpu_utilisation(r.seqs(), r.max_seqs());
+                    }
+                    Phase::Starting { .. } => {
+                        if fleet.nodes[r.node].ready_s > now {
+                            vs.pending += 1;
+                            let age = now - fleet.nodes[r.node].created_s;
+                            vs.oldest_pending_s = vs.oldest_pending_s.max(age);
+                        } else {
+                            vs.starting += 1;
+                        }
+                    }
+                    Phase::Draining => {
+                        vs.draining += 1;
+                        seqs += r.seqs();
+                    }
+                    Phase::Gone => {}
+                }
+            }
+            running += seqs as u64;
+            if vs.ready > 0 {
+                let n = f64::from(vs.ready);
+                vs.running_per_replica = (seqs - prefilling.min(seqs)) as f64 / n;
+                vs.waiting_per_replica = prefilling as f64 / n;
+                vs.kv_cache_usage = kv / n;
+                vs.cpu_utilisation = cpu / n;
+            }
+            let live_nodes = fleet
+                .nodes
+                .iter()
+                .filter(|n| n.key == key && n.released_s.is_none());
+            let (mut nodes, mut provisioning) = (0, 0);
+            for n in live_nodes {
+                if n.ready_s > now {
+                    provisioning += 1;
+                } else {
+                    nodes += 1;
+                }
+            }
+            pools.push(PoolSignals {
+                pool: format!("{}-{}", pool.variant.name, pool.capacity.as_str()),
+                variant: pool.variant.name.clone(),
+                capacity: pool.capacity,
+                nodes,
+                provisioning,
+            });
+            variants.push(vs);
+        }
+        let waiting_prompt_tokens = waiting
+            .iter()
+            .map(|&i| u64::from(requests[i as usize].prompt_tokens))
+            .sum();
+        Signals {
+            time_s: now,
+            model: model.to_string(),
+            arrivals,
+            queue: Queue {
+                waiting: waiting.len() as u64,
+                waiting_prompt_tokens,
+                running,
+            },
+            latency,
+            variants,
+            pools,
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The simulator's queueing against closed forms, on a fixed fleet (a policy that never
+//! changes it) fed Poisson arrivals.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use sluice_autoscaler::capacity::{self, Planning, Slo, Workload};
+use sluice_autoscaler::decision::{Decision, Target};
+use sluice_autoscaler::policy::Policy;
+use sluice_autoscaler::profile::Profile;
+use sluice_autoscaler::signals::Signals;
+use sluice_autoscaler::sim::{self, SimConfig};
+use sluice_autoscaler::trace::Request;
+
+/// Keeps whatever fleet the run started with.
+#[derive(Debug)]
+struct Fixed;
+
+impl Policy for Fixed {
+    fn name(&self) -> &str {
+        "fixed"
+    }
+
+    fn decide(&mut self, s: &Signals) -> Decision {
+        let mut d = Decision::default();
+        for v in &s.variants {
+            d.targets.push(Target {
+                variant: v.variant.clone(),
+                capacity: v.capacity,
+                replicas: v.ready + v.starting + v.pending,
+            });
+        }
+        d
+    }
+}
+
+const SLO: Slo = Slo {
+    ttft_p99_s: 2.0,
+    tpot_p99_s: 0.1,
+};
+
+fn arrivals(
+    rate: f64,
+    n: usize,
+    seed: u64,
+    mut shape: impl FnMut(&mut ChaCha8Rng) -> (u32, u32),
+) -> Vec<Request> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut t = 0.0;
+    (0..n)
+        .map(|_| {
+            t += -rng.random::<f64>().max(1e-12).ln() / rate;
+            let (prompt_tokens, output_tokens) = shape(&mut rng);
+            Request {
+                arrival_s: t,
+                prompt_tokens,
+                output_tokens,
+            }
+        })
+        .collect()
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len() as f64
+}
+
+/// A replica that only prefills (one output token, so a request ends at its first token), with
+/// no per-step overhead and a step budget larger than any prompt, is a single FIFO server whose
+/// service time is prompt / prefill rate: an M/G/1 queue. The mean time to first token must be
+/// Pollaczek–Khinchine's `E[S] + λE[S²] / (2(1 − ρ))`, with the moments of the service times
+/// actually drawn.
+#[test]
+fn a_prefill_only_replica_is_an_mg1_queue() {
+    let profile = Profile::parse(
+        "mg1",
+        r#"
+        [model]
+        name = "mg1"
+        max_context_tokens = 1000000
+        [[variant]]
+        name = "server"
+        accelerator = "test"
+        gpus_per_replica = 1
+        gpus_per_node = 1
+        gpu_memory_gib = 1.0
+        [variant.perf]
+        itl_alpha_ms = 0.000001
+        itl_beta_ms = 0.0
+        prefill_tokens_per_s = 1000.0
+        kv_cache_tokens = 100000000
+        max_num_seqs = 100000
+        max_batched_tokens = 100000
+        [variant.price]
+        on_demand_per_gpu_hour = 1.0
+        on_demand_host_per_node_hour = 0.0
+        spot_per_gpu_hour = 1.0
+        spot_host_per_node_hour = 0.0
+        [variant.startup]
+        node_provision_s = 0.0
+        image_pull_s = 0.0
+        model_load_s = 0.0
+        "#,
+    )
+    .unwrap();
+    for (rate, seed) in [(4.0, 1), (7.0, 2)] {
+        // Exponential prompts of mean 100 tokens: service mean 0.1 s.
+        let reqs = arrivals(rate, 60_000, seed, |rng| {
+            (
+                (-rng.random::<f64>().max(1e-12).ln() * 100.0)
+                    .round()
+                    .max(1.0) as u32,
+                1,
+            )
+        });
+        let run = sim::run(
+            &SimConfig::default(),
+            &profile,
+            &SLO,
+            &Planning::default(),
+            &reqs,
+            &mut Fixed,
+            &[1, 0],
+        );
+        let s: Vec<f64> = reqs
+            .iter()
+            .map(|r| f64::from(r.prompt_tokens) / 1000.0)
+            .collect();
+        let s2: Vec<f64> = s.iter().map(|x| x * x).collect();
+        let lambda = reqs.len() as f64 / reqs.last().unwrap().arrival_s;
+        let rho = lambda * mean(&s);
+        let expected = mean(&s) + lambda * mean(&s2) / (2.0 * (1.0 - rho));
+        let ttft: Vec<f64> = run.outcomes.iter().map(|o| o.ttft_s.unwrap()).collect();
+        let got = mean(&ttft);
+        assert!(
+            (got / expected - 1.0).abs() < 0.06,
+            "ρ {rho:.2}: mean TTFT {got:.4} s, M/G/1 {expected:.4} s"
+        );
+        assert!(run
+            .outcomes
+            .iter()
+            .all(|o| !o.failed && o.tpot_s == Some(0.0)));
+    }
+}
+
+/// Decoding replicas: the simulator's mean TPOT agrees with the capacity model's step-time
+/// formula `(α + β·b) / (1 − λP/R)` with `b` from Little's law, from light to heavy load.
+#[test]
+fn mean_tpot_matches_the_capacity_model() {
+    let profile = Profile::load("llama-3-8b")
+        .unwrap()
+        .restrict(&["nvidia-h100-80gb".into()])
+        .unwrap();
+    let v = &profile.variants[0];
+    let w = Workload::uniform(1000.0, 200.0);
+    let cap = capacity::at_slo(v, &w, &SLO, &Planning::default());
+    for share in [0.3, 0.6, 0.9] {
+        let rate = share * cap.requests_per_s;
+        let reqs = arrivals(rate, 20_000, 7, |_| (1000, 200));
+        let run = sim::run(
+            &SimConfig::default(),
+            &profile,
+            &SLO,
+            &Planning::default(),
+            &reqs,
+            &mut Fixed,
+            &[1, 0],
+        );
+        let tpot: Vec<f64> = run
+            .outcomes
+            .iter()
+            .skip(2000)
+            .filter_map(|o| o.tpot_s)
+            .collect();
+        let b = capacity::batch_at_rate(v, &w, rate).unwrap();
+        let model = v.itl_s(b) / (1.0 - rate * 1000.0 / v.perf.prefill_tokens_per_s);
+        let got = mean(&tpot);
+        assert!(
+            (got / model - 1.0).abs() < 0.1,
+            "load {share}: sim {:.2} ms, model {:.2} ms",
+            got * 1e3,
+            model * 1e3
+        );
+    }
+    // Billing: one H100 node for the whole run.
+    let reqs = arrivals(1.0, 3600, 3, |_| (100, 10));
+    let run = sim::run(
+        &SimConfig::default(),
+        &profile,
+        &SLO,
+        &Planning::default(),
+        &reqs,
+        &mut Fixed,
+        &[1, 0],
+    );
+    assert!((run.cost_usd - run.end_s / 3600.0 * 9.88).abs() < 1e-6);
+    assert!((run.gpu_hours - run.end_s / 3600.0).abs() < 1e-9);
+}
