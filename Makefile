@@ -6,7 +6,7 @@ export SLUICE_MODEL_DIR ?= $(CURDIR)/models/cache
 LLAMACPP_PY ?= /tmp/llamacpp/bin/python
 PEERS ?= $(CURDIR)/../shared/peers
 
-.PHONY: model run test bench bench-engine bench-loadtest lint fmt
+.PHONY: model run test bench bench-engine bench-loadtest bench-gateway lint fmt
 
 ## Fetch the default model (SmolLM2-135M-Instruct Q4_1) into $(SLUICE_MODEL_DIR), verified.
 model:
@@ -36,6 +36,12 @@ bench-engine: model
 ## The load tester's own ceiling: req/s against a fake answering at once, timing cost per chunk.
 bench-loadtest:
 	$(CARGO) run --release -p sluice-loadtest --example self_bench
+
+## The routing gateway's cost: req/s and added latency in front of a fake that answers at
+## once, against the fake alone and SGLang's router when target/sglang-venv has it.
+bench-gateway:
+	$(CARGO) build --release -p sluice-gateway --bin sluice --example bench_gateway
+	target/release/examples/bench_gateway --sluice target/release/sluice
 
 ## Formatting and clippy, warnings as errors.
 lint:
