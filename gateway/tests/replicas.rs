@@ -27,7 +27,7 @@ use sluice_gateway::router::affinity;
 const MODEL: &str = "smollm2-135m-instruct";
 
 /// The tests here each start four processes; one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn model_dir() -> PathBuf {
     std::env::var_os("SLUICE_MODEL_DIR")
@@ -72,8 +72,13 @@ fn spawn(args: &[String]) -> Proc {
     Proc { child, url }
 }
 
-/// A replica on `port` (0: any).
+/// A replica on `port` (0: any); `extra` may override the small KV pool (`--kv-cache-mib`).
 fn replica(port: u16, extra: &[&str]) -> Proc {
+    let kv = if extra.contains(&"--kv-cache-mib") {
+        &[][..]
+    } else {
+        &["--kv-cache-mib", "48"][..]
+    };
     let mut args: Vec<String> = [
         "--port",
         &port.to_string(),
@@ -83,12 +88,11 @@ fn replica(port: u16, extra: &[&str]) -> Proc {
         model_dir().to_str().unwrap(),
         "--threads",
         "1",
-        "--kv-cache-mib",
-        "48",
         "--max-model-len",
         "1024",
     ]
     .iter()
+    .chain(kv)
     .map(|s| s.to_string())
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
@@ -201,7 +205,7 @@ fn judge(a: &Result<common::routing::Answer, String>, stream: bool, max_tokens: 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_replica_is_routed_around_and_used_again_after_restart() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     let mut rs = fleet(&["--max-num-seqs", "4"]).await;
     let gw = gateway(&rs.iter().collect::<Vec<_>>(), &["--policy", "least-load"]);
     wait_ready(&gw.url, Duration::from_secs(30)).await;
@@ -299,6 +303,8 @@ async fn a_killed_replica_is_routed_around_and_used_again_after_restart() {
     rs[1] = replica(port, &["--max-num-seqs", "4"]);
     wait_ready(&rs[1].url, Duration::from_secs(120)).await;
     let ready_at = Instant::now();
+    // Besides the workers' closed loops, a short request every 100 ms, so that picks keep
+    // happening while the workers wait on long answers.
     let back = loop {
         let used = served_by
             .lock()
@@ -312,7 +318,14 @@ async fn a_killed_replica_is_routed_around_and_used_again_after_restart() {
             ready_at.elapsed() < Duration::from_secs(2),
             "the restarted replica was not used within 2 s"
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        let (url, served_by) = (gw_url.clone(), served_by.clone());
+        tokio::spawn(async move {
+            let a = post(&url, "/v1/completions", completion("Probe:", 1, false), &[]).await;
+            if let Some(r) = a.replica() {
+                served_by.lock().unwrap().push((Instant::now(), r));
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     stop.store(true, Ordering::Relaxed);
     for w in workers {
@@ -330,7 +343,7 @@ async fn a_killed_replica_is_routed_around_and_used_again_after_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn least_load_keeps_every_replica_busy() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     let rs = fleet(&["--max-num-seqs", "2", "--max-num-batched-tokens", "64"]).await;
     let gw = gateway(&rs.iter().collect::<Vec<_>>(), &["--policy", "least-load"]);
     wait_ready(&gw.url, Duration::from_secs(30)).await;
@@ -385,12 +398,20 @@ async fn least_load_keeps_every_replica_busy() {
     }
     stop.store(true, Ordering::Relaxed);
     let samples = sampler.await.unwrap();
-    let bad: Vec<&Vec<(f64, f64)>> = samples
-        .iter()
-        .filter(|s| {
-            let queued = s.iter().any(|&(w, _)| w >= 2.0);
-            let idle = s.iter().any(|&(w, r)| w == 0.0 && r == 0.0);
-            queued && idle
+    // A replica's figures are read one after another, not at one instant, and a request can
+    // sit in an engine's intake for a step before it counts as running: a state counts only
+    // when two consecutive samples show it (the same replica idle, some replica two deep).
+    let idle_while_queued = |s: &[(f64, f64)]| -> Vec<usize> {
+        if !s.iter().any(|&(w, _)| w >= 2.0) {
+            return Vec::new();
+        }
+        (0..s.len()).filter(|&i| s[i] == (0.0, 0.0)).collect()
+    };
+    let bad: Vec<&[Vec<(f64, f64)>]> = samples
+        .windows(2)
+        .filter(|w| {
+            let a = idle_while_queued(&w[0]);
+            idle_while_queued(&w[1]).iter().any(|i| a.contains(i))
         })
         .collect();
     assert!(samples.len() >= 5, "too few samples: {}", samples.len());
@@ -423,7 +444,7 @@ fn chat_body(system: &str, question: &str) -> String {
     .to_string()
 }
 
-/// Sends `prefixes × 3` requests, question-major (each round visits every prefix), three at a
+/// Sends `prefixes × 2` requests, question-major (each round visits every prefix), three at a
 /// time; returns the replicas' prefix-cache hit rate over the run and who served each prefix.
 async fn shared_prefix_run(
     gw: &str,
@@ -438,7 +459,7 @@ async fn shared_prefix_run(
         h0 += hits(r.clone()).await;
         q0 += queries(r.clone()).await;
     }
-    let jobs: Vec<(usize, String)> = (0..3)
+    let jobs: Vec<(usize, String)> = (0..2)
         .flat_map(|q| {
             prefixes
                 .iter()
@@ -478,16 +499,17 @@ async fn shared_prefix_run(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prefix_affinity_hits_the_prefix_cache_far_more_than_round_robin() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     let rs = fleet(&["--kv-cache-mib", "160"]).await;
     let urls: Vec<String> = rs.iter().map(|r| r.url.clone()).collect();
     let replica_urls: Vec<ReplicaUrl> =
         urls.iter().map(|u| ReplicaUrl::parse(u).unwrap()).collect();
-    // Seven prefixes, at least two owned by each replica under the gateway's hashing, so that
+    // Four prefixes, at least one owned by each replica under the gateway's hashing, so that
     // "load still spread" is decided by the gateway following the ranking, not by the luck of
-    // seven draws (the bounded-load fallback is tested in `policy` and with fakes). Seven, not
-    // six: sent question-major to three replicas in turn, six prefixes would each land on the
-    // same replica every round and round-robin would look like affinity.
+    // four draws (the bounded-load fallback is tested in `policy` and with fakes). Not three
+    // or six: sent question-major to three replicas in turn, each prefix would land on the same
+    // replica every round and round-robin would look like affinity. Two questions each: the
+    // 400-token prefills are what this test spends its time on.
     let owner = |system: &str| {
         let text = affinity::chat_text([("system", system), ("user", "")]);
         let key = affinity::prefix_key(&text, 512).unwrap();
@@ -503,10 +525,10 @@ async fn prefix_affinity_hits_the_prefix_cache_far_more_than_round_robin() {
             let s = system_prompt(&format!("Notes {set}{i}"));
             let o = owner(&s);
             let v = per.entry(o).or_default();
-            if v.len() < 2 {
+            if v.is_empty() {
                 v.push(s);
             }
-            if per.len() == 3 && per.values().all(|v| v.len() == 2) {
+            if per.len() == 3 {
                 break;
             }
         }
@@ -526,8 +548,10 @@ async fn prefix_affinity_hits_the_prefix_cache_far_more_than_round_robin() {
     let b = pick("B");
     let (pa_rate, by_prefix) = shared_prefix_run(&pa.url, &urls, &b).await;
     eprintln!("prefix-cache hit rate: round-robin {rr_rate:.2}, prefix-affinity {pa_rate:.2}");
+    // Affinity: every second request of a prefix finds its ~400 tokens cached (about 0.47
+    // of all prompt tokens); round-robin: only by chance.
     assert!(
-        pa_rate > rr_rate + 0.3 && pa_rate > 0.5,
+        pa_rate > rr_rate + 0.25 && pa_rate > 0.35,
         "round-robin {rr_rate:.2}, prefix-affinity {pa_rate:.2}"
     );
     assert!(by_prefix.values().all(|s| s.len() == 1), "{by_prefix:?}");
@@ -540,6 +564,6 @@ async fn prefix_affinity_hits_the_prefix_cache_far_more_than_round_robin() {
             "sluice_gateway_routing_decisions_total",
             &[("reason", "affinity_hit")]
         ),
-        3.0 * b.len() as f64
+        2.0 * b.len() as f64
     );
 }

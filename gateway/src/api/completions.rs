@@ -133,8 +133,8 @@ pub(super) async fn admit(
 
 /// A parsed generation request.
 enum Parsed {
-    Chat(ChatCompletionRequest),
-    Completion(CompletionRequest),
+    Chat(Box<ChatCompletionRequest>),
+    Completion(Box<CompletionRequest>),
 }
 
 impl Parsed {
@@ -223,8 +223,8 @@ async fn parse_generation(
     s.check_draining()?;
     let bytes = read_body(s, headers, body).await?;
     let parsed = match kind {
-        Kind::Chat => Parsed::Chat(parse_json(&bytes)?),
-        Kind::Completion => Parsed::Completion(parse_json(&bytes)?),
+        Kind::Chat => Parsed::Chat(Box::new(parse_json(&bytes)?)),
+        Kind::Completion => Parsed::Completion(Box::new(parse_json(&bytes)?)),
     };
     Ok((bytes, parsed))
 }
@@ -276,15 +276,12 @@ fn proxy_call(
         }
     };
     let prompts = match parsed {
-        Parsed::Completion(CompletionRequest {
-            prompt: PromptSpec::Texts(ts),
-            ..
-        }) => ts.len(),
-        Parsed::Completion(CompletionRequest {
-            prompt: PromptSpec::TokenLists(ls),
-            ..
-        }) => ls.len(),
-        _ => 1,
+        Parsed::Completion(r) => match &r.prompt {
+            PromptSpec::Texts(ts) => ts.len(),
+            PromptSpec::TokenLists(ls) => ls.len(),
+            _ => 1,
+        },
+        Parsed::Chat(_) => 1,
     };
     let generated = checked.sampling.max_tokens.unwrap_or(0) * checked.sampling.n * prompts;
     Ok(proxy::ProxyCall {

@@ -5,13 +5,18 @@
 //!   broken stream) eject the replica for `base · 2^(k−1)` (capped at `max`), where `k` counts
 //!   ejections since the replica last served a request well. A success resets both counts. A
 //!   429 is not a failure: an overloaded replica is healthy, it is just full.
-//! - Active: a failed check marks the replica down until a check passes. A check that passes
-//!   after a failed one also lifts any ejection: the process answering now is usually a
-//!   restarted one, and its predecessor's failures say nothing about it.
+//! - Active: [`CHECKS_TO_DOWN`] failed checks in a row mark the replica down (one slow answer
+//!   on a busy machine is not a death), until a check passes. A check that passes after the
+//!   replica was down also lifts any ejection: the process answering now is usually a
+//!   restarted one, and its predecessor's failures say nothing about it. A dead process is
+//!   also ejected passively by the requests that fail on it, usually sooner.
 //!
 //! Pure state with explicit `Instant`s, so every rule is tested without sleeping.
 
 use std::time::{Duration, Instant};
+
+/// Consecutive failed health checks that mark a replica down.
+pub const CHECKS_TO_DOWN: u32 = 2;
 
 #[derive(Debug, Clone, Copy)]
 pub struct EjectionPolicy {
@@ -36,8 +41,9 @@ pub struct Health {
     consecutive_failures: u32,
     ejections: u32,
     ejected_until: Option<Instant>,
-    /// The last active check's verdict; `None` before the first.
+    /// The active checks' verdict; `None` before the first.
     up: Option<bool>,
+    failed_checks: u32,
 }
 
 /// What a recorded outcome changed.
@@ -57,6 +63,7 @@ impl Health {
             ejections: 0,
             ejected_until: None,
             up: None,
+            failed_checks: 0,
         }
     }
 
@@ -99,6 +106,14 @@ impl Health {
     /// Records an active check.
     pub fn checked(&mut self, ok: bool) -> Transition {
         let was = self.up;
+        if ok {
+            self.failed_checks = 0;
+        } else {
+            self.failed_checks += 1;
+            if was == Some(true) && self.failed_checks < CHECKS_TO_DOWN {
+                return Transition::None;
+            }
+        }
         self.up = Some(ok);
         match (was, ok) {
             (Some(true), true) | (Some(false), false) => Transition::None,
@@ -176,8 +191,18 @@ mod tests {
         // Still up by checks: the ejection stays.
         assert_eq!(h.checked(true), Transition::None);
         assert!(!h.eligible(t));
+        // One failed check is not enough to go down.
+        assert_eq!(h.checked(false), Transition::None);
+        assert!(h.is_up());
         assert_eq!(h.checked(false), Transition::Down);
         assert_eq!(h.checked(true), Transition::Up);
         assert!(h.eligible(t), "a restarted replica starts clean");
+        assert_eq!(h.checked(false), Transition::None);
+        assert_eq!(h.checked(true), Transition::None);
+        assert_eq!(
+            h.checked(false),
+            Transition::None,
+            "the count restarts after a pass"
+        );
     }
 }

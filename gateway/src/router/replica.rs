@@ -154,16 +154,11 @@ impl Replica {
                 }
             }
             // No metrics endpoint at all: route by in-flight counts.
-            Err(RemoteError::Status { status, .. })
-                if matches!(
-                    status,
-                    StatusCode::NOT_FOUND
-                        | StatusCode::NOT_IMPLEMENTED
-                        | StatusCode::METHOD_NOT_ALLOWED
-                ) =>
-            {
-                Signals::Absent
-            }
+            Err(RemoteError::Status {
+                status:
+                    StatusCode::NOT_FOUND | StatusCode::NOT_IMPLEMENTED | StatusCode::METHOD_NOT_ALLOWED,
+                ..
+            }) => Signals::Absent,
             Err(e) => {
                 tracing::debug!("polling metrics: {e}");
                 *self.signals.lock().unwrap()
@@ -301,7 +296,7 @@ async fn health_loop(replica: Weak<Replica>, cfg: Arc<RouterConfig>) {
         tick.tick().await;
         let Some(r) = replica.upgrade() else { return };
         // The model list changes rarely: refresh it every tenth check.
-        r.check(&cfg, n % 10 == 0).await;
+        r.check(&cfg, n.is_multiple_of(10)).await;
         n += 1;
     }
 }
