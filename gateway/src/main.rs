@@ -142,7 +142,7 @@ async fn serve(cfg: ServeConfig) -> Result<()> {
             "routing to remote replicas"
         );
         for source in routing.sources.clone() {
-            sources.push(discovery::spawn(
+            sources.extend(discovery::spawn(
                 source,
                 router.clone(),
                 routing.discover_interval,

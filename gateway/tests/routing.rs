@@ -519,3 +519,44 @@ async fn no_replica_means_503_and_not_ready() {
     assert_eq!(r.status, 404, "no replica serves any model yet");
     assert_eq!(r.json()["error"]["code"], "model_not_found");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_at_its_cap_is_not_sent_more() {
+    let (fs, urls) = fakes(1, "m").await;
+    fs[0].delay_ms.store(400, Ordering::SeqCst);
+    let gw = gateway(
+        RouterConfig {
+            replica_max_in_flight: 1,
+            ..quick_config()
+        },
+        vec![Source::Static(urls)],
+        HttpLimits::default(),
+    )
+    .await;
+    ready(&gw, 1).await;
+    let b = base(&gw);
+    let first = {
+        let b = b.clone();
+        tokio::spawn(
+            async move { post(&b, "/v1/chat/completions", chat("m", "a", false), &[]).await },
+        )
+    };
+    let router = gw.router.clone();
+    eventually(
+        Duration::from_secs(5),
+        "the first request is in flight",
+        || router.replicas().values().all(|r| r.in_flight() == 1),
+    )
+    .await;
+    let r = post(&b, "/v1/chat/completions", chat("m", "b", false), &[]).await;
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.json()["error"]["code"], "replicas_at_capacity");
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(fs[0].served(), 1);
+    // Its in-flight count is back to zero once the answer has been passed on.
+    eventually(Duration::from_secs(5), "the count drops", || {
+        router.replicas().values().all(|r| r.in_flight() == 0)
+    })
+    .await;
+}

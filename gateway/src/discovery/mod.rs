@@ -87,17 +87,18 @@ impl Source {
     }
 }
 
-/// Starts `source` feeding `router`; returns its task.
+/// Starts `source` feeding `router`; returns its task (none for a static list, reported at
+/// once).
 pub fn spawn(
     source: Source,
     router: Arc<Router>,
     interval: Duration,
-) -> tokio::task::JoinHandle<()> {
+) -> Option<tokio::task::JoinHandle<()>> {
     let slot = router.add_source();
-    match source {
+    Some(match source {
         Source::Static(urls) => {
             static_list::report(&router, slot, urls);
-            tokio::spawn(async {})
+            return None;
         }
         Source::Dns { host, port } => tokio::spawn(dns::run(host, port, router, slot, interval)),
         Source::File(path) => tokio::spawn(file::run(path, router, slot, interval)),
@@ -110,10 +111,10 @@ pub fn spawn(
                 ),
             }
         }),
-    }
+    })
 }
 
-/// Reports a set, logging what changed.
+/// Replaces the source's set in the router (which logs the replicas added and removed).
 fn report(router: &Router, slot: usize, urls: BTreeSet<ReplicaUrl>) {
     router.set_source(slot, urls);
 }

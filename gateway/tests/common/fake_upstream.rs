@@ -31,6 +31,8 @@ pub struct Fake {
     pub running: AtomicU64,
     /// Export no vLLM series at all (as a plain OpenAI server would).
     pub no_metrics: AtomicBool,
+    /// Milliseconds each generation waits before answering.
+    pub delay_ms: AtomicU64,
     /// Generations answered (any status).
     pub served: AtomicUsize,
     /// The last generation's request body and `x-session-id`.
@@ -127,6 +129,10 @@ const CHUNK: &str = r#"data: {"id":"x","object":"chat.completion.chunk","created
 async fn generate(State(f): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
     f.served.fetch_add(1, Ordering::SeqCst);
     let _ = headers;
+    let delay = f.delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+    }
     *f.last_body.lock().unwrap() = Some(body.clone());
     let refuse = f
         .refuse_next
