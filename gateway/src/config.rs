@@ -13,6 +13,9 @@ use crate::router::health::EjectionPolicy;
 use crate::router::policy::Policy;
 use crate::router::RouterConfig;
 
+/// A routing-only gateway's default `--max-in-flight`.
+pub const ROUTING_MAX_IN_FLIGHT: usize = 4096;
+
 /// The model served when neither --model nor any routing flag is given.
 pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
 
@@ -57,7 +60,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_NO_PREFIX_CACHING")]
     pub no_prefix_caching: bool,
     /// Requests generating at once before the admission queue holds new ones
-    /// (default: twice max-num-seqs).
+    /// (default: twice max-num-seqs; 4096 for a gateway that only routes).
     #[arg(long, env = "SLUICE_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
     /// Requests the admission queue holds; beyond it, 429.
@@ -325,9 +328,16 @@ impl ServeArgs {
                 self.max_num_batched_tokens, self.max_num_seqs
             ));
         }
-        let max_in_flight = self.max_in_flight.unwrap_or(2 * self.max_num_seqs);
-        positive("max-in-flight", max_in_flight)?;
         let routing = self.routing.validate()?;
+        // A gateway that only routes holds no sequences itself: its own limit is the replicas'
+        // (each capped by --replica-max-in-flight), so its default admission cap is wide.
+        let default_in_flight = if routing.is_some() && self.model.is_none() {
+            ROUTING_MAX_IN_FLIGHT
+        } else {
+            2 * self.max_num_seqs
+        };
+        let max_in_flight = self.max_in_flight.unwrap_or(default_in_flight);
+        positive("max-in-flight", max_in_flight)?;
         // A routing gateway runs no model unless asked to.
         let model = match (&self.model, &routing) {
             (Some(m), _) => Some(m.clone()),
@@ -418,6 +428,8 @@ mod tests {
         ])
         .unwrap();
         assert!(gw.model.is_none());
+        assert_eq!(gw.max_in_flight, ROUTING_MAX_IN_FLIGHT);
+        assert_eq!(local.max_in_flight, 128);
         let r = gw.routing.unwrap();
         assert_eq!(r.sources.len(), 1);
         assert_eq!(r.router.policy, Policy::LeastLoad);
