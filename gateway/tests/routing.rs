@@ -560,3 +560,40 @@ async fn a_replica_at_its_cap_is_not_sent_more() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_discovery_routes_to_what_the_name_resolves_to() {
+    let (fs, urls) = fakes(1, "m").await;
+    let port: u16 = urls[0]
+        .as_str()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // `localhost` resolves to 127.0.0.1 (and perhaps ::1, where nothing listens: that one never
+    // passes a health check and is never picked).
+    let gw = gateway(
+        quick_config(),
+        vec![Source::Dns {
+            host: "localhost".into(),
+            port,
+        }],
+        HttpLimits::default(),
+    )
+    .await;
+    ready(&gw, 1).await;
+    assert!(gw.router.replicas().contains_key(&urls[0]));
+    for i in 0..3 {
+        let r = post(
+            &base(&gw),
+            "/v1/chat/completions",
+            chat("m", &format!("{i}"), true),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.replica().as_deref(), Some(urls[0].as_str()));
+    }
+    assert_eq!(fs[0].served(), 3);
+}
