@@ -370,13 +370,17 @@ async fn least_load_keeps_every_replica_busy() {
         })
     };
     // Nine closed-loop clients against six sequence slots: a queue of one per replica when
-    // the load is even.
+    // the load is even. They keep going until the sampler has stopped, so the samples never
+    // include the tail of the run, where clients finishing leave replicas idle by design.
+    let working = Arc::new(AtomicBool::new(true));
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut workers = Vec::new();
     for w in 0..9 {
-        let url = gw.url.clone();
+        let (url, working, done) = (gw.url.clone(), working.clone(), done.clone());
         workers.push(tokio::spawn(async move {
             let mut by = Vec::new();
-            for i in 0..3 {
+            let mut i = 0;
+            while working.load(Ordering::Relaxed) {
                 let a = post(
                     &url,
                     "/v1/completions",
@@ -386,18 +390,26 @@ async fn least_load_keeps_every_replica_busy() {
                 .await;
                 assert_eq!(a.status, 200, "{a:?}");
                 by.push(a.replica().unwrap());
+                done.fetch_add(1, Ordering::Relaxed);
+                i += 1;
             }
             by
         }));
     }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while done.load(Ordering::Relaxed) < 27 {
+        assert!(Instant::now() < deadline, "no progress");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.await.unwrap();
+    working.store(false, Ordering::Relaxed);
     let mut per_replica: BTreeMap<String, usize> = BTreeMap::new();
     for w in workers {
         for r in w.await.unwrap() {
             *per_replica.entry(r).or_default() += 1;
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    let samples = sampler.await.unwrap();
     // A replica's figures are read one after another, not at one instant, and a request can
     // sit in an engine's intake for a step before it counts as running: a state counts only
     // when two consecutive samples show it (the same replica idle, some replica two deep).
