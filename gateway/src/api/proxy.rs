@@ -134,6 +134,8 @@ async fn route(
     Ok(router.dispatch(&req).await?)
 }
 
+/// Headers of the replica's answer not passed on: hop-by-hop ones, and `x-request-id`, which
+/// the gateway sets itself (it sent the replica the same id).
 fn hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),

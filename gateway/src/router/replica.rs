@@ -4,7 +4,7 @@
 //! `poll_interval`) and the health checker (every `health_interval`, which also refreshes the
 //! model list). Both hold only a `Weak` reference and are aborted when the replica leaves.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,8 @@ pub struct Replica {
     health: Mutex<Health>,
     models: RwLock<Arc<Vec<ServedModel>>>,
     tasks: Mutex<Vec<AbortHandle>>,
+    /// Left the set: its per-replica series are gone and must not be recreated.
+    stopped: AtomicBool,
     metrics: RouterMetrics,
 }
 
@@ -51,6 +53,7 @@ impl Replica {
             health: Mutex::new(Health::new(cfg.ejection)),
             models: RwLock::default(),
             tasks: Mutex::default(),
+            stopped: AtomicBool::new(false),
             metrics,
         });
         r.metrics.eligible.with_label_values(&[r.label()]).set(0);
@@ -74,6 +77,7 @@ impl Replica {
 
     /// Stops the background tasks and drops the replica's series.
     pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
         for t in self.tasks.lock().unwrap().drain(..) {
             t.abort();
         }
@@ -110,11 +114,17 @@ impl Replica {
     /// Counts a request in flight here until the guard drops.
     pub fn begin(self: &Arc<Self>) -> InFlightHere {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.metrics
-            .replica_in_flight
-            .with_label_values(&[self.label()])
-            .inc();
-        InFlightHere(self.clone())
+        let counted = !self.stopped.load(Ordering::Acquire);
+        if counted {
+            self.metrics
+                .replica_in_flight
+                .with_label_values(&[self.label()])
+                .inc();
+        }
+        InFlightHere {
+            replica: self.clone(),
+            counted,
+        }
     }
 
     pub fn success(&self) {
@@ -259,22 +269,30 @@ struct ModelEntry {
 
 /// A request in flight on a replica; dropping it (the response ended) counts it out.
 #[derive(Debug)]
-pub struct InFlightHere(Arc<Replica>);
+pub struct InFlightHere {
+    replica: Arc<Replica>,
+    /// Counted in the replica's gauge (it had not left the set).
+    counted: bool,
+}
 
 impl InFlightHere {
     pub fn replica(&self) -> &Arc<Replica> {
-        &self.0
+        &self.replica
     }
 }
 
 impl Drop for InFlightHere {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0
-            .metrics
-            .replica_in_flight
-            .with_label_values(&[self.0.label()])
-            .dec();
+        let r = &self.replica;
+        r.in_flight.fetch_sub(1, Ordering::Relaxed);
+        // A replica that has left the set has no series to update (removing them while
+        // requests finish would otherwise recreate them).
+        if self.counted && !r.stopped.load(Ordering::Acquire) {
+            r.metrics
+                .replica_in_flight
+                .with_label_values(&[r.label()])
+                .dec();
+        }
     }
 }
 
