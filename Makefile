@@ -6,7 +6,7 @@ export SLUICE_MODEL_DIR ?= $(CURDIR)/models/cache
 LLAMACPP_PY ?= /tmp/llamacpp/bin/python
 PEERS ?= $(CURDIR)/../shared/peers
 
-.PHONY: model run test bench bench-engine bench-loadtest simulate lint fmt
+.PHONY: model run test bench bench-engine bench-loadtest bench-gateway simulate lint fmt
 
 ## Fetch the default model (SmolLM2-135M-Instruct Q4_1) into $(SLUICE_MODEL_DIR), verified.
 model:
@@ -40,6 +40,12 @@ bench-loadtest:
 ## Every autoscaling policy over the Azure conversation trace, default scenario (release).
 simulate:
 	$(CARGO) run --release -p sluice-autoscaler -- simulate --trace ../shared/data/traces/azure-llm-2023-conv.csv
+
+## The routing gateway's cost: req/s and added latency in front of a fake that answers at
+## once, against the fake alone and SGLang's router when target/sglang-venv has it.
+bench-gateway:
+	$(CARGO) build --release -p sluice-gateway --bin sluice --example bench_gateway
+	target/release/examples/bench_gateway --sluice target/release/sluice
 
 ## Formatting and clippy, warnings as errors.
 lint:

@@ -7,6 +7,18 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::backend::remote::{RemoteOptions, ReplicaUrl};
+use crate::discovery::Source;
+use crate::router::health::EjectionPolicy;
+use crate::router::policy::Policy;
+use crate::router::RouterConfig;
+
+/// A routing-only gateway's default `--max-in-flight`.
+pub const ROUTING_MAX_IN_FLIGHT: usize = 4096;
+
+/// The model served when neither --model nor any routing flag is given.
+pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
+
 /// Raw `sluice serve` flags.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -16,9 +28,10 @@ pub struct ServeArgs {
     /// Port to bind (0: any free port, printed at start).
     #[arg(long, env = "SLUICE_PORT", default_value_t = 8080)]
     pub port: u16,
-    /// Model to run in-process: a registry name or a .gguf path.
-    #[arg(long, env = "SLUICE_MODEL", default_value = "smollm2-135m-instruct")]
-    pub model: String,
+    /// Model to run in-process: a registry name or a .gguf path (default
+    /// smollm2-135m-instruct unless --upstream or --discover make this a routing gateway).
+    #[arg(long, env = "SLUICE_MODEL")]
+    pub model: Option<String>,
     /// Where registry models are cached.
     #[arg(long, env = "SLUICE_MODEL_DIR", default_value = "models/cache")]
     pub model_dir: PathBuf,
@@ -47,7 +60,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_NO_PREFIX_CACHING")]
     pub no_prefix_caching: bool,
     /// Requests generating at once before the admission queue holds new ones
-    /// (default: twice max-num-seqs).
+    /// (default: twice max-num-seqs; 4096 for a gateway that only routes).
     #[arg(long, env = "SLUICE_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
     /// Requests the admission queue holds; beyond it, 429.
@@ -74,13 +87,177 @@ pub struct ServeArgs {
     /// Log prompts (off by default: prompts are user data).
     #[arg(long, env = "SLUICE_LOG_PROMPTS")]
     pub log_prompts: bool,
+    #[command(flatten)]
+    pub routing: RoutingArgs,
+}
+
+/// Routing to remote replicas.
+#[derive(Args, Debug, Clone)]
+pub struct RoutingArgs {
+    /// A replica to route to, http://HOST:PORT (repeatable; comma-separated in the variable).
+    #[arg(long = "upstream", env = "SLUICE_UPSTREAM", value_delimiter = ',')]
+    pub upstreams: Vec<String>,
+    /// Replicas to discover: dns://NAME:PORT, file://PATH or k8s://NAMESPACE/SERVICE:PORT
+    /// (repeatable).
+    #[arg(long = "discover", env = "SLUICE_DISCOVER", value_delimiter = ',')]
+    pub discover: Vec<String>,
+    /// How DNS names are re-resolved and discovery files re-checked.
+    #[arg(long, env = "SLUICE_DISCOVER_INTERVAL", default_value = "5s")]
+    pub discover_interval: String,
+    /// round-robin, least-load or prefix-affinity.
+    #[arg(long, env = "SLUICE_POLICY", default_value = "prefix-affinity")]
+    pub policy: String,
+    /// How often each replica's /metrics is polled for load.
+    #[arg(long, env = "SLUICE_POLL_INTERVAL", default_value = "200ms")]
+    pub poll_interval: String,
+    /// Polled load older than this counts as saturated (default: 5 poll intervals, at least 1s).
+    #[arg(long, env = "SLUICE_STALE_AFTER")]
+    pub stale_after: Option<String>,
+    /// How often each replica's health is checked.
+    #[arg(long, env = "SLUICE_HEALTH_INTERVAL", default_value = "1s")]
+    pub health_interval: String,
+    /// The replicas' health-check path (sluice replicas also serve /ready).
+    #[arg(long, env = "SLUICE_HEALTH_PATH", default_value = "/health")]
+    pub health_path: String,
+    /// Time to connect to a replica.
+    #[arg(long, env = "SLUICE_UPSTREAM_CONNECT_TIMEOUT", default_value = "1s")]
+    pub upstream_connect_timeout: String,
+    /// Time to a replica's first byte (for a non-streaming request, its whole answer).
+    #[arg(long, env = "SLUICE_UPSTREAM_TIMEOUT", default_value = "60s")]
+    pub upstream_timeout: String,
+    /// Attempts per request before its first byte, the first included.
+    #[arg(long, env = "SLUICE_UPSTREAM_ATTEMPTS", default_value_t = 3)]
+    pub upstream_attempts: u32,
+    /// First retry's backoff (doubling, jittered).
+    #[arg(long, env = "SLUICE_RETRY_BACKOFF", default_value = "10ms")]
+    pub retry_backoff: String,
+    /// Requests in flight per replica beyond which it is not picked.
+    #[arg(long, env = "SLUICE_REPLICA_MAX_IN_FLIGHT", default_value_t = 256)]
+    pub replica_max_in_flight: usize,
+    /// Prefix affinity's bounded load: skip the prefix's replica when its load score exceeds the
+    /// least loaded one's by more than this (in requests).
+    #[arg(long, env = "SLUICE_AFFINITY_THRESHOLD", default_value_t = 4.0)]
+    pub affinity_threshold: f64,
+    /// Leading prompt bytes that decide affinity.
+    #[arg(long, env = "SLUICE_AFFINITY_PREFIX_BYTES", default_value_t = 512)]
+    pub affinity_prefix_bytes: usize,
+    /// Consecutive failures that eject a replica.
+    #[arg(long, env = "SLUICE_EJECT_AFTER", default_value_t = 3)]
+    pub eject_after: u32,
+    /// First ejection's length; each further one doubles, up to --eject-max.
+    #[arg(long, env = "SLUICE_EJECT_BASE", default_value = "1s")]
+    pub eject_base: String,
+    #[arg(long, env = "SLUICE_EJECT_MAX", default_value = "30s")]
+    pub eject_max: String,
+}
+
+/// Validated routing configuration.
+#[derive(Debug, Clone)]
+pub struct RoutingConfig {
+    pub sources: Vec<Source>,
+    pub discover_interval: Duration,
+    pub router: RouterConfig,
+}
+
+impl RoutingArgs {
+    /// `None` when neither --upstream nor --discover is given.
+    pub fn validate(&self) -> Result<Option<RoutingConfig>, String> {
+        if self.upstreams.is_empty() && self.discover.is_empty() {
+            return Ok(None);
+        }
+        let mut sources = Vec::new();
+        if !self.upstreams.is_empty() {
+            let urls = self
+                .upstreams
+                .iter()
+                .map(|u| ReplicaUrl::parse(u).map_err(|e| format!("--upstream: {e}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            sources.push(Source::Static(urls));
+        }
+        for d in &self.discover {
+            sources.push(Source::parse(d).map_err(|e| e.to_string())?);
+        }
+        let poll_interval = parse_duration("poll-interval", &self.poll_interval)?;
+        let health_interval = parse_duration("health-interval", &self.health_interval)?;
+        let discover_interval = parse_duration("discover-interval", &self.discover_interval)?;
+        for (flag, d) in [
+            ("poll-interval", poll_interval),
+            ("health-interval", health_interval),
+            ("discover-interval", discover_interval),
+        ] {
+            if d < Duration::from_millis(10) {
+                return Err(format!("--{flag} must be at least 10ms"));
+            }
+        }
+        let stale_after = match &self.stale_after {
+            Some(s) => parse_duration("stale-after", s)?,
+            None => (poll_interval * 5).max(Duration::from_secs(1)),
+        };
+        if stale_after <= poll_interval {
+            return Err("--stale-after must be longer than --poll-interval".into());
+        }
+        if !self.health_path.starts_with('/') {
+            return Err(format!(
+                "--health-path: '{}' must start with /",
+                self.health_path
+            ));
+        }
+        if self.upstream_attempts == 0 {
+            return Err("--upstream-attempts must be at least 1".into());
+        }
+        if self.replica_max_in_flight == 0 {
+            return Err("--replica-max-in-flight must be at least 1".into());
+        }
+        if self.eject_after == 0 {
+            return Err("--eject-after must be at least 1".into());
+        }
+        if !(self.affinity_threshold.is_finite() && self.affinity_threshold >= 0.0) {
+            return Err("--affinity-threshold must be a number ≥ 0".into());
+        }
+        if self.affinity_prefix_bytes == 0 {
+            return Err("--affinity-prefix-bytes must be at least 1".into());
+        }
+        let ejection = EjectionPolicy {
+            eject_after: self.eject_after,
+            base: parse_duration("eject-base", &self.eject_base)?,
+            max: parse_duration("eject-max", &self.eject_max)?,
+        };
+        Ok(Some(RoutingConfig {
+            sources,
+            discover_interval,
+            router: RouterConfig {
+                policy: Policy::parse(&self.policy)?,
+                poll_interval,
+                stale_after,
+                health_interval,
+                health_path: self.health_path.clone(),
+                upstream_timeout: parse_duration("upstream-timeout", &self.upstream_timeout)?,
+                max_attempts: self.upstream_attempts,
+                backoff: parse_duration("retry-backoff", &self.retry_backoff)?,
+                replica_max_in_flight: self.replica_max_in_flight,
+                affinity_threshold: self.affinity_threshold,
+                affinity_prefix_bytes: self.affinity_prefix_bytes,
+                ejection,
+                remote: RemoteOptions {
+                    connect_timeout: parse_duration(
+                        "upstream-connect-timeout",
+                        &self.upstream_connect_timeout,
+                    )?,
+                    ..RemoteOptions::default()
+                },
+            },
+        }))
+    }
 }
 
 /// Validated `serve` configuration.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub addr: SocketAddr,
-    pub model: String,
+    /// The model to run in-process, if any.
+    pub model: Option<String>,
+    /// Remote replicas to route to, if any.
+    pub routing: Option<RoutingConfig>,
     pub model_dir: PathBuf,
     pub served_model_name: Option<String>,
     pub threads: usize,
@@ -151,11 +328,26 @@ impl ServeArgs {
                 self.max_num_batched_tokens, self.max_num_seqs
             ));
         }
-        let max_in_flight = self.max_in_flight.unwrap_or(2 * self.max_num_seqs);
+        let routing = self.routing.validate()?;
+        // A gateway that only routes holds no sequences itself: its own limit is the replicas'
+        // (each capped by --replica-max-in-flight), so its default admission cap is wide.
+        let default_in_flight = if routing.is_some() && self.model.is_none() {
+            ROUTING_MAX_IN_FLIGHT
+        } else {
+            2 * self.max_num_seqs
+        };
+        let max_in_flight = self.max_in_flight.unwrap_or(default_in_flight);
         positive("max-in-flight", max_in_flight)?;
+        // A routing gateway runs no model unless asked to.
+        let model = match (&self.model, &routing) {
+            (Some(m), _) => Some(m.clone()),
+            (None, None) => Some(DEFAULT_MODEL.to_string()),
+            (None, Some(_)) => None,
+        };
         Ok(ServeConfig {
             addr: SocketAddr::new(ip, self.port),
-            model: self.model.clone(),
+            model,
+            routing,
             model_dir: self.model_dir.clone(),
             served_model_name: self.served_model_name.clone(),
             threads: self.threads,
@@ -203,5 +395,64 @@ mod tests {
             .unwrap_err()
             .contains("--queue-timeout"));
         assert!(parse_duration("x", "3d").is_err());
+    }
+
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn cfg(args: &[&str]) -> Result<ServeConfig, String> {
+        use clap::Parser;
+        let mut argv = vec!["sluice"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .serve
+            .validate()
+    }
+
+    #[test]
+    fn routing_flags_make_a_gateway_without_a_model() {
+        let local = cfg(&[]).unwrap();
+        assert_eq!(local.model.as_deref(), Some(DEFAULT_MODEL));
+        assert!(local.routing.is_none());
+        let gw = cfg(&[
+            "--upstream",
+            "http://a:1",
+            "--upstream",
+            "http://b:2",
+            "--policy",
+            "least-load",
+        ])
+        .unwrap();
+        assert!(gw.model.is_none());
+        assert_eq!(gw.max_in_flight, ROUTING_MAX_IN_FLIGHT);
+        assert_eq!(local.max_in_flight, 128);
+        let r = gw.routing.unwrap();
+        assert_eq!(r.sources.len(), 1);
+        assert_eq!(r.router.policy, Policy::LeastLoad);
+        let both = cfg(&["--model", "m", "--discover", "dns://x:1"]).unwrap();
+        assert_eq!(both.model.as_deref(), Some("m"));
+        for (args, flag) in [
+            (&["--upstream", "https://a:1"][..], "--upstream"),
+            (&["--discover", "zk://x"][..], "--discover"),
+            (
+                &["--upstream", "http://a:1", "--policy", "random"][..],
+                "--policy",
+            ),
+            (
+                &["--upstream", "http://a:1", "--upstream-attempts", "0"][..],
+                "--upstream-attempts",
+            ),
+            (
+                &["--upstream", "http://a:1", "--poll-interval", "1ms"][..],
+                "--poll-interval",
+            ),
+        ] {
+            let e = cfg(args).unwrap_err();
+            assert!(e.contains(flag), "{args:?}: {e}");
+        }
     }
 }

@@ -9,6 +9,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use sluice_engine::SubmitError;
 
+use crate::backend::remote::RemoteError;
+use crate::router::dispatch::RouteError;
+
 use crate::api::types::{ErrorBody, ErrorDetail};
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -48,6 +51,9 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("The request body did not arrive within {0:?}")]
     BodyTimeout(std::time::Duration),
+    /// Replicas failed or could not be reached.
+    #[error("{0}")]
+    BadGateway(String),
 }
 
 impl ApiError {
@@ -71,6 +77,7 @@ impl ApiError {
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
         }
     }
 
@@ -89,6 +96,7 @@ impl ApiError {
             Self::RouteNotFound => "route_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::BodyTimeout(_) => "body_timeout",
+            Self::BadGateway(_) => "upstream_failed",
         }
     }
 
@@ -117,6 +125,7 @@ impl ApiError {
             Self::Unavailable(_) => ("service_unavailable", None, None),
             Self::Timeout(_) => ("timeout", None, None),
             Self::Internal => ("internal_error", None, None),
+            Self::BadGateway(_) => ("upstream_error", None, None),
             Self::RouteNotFound | Self::MethodNotAllowed | Self::BodyTimeout(_) => {
                 ("invalid_request_error", None, None)
             }
@@ -147,6 +156,33 @@ impl IntoResponse for ApiError {
             );
         }
         resp
+    }
+}
+
+/// Routing failures: no replica for the model, none healthy or free, or every attempt failed
+/// before the first byte.
+impl From<RouteError> for ApiError {
+    fn from(e: RouteError) -> Self {
+        match e {
+            RouteError::UnknownModel(m) => ApiError::ModelNotFound(m),
+            RouteError::NoneHealthy(_) => ApiError::Unavailable(format!("{e}; retry shortly")),
+            RouteError::AllAtCap(_) => ApiError::TooManyRequests {
+                message: e.to_string(),
+                retry_after: Some(Duration::from_secs(1)),
+                reason: "replicas_at_capacity",
+            },
+            RouteError::Deadline(after) => ApiError::Timeout(after),
+            RouteError::Failed {
+                last: RemoteError::Timeout { after, .. },
+                ..
+            } => ApiError::Timeout(after),
+            RouteError::Failed { attempts, .. } => {
+                tracing::warn!("{e}");
+                ApiError::BadGateway(format!(
+                    "The request failed on {attempts} replica(s) before any answer; retry later"
+                ))
+            }
+        }
     }
 }
 
@@ -201,6 +237,7 @@ mod tests {
             ),
             (ApiError::Unavailable("draining".into()), 503),
             (ApiError::Internal, 500),
+            (ApiError::BadGateway("replicas failed".into()), 502),
         ];
         for (e, status) in cases {
             assert_eq!(e.status().as_u16(), status);

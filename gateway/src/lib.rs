@@ -16,8 +16,12 @@
 //! - [`admission`]: the queue in front of saturated backends — priority classes, weighted fair
 //!   share between tenants, per-tenant concurrency caps, shedding, queue timeouts, and removal
 //!   of requests whose client left.
-//! - [`backend`]: the `Backend` trait the API talks to; `LocalBackend` wraps an in-process
-//!   engine.
+//! - [`backend`]: the `Backend` trait and `LocalBackend` (an in-process engine), and
+//!   `RemoteBackend` (a replica over HTTP, one pooled hyper client each).
+//! - [`router`]: remote replicas' load, health and models; the routing policies
+//!   (round-robin, least-load, prefix-affinity); retries before the first byte.
+//! - [`discovery`]: where replicas come from — a static list, DNS, a file, Kubernetes
+//!   EndpointSlices — fed into the router as they change.
 //! - [`server`]: the socket, header timeout and the SIGTERM drain.
 //! - [`config`]: `sluice serve` flags and their validation.
 //! - [`metrics`]: `sluice_gateway_*` series.
@@ -30,8 +34,10 @@ pub mod admission;
 pub mod api;
 pub mod backend;
 pub mod config;
+pub mod discovery;
 pub mod error;
 pub mod metrics;
 pub mod rate_limit;
+pub mod router;
 pub mod server;
 pub mod tenants;

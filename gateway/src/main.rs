@@ -1,5 +1,6 @@
 //! `sluice`: the gateway binary. `sluice serve` runs the OpenAI-compatible server with an
-//! in-process engine; `sluice inspect` describes a model file.
+//! in-process engine (`--model`, the default), routes to remote replicas (`--upstream`,
+//! `--discover`), or both; `sluice inspect` describes a model file.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -12,8 +13,10 @@ use sluice_gateway::admission::{Admission, AdmissionConfig};
 use sluice_gateway::api::{self, AppState, HttpLimits};
 use sluice_gateway::backend::LocalBackend;
 use sluice_gateway::config::{ServeArgs, ServeConfig};
+use sluice_gateway::discovery;
 use sluice_gateway::metrics::GatewayMetrics;
 use sluice_gateway::rate_limit::RateLimiter;
+use sluice_gateway::router::Router;
 use sluice_gateway::server::{self, ServeOptions};
 use sluice_gateway::tenants::Tenants;
 use sluice_models::{registry, Model, ModelOptions};
@@ -27,7 +30,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Serve the OpenAI-compatible API with the model running in this process.
+    /// Serve the OpenAI-compatible API: a model in this process, remote replicas, or both.
     Serve(Box<ServeArgs>),
     /// Load a model and print what it is: architecture, sizes, special tokens, load time.
     Inspect {
@@ -85,16 +88,26 @@ async fn serve(cfg: ServeConfig) -> Result<()> {
             );
         }
     }
-    let location = registry::resolve(&cfg.model, &cfg.model_dir)?;
-    let served = cfg
-        .served_model_name
-        .clone()
-        .unwrap_or_else(|| location.name.clone());
+    let location = cfg
+        .model
+        .as_deref()
+        .map(|m| registry::resolve(m, &cfg.model_dir))
+        .transpose()?;
+    let served = location.as_ref().map(|l| {
+        cfg.served_model_name
+            .clone()
+            .unwrap_or_else(|| l.name.clone())
+    });
     let registry = prometheus::Registry::new();
     let metrics = GatewayMetrics::register(&registry)?;
+    let router = cfg
+        .routing
+        .as_ref()
+        .map(|r| Router::new(r.router.clone(), metrics.router.clone()));
     let state = Arc::new(AppState {
         backend: OnceLock::new(),
         served_model: served.clone(),
+        router: router.clone(),
         limiter: RateLimiter::new(&tenants),
         tenants,
         admission: Admission::new(AdmissionConfig {
@@ -119,18 +132,37 @@ async fn serve(cfg: ServeConfig) -> Result<()> {
     let addr = listener.local_addr()?;
     // Tests and scripts read this line for the port.
     println!("sluice listening on http://{addr}");
-    tracing::info!(%addr, model = %served, "listening; loading the model");
+
+    let mut sources = Vec::new();
+    if let (Some(router), Some(routing)) = (&router, &cfg.routing) {
+        tracing::info!(
+            %addr,
+            policy = routing.router.policy.label(),
+            sources = routing.sources.len(),
+            "routing to remote replicas"
+        );
+        for source in routing.sources.clone() {
+            sources.extend(discovery::spawn(
+                source,
+                router.clone(),
+                routing.discover_interval,
+            ));
+        }
+    }
 
     // Load in the background: /health answers at once, /ready once the model is in.
-    let loader_state = state.clone();
-    let loader_cfg = cfg.clone();
-    tokio::task::spawn_blocking(move || {
-        if let Err(e) = load(&loader_cfg, &location.path, served, registry, &loader_state) {
-            tracing::error!("{e:#}");
-            eprintln!("sluice serve: {e:#}");
-            std::process::exit(1);
-        }
-    });
+    if let (Some(location), Some(served)) = (location, served) {
+        tracing::info!(%addr, model = %served, "listening; loading the model");
+        let loader_state = state.clone();
+        let loader_cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = load(&loader_cfg, &location.path, served, registry, &loader_state) {
+                tracing::error!("{e:#}");
+                eprintln!("sluice serve: {e:#}");
+                std::process::exit(1);
+            }
+        });
+    }
 
     let drained = server::run(
         listener,
@@ -143,6 +175,12 @@ async fn serve(cfg: ServeConfig) -> Result<()> {
         server::shutdown_signal(),
     )
     .await;
+    for s in sources {
+        s.abort();
+    }
+    if let Some(r) = router {
+        r.shutdown();
+    }
     tracing::info!(drained, "stopped");
     Ok(())
 }

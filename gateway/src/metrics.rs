@@ -1,6 +1,8 @@
 //! The gateway's own Prometheus series (`sluice_gateway_*`), registered next to the engine's.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 /// Latency buckets as the client sees it (seconds), matching vLLM's request buckets at the top
 /// and finer below a second where the gateway's own cost shows.
@@ -18,6 +20,7 @@ pub struct GatewayMetrics {
     pub in_flight: IntGaugeVec,
     pub ttft: HistogramVec,
     pub e2e: HistogramVec,
+    pub router: RouterMetrics,
 }
 
 impl GatewayMetrics {
@@ -82,6 +85,7 @@ impl GatewayMetrics {
         registry.register(Box::new(ttft.clone()))?;
         registry.register(Box::new(e2e.clone()))?;
         Ok(Self {
+            router: RouterMetrics::register(registry)?,
             requests,
             rejections,
             queue_depth,
@@ -89,6 +93,100 @@ impl GatewayMetrics {
             in_flight,
             ttft,
             e2e,
+        })
+    }
+}
+
+/// The router's series, labelled by replica URL where they are per replica.
+#[derive(Debug, Clone)]
+pub struct RouterMetrics {
+    /// Attempts by replica and outcome: the HTTP status, or `connect_error`, `io_error`,
+    /// `timeout`.
+    pub upstream_requests: IntCounterVec,
+    pub retries: IntCounter,
+    pub ejections: IntCounterVec,
+    pub replica_in_flight: IntGaugeVec,
+    /// The last polled `waiting`, `running`, `kv_usage`, and the routing `score`.
+    pub replica_load: GaugeVec,
+    /// 1 while the replica may be picked (healthy, not ejected).
+    pub eligible: IntGaugeVec,
+    pub decisions: IntCounterVec,
+    /// Streams that failed after their first byte (ended with an SSE error event).
+    pub broken_streams: IntCounterVec,
+}
+
+impl RouterMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let upstream_requests = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_upstream_requests_total",
+                "Attempts sent to replicas, by replica and status (or connect_error, io_error, timeout).",
+            ),
+            &["replica", "status"],
+        )?;
+        let retries = IntCounter::new(
+            "sluice_gateway_upstream_retries_total",
+            "Attempts retried on another replica before the first byte.",
+        )?;
+        let ejections = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_replica_ejections_total",
+                "Times a replica was ejected after consecutive failures.",
+            ),
+            &["replica"],
+        )?;
+        let replica_in_flight = IntGaugeVec::new(
+            Opts::new(
+                "sluice_gateway_replica_in_flight",
+                "Requests this gateway has in flight on each replica.",
+            ),
+            &["replica"],
+        )?;
+        let replica_load = GaugeVec::new(
+            Opts::new(
+                "sluice_gateway_replica_load",
+                "Each replica's last polled load (waiting, running, kv_usage) and routing score.",
+            ),
+            &["replica", "signal"],
+        )?;
+        let eligible = IntGaugeVec::new(
+            Opts::new(
+                "sluice_gateway_replica_eligible",
+                "1 while a replica may be picked: its health check passes and it is not ejected.",
+            ),
+            &["replica"],
+        )?;
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_routing_decisions_total",
+                "Replica picks by policy and reason (affinity_hit, session_hit, load_fallback, least_load, round_robin).",
+            ),
+            &["policy", "reason"],
+        )?;
+        let broken_streams = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_upstream_broken_streams_total",
+                "Answers that failed after their first byte had reached the client, by replica.",
+            ),
+            &["replica"],
+        )?;
+        registry.register(Box::new(upstream_requests.clone()))?;
+        registry.register(Box::new(retries.clone()))?;
+        registry.register(Box::new(ejections.clone()))?;
+        registry.register(Box::new(replica_in_flight.clone()))?;
+        registry.register(Box::new(replica_load.clone()))?;
+        registry.register(Box::new(eligible.clone()))?;
+        registry.register(Box::new(decisions.clone()))?;
+        registry.register(Box::new(broken_streams.clone()))?;
+        Ok(Self {
+            upstream_requests,
+            retries,
+            ejections,
+            replica_in_flight,
+            replica_load,
+            eligible,
+            decisions,
+            broken_streams,
         })
     }
 }

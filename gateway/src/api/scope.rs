@@ -142,6 +142,16 @@ impl RequestScope {
         });
     }
 
+    /// Ended with a replica's answer passed on as it came, status and all (the gateway does
+    /// not parse it, so token counts are unknown).
+    pub fn ended(&mut self, status: u16) {
+        self.outcome = Some(Outcome {
+            status,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+        });
+    }
+
     /// The client closed the connection (nginx's 499).
     pub fn client_gone(&mut self) {
         self.outcome.get_or_insert(Outcome {

@@ -44,10 +44,14 @@ fn range_f(v: Option<f64>, name: &str, lo: f64, hi: f64, lo_open: bool) -> Resul
     Ok(())
 }
 
-fn vocab_id(v: i64, vocab: usize, name: &str) -> Result<u32, ApiError> {
-    if v < 0 || v as u64 >= vocab as u64 {
+/// A token id, checked against the vocabulary when the gateway knows it (a remote model's
+/// vocabulary is the replica's to check).
+fn vocab_id(v: i64, vocab: Option<usize>, name: &str) -> Result<u32, ApiError> {
+    let limit = vocab.map_or(u32::MAX as u64 + 1, |n| n as u64);
+    if v < 0 || v as u64 >= limit {
+        let range = vocab.map_or_else(|| "a u32".to_string(), |n| format!("0..{n}"));
         return Err(ApiError::bad(
-            format!("token id {v} in '{name}' is outside the vocabulary (0..{vocab})"),
+            format!("token id {v} in '{name}' is outside the vocabulary ({range})"),
             name,
         ));
     }
@@ -57,10 +61,9 @@ fn vocab_id(v: i64, vocab: usize, name: &str) -> Result<u32, ApiError> {
 /// Sampling parameters from the shared fields.
 fn sampling(
     f: &SamplingFields,
-    model: &Model,
+    vocab: Option<usize>,
     max_tokens: Option<i64>,
 ) -> Result<SamplingParams, ApiError> {
-    let vocab = model.config().vocab_size;
     range_f(f.temperature, "temperature", 0.0, 2.0, false)?;
     range_f(f.top_p, "top_p", 0.0, 1.0, true)?;
     range_f(f.min_p, "min_p", 0.0, 1.0, false)?;
@@ -69,7 +72,7 @@ fn sampling(
     range_f(f.repetition_penalty, "repetition_penalty", 0.0, 10.0, true)?;
     let top_k = match f.top_k {
         None | Some(-1) | Some(0) => 0,
-        Some(k) if k > 0 => k.min(vocab as i64) as usize,
+        Some(k) if k > 0 => k.min(vocab.map_or(i64::MAX, |v| v as i64)) as usize,
         Some(k) => {
             return Err(ApiError::bad(
                 format!(
@@ -176,14 +179,30 @@ fn sampling(
     })
 }
 
-/// The request's streaming and priority fields around its prompts and sampling.
-fn prepared(
-    f: &SamplingFields,
-    prompts: Vec<Vec<u32>>,
-    sampling: SamplingParams,
-) -> Result<Prepared, ApiError> {
-    Ok(Prepared {
-        prompts,
+/// A request whose every field is checked, before tokenisation.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub sampling: SamplingParams,
+    pub priority: i32,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl Checked {
+    fn with_prompts(self, prompts: Vec<Vec<u32>>) -> Prepared {
+        Prepared {
+            prompts,
+            sampling: self.sampling,
+            priority: self.priority,
+            stream: self.stream,
+            include_usage: self.include_usage,
+        }
+    }
+}
+
+/// The request's streaming and priority fields around its sampling.
+fn checked(f: &SamplingFields, sampling: SamplingParams) -> Result<Checked, ApiError> {
+    Ok(Checked {
         priority: priority(f)?,
         stream: f.stream.unwrap_or(false),
         include_usage: f
@@ -296,6 +315,17 @@ pub fn chat_prompt(
 }
 
 pub fn chat(req: &ChatCompletionRequest, model: &Model) -> Result<Prepared, ApiError> {
+    let (checked, messages) = chat_checked(req, Some(model.config().vocab_size))?;
+    let prompt = chat_prompt(model, &messages, true)?;
+    Ok(checked.with_prompts(vec![prompt]))
+}
+
+/// Every check of a chat request that needs no tokenizer, and its messages in the template's
+/// form. A routing gateway runs this for remote models, then proxies the body as it came.
+pub fn chat_checked(
+    req: &ChatCompletionRequest,
+    vocab: Option<usize>,
+) -> Result<(Checked, Vec<ChatMessage>), ApiError> {
     // An empty tool list is what some clients always send: nothing to refuse.
     let empty_tools = matches!(&req.tools, Some(Value::Array(a)) if a.is_empty());
     if present(&req.tools) && !empty_tools {
@@ -331,7 +361,7 @@ pub fn chat(req: &ChatCompletionRequest, model: &Model) -> Result<Prepared, ApiE
     }
     let f = req.sampling_fields();
     let max = req.max_completion_tokens.or(f.max_tokens);
-    let mut sampling = sampling(&f, model, max)?;
+    let mut sampling = sampling(&f, vocab, max)?;
     match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (_, Some(k)) if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) => {
             return Err(ApiError::bad(
@@ -351,11 +381,48 @@ pub fn chat(req: &ChatCompletionRequest, model: &Model) -> Result<Prepared, ApiE
         (false, None) => {}
     }
     let messages = chat_messages(&req.messages)?;
-    let prompt = chat_prompt(model, &messages, true)?;
-    prepared(&f, vec![prompt], sampling)
+    Ok((checked(&f, sampling)?, messages))
 }
 
 pub fn completion(req: &CompletionRequest, model: &Model) -> Result<Prepared, ApiError> {
+    let vocab = model.config().vocab_size;
+    let checked = completion_checked(req, Some(vocab))?;
+    let tok = model.tokenizer();
+    let encode = |text: &str| -> Result<Vec<u32>, ApiError> {
+        // Prompts are plain text: control tokens in them are not parsed as such.
+        let mut ids = Vec::new();
+        if tok.add_bos() {
+            ids.extend(tok.bos_id());
+        }
+        ids.extend(tok.encode(text, false).map_err(|e| {
+            tracing::error!("tokenising a prompt: {e}");
+            ApiError::Internal
+        })?);
+        Ok(ids)
+    };
+    let ids = |v: &[i64]| -> Result<Vec<u32>, ApiError> {
+        v.iter()
+            .map(|&t| vocab_id(t, Some(vocab), "prompt"))
+            .collect()
+    };
+    let prompts = match &req.prompt {
+        PromptSpec::Text(t) => vec![encode(t)?],
+        PromptSpec::Texts(ts) => ts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
+        PromptSpec::Tokens(t) => vec![ids(t)?],
+        PromptSpec::TokenLists(ls) => ls.iter().map(|l| ids(l)).collect::<Result<_, _>>()?,
+    };
+    if prompts.iter().any(Vec::is_empty) {
+        return Err(ApiError::bad("'prompt' must not be empty", "prompt"));
+    }
+    Ok(checked.with_prompts(prompts))
+}
+
+/// Every check of a completion request that needs no tokenizer: its fields, and the prompt's
+/// shape (not empty, not too many, token ids in the vocabulary when it is known).
+pub fn completion_checked(
+    req: &CompletionRequest,
+    vocab: Option<usize>,
+) -> Result<Checked, ApiError> {
     if present(&req.suffix) {
         return Err(unsupported("suffix", "no fill-in-the-middle"));
     }
@@ -375,7 +442,7 @@ pub fn completion(req: &CompletionRequest, model: &Model) -> Result<Prepared, Ap
         f.max_tokens
             .unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS as i64),
     );
-    let mut sampling = sampling(&f, model, max)?;
+    let mut sampling = sampling(&f, vocab, max)?;
     if let Some(k) = req.logprobs {
         if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) {
             return Err(ApiError::bad(
@@ -387,47 +454,41 @@ pub fn completion(req: &CompletionRequest, model: &Model) -> Result<Prepared, Ap
         }
         sampling.logprobs = Some(k as usize);
     }
-    let vocab = model.config().vocab_size;
-    let tok = model.tokenizer();
-    let encode = |text: &str| -> Result<Vec<u32>, ApiError> {
-        // Prompts are plain text: control tokens in them are not parsed as such.
-        let mut ids = Vec::new();
-        if tok.add_bos() {
-            ids.extend(tok.bos_id());
+    let (count, empty) = match &req.prompt {
+        // Whether a text prompt is empty depends on the tokenizer (a BOS token may be added):
+        // the local path checks the ids, a replica checks its own.
+        PromptSpec::Text(_) => (1, false),
+        PromptSpec::Texts(ts) => (ts.len(), false),
+        PromptSpec::Tokens(t) => {
+            for &id in t {
+                vocab_id(id, vocab, "prompt")?;
+            }
+            (1, t.is_empty())
         }
-        ids.extend(tok.encode(text, false).map_err(|e| {
-            tracing::error!("tokenising a prompt: {e}");
-            ApiError::Internal
-        })?);
-        Ok(ids)
+        PromptSpec::TokenLists(ls) => {
+            for &id in ls.iter().flatten() {
+                vocab_id(id, vocab, "prompt")?;
+            }
+            (ls.len(), ls.iter().any(Vec::is_empty))
+        }
     };
-    let ids = |v: &[i64]| -> Result<Vec<u32>, ApiError> {
-        v.iter().map(|&t| vocab_id(t, vocab, "prompt")).collect()
-    };
-    let prompts = match &req.prompt {
-        PromptSpec::Text(t) => vec![encode(t)?],
-        PromptSpec::Texts(ts) => ts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
-        PromptSpec::Tokens(t) => vec![ids(t)?],
-        PromptSpec::TokenLists(ls) => ls.iter().map(|l| ids(l)).collect::<Result<_, _>>()?,
-    };
-    if prompts.is_empty() {
+    if count == 0 {
         return Err(ApiError::bad(
             "'prompt' must not be an empty list",
             "prompt",
         ));
     }
-    if prompts.iter().any(Vec::is_empty) {
+    if empty {
         return Err(ApiError::bad("'prompt' must not be empty", "prompt"));
     }
-    if prompts.len() * sampling.n > MAX_N as usize * 4 {
+    if count * sampling.n > MAX_N as usize * 4 {
         return Err(ApiError::bad(
             format!(
                 "{} prompts × n {} is more choices than one request may ask for",
-                prompts.len(),
-                sampling.n
+                count, sampling.n
             ),
             "prompt",
         ));
     }
-    prepared(&f, prompts, sampling)
+    checked(&f, sampling)
 }

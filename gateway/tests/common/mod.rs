@@ -2,6 +2,9 @@
 //! `oneshot` or served on 127.0.0.1:0.
 #![allow(dead_code)]
 
+pub mod fake_upstream;
+pub mod routing;
+
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
@@ -65,7 +68,8 @@ pub fn state(setup: Setup) -> (Arc<AppState>, EngineHandle) {
     let engine = Engine::start_with_registry(model, ec, registry.clone()).unwrap();
     let state = Arc::new(AppState {
         backend: OnceLock::new(),
-        served_model: MODEL.into(),
+        served_model: Some(MODEL.into()),
+        router: None,
         limiter: RateLimiter::new(&setup.tenants),
         tenants: setup.tenants,
         admission: Admission::new(setup.admission),

@@ -1,5 +1,17 @@
-//! The seam between the HTTP layer and whatever generates: an in-process engine now, remote
-//! replicas with the routing issue. The API layer only sees this trait.
+//! The seam between the HTTP layer and whatever generates.
+//!
+//! - [`Backend`] / [`LocalBackend`]: an engine in this process, driven token by token; the API
+//!   layer renders its events as OpenAI JSON or SSE.
+//! - [`remote::RemoteBackend`]: a replica over HTTP, another `sluice serve --model` or any
+//!   OpenAI-compatible server; the request body goes as it came and the answer comes back
+//!   byte for byte, so the gateway needs neither the remote model's tokenizer nor its template.
+//!
+//! The two differ in kind on purpose: proxying bytes keeps the routing gateway cheap and
+//! model-agnostic, while the local engine has no HTTP to proxy. `crate::router` picks among
+//! remote backends; `crate::api` sends a request for the local model to the local backend and
+//! any other to the router.
+
+pub mod remote;
 
 use std::sync::Arc;
 

@@ -1,0 +1,242 @@
+//! Routing across remote replicas: which replicas exist (fed by `crate::discovery`), which may
+//! take a request now, which one gets it, and retrying elsewhere before the first byte.
+//!
+//! - [`replica`]: one replica's client, in-flight count, polled load, health and models, and
+//!   the tasks that poll them.
+//! - [`load`]: parsing vLLM-named load series and turning them into a score.
+//! - [`health`]: passive outlier ejection and active health-check state.
+//! - [`policy`]: round-robin, least-load (two choices), prefix-affinity (bounded load).
+//! - [`affinity`]: affinity keys from prompt prefixes and sessions; rendezvous hashing.
+//! - [`dispatch`]: one request's attempts: pick, send, wait for the first byte, retry.
+//!
+//! The set of replicas is the union of what each discovery source last reported; a source
+//! replaces only its own part. A replica leaving the set stops being picked at once; requests
+//! already on it finish (they hold the replica until their response ends).
+
+pub mod affinity;
+pub mod dispatch;
+pub mod health;
+pub mod load;
+pub mod policy;
+pub mod replica;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use crate::backend::remote::{RemoteOptions, ReplicaUrl};
+use crate::metrics::RouterMetrics;
+use health::EjectionPolicy;
+use policy::{Candidate, Key, Policy, Reason};
+use replica::{Replica, ServedModel};
+
+/// How the router behaves; validated from `sluice serve` flags.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub policy: Policy,
+    /// How often each replica's `/metrics` is read.
+    pub poll_interval: Duration,
+    /// Metrics older than this count as saturated.
+    pub stale_after: Duration,
+    pub health_interval: Duration,
+    pub health_path: String,
+    /// Time allowed for a replica's first byte (for a non-streaming request, its whole answer).
+    pub upstream_timeout: Duration,
+    /// Attempts per request, the first included.
+    pub max_attempts: u32,
+    /// First retry's backoff; doubles per retry, jittered ±50%.
+    pub backoff: Duration,
+    /// Requests in flight per replica beyond which it is not picked.
+    pub replica_max_in_flight: usize,
+    /// Prefix-affinity's bounded load: the owner is skipped when its score exceeds the least
+    /// loaded candidate's by more than this.
+    pub affinity_threshold: f64,
+    pub affinity_prefix_bytes: usize,
+    pub ejection: EjectionPolicy,
+    pub remote: RemoteOptions,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            policy: Policy::PrefixAffinity,
+            poll_interval: Duration::from_millis(200),
+            stale_after: Duration::from_secs(1),
+            health_interval: Duration::from_secs(1),
+            health_path: "/health".into(),
+            upstream_timeout: Duration::from_secs(60),
+            max_attempts: 3,
+            backoff: Duration::from_millis(10),
+            replica_max_in_flight: 256,
+            affinity_threshold: 4.0,
+            affinity_prefix_bytes: 512,
+            ejection: EjectionPolicy::default(),
+            remote: RemoteOptions::default(),
+        }
+    }
+}
+
+/// Why no replica could be picked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoPick {
+    /// No known replica serves the model.
+    UnknownModel,
+    /// Replicas serve it but none is healthy now.
+    NoneHealthy,
+    /// Healthy replicas serve it, all at their concurrency cap.
+    AllAtCap,
+}
+
+#[derive(Debug)]
+pub struct Router {
+    cfg: Arc<RouterConfig>,
+    metrics: RouterMetrics,
+    /// Each discovery source's last report.
+    sources: Mutex<Vec<BTreeSet<ReplicaUrl>>>,
+    replicas: RwLock<Arc<HashMap<ReplicaUrl, Arc<Replica>>>>,
+    turn: AtomicUsize,
+}
+
+impl Router {
+    pub fn new(cfg: RouterConfig, metrics: RouterMetrics) -> Arc<Self> {
+        Arc::new(Self {
+            cfg: Arc::new(cfg),
+            metrics,
+            sources: Mutex::default(),
+            replicas: RwLock::default(),
+            turn: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.cfg
+    }
+
+    /// A slot for one discovery source's reports.
+    pub fn add_source(&self) -> usize {
+        let mut s = self.sources.lock().unwrap();
+        s.push(BTreeSet::new());
+        s.len() - 1
+    }
+
+    /// Replaces source `source`'s replicas; starts new replicas, stops departed ones. Must run
+    /// inside the tokio runtime (replicas start tasks).
+    pub fn set_source(&self, source: usize, urls: BTreeSet<ReplicaUrl>) {
+        let mut sources = self.sources.lock().unwrap();
+        if sources[source] == urls {
+            return;
+        }
+        sources[source] = urls;
+        let want: BTreeSet<&ReplicaUrl> = sources.iter().flatten().collect();
+        let current = self.replicas.read().unwrap().clone();
+        let mut next = HashMap::with_capacity(want.len());
+        for url in want {
+            let r = match current.get(url) {
+                Some(r) => r.clone(),
+                None => {
+                    tracing::info!(replica = %url, "replica added");
+                    Replica::start(url.clone(), &self.cfg, self.metrics.clone())
+                }
+            };
+            next.insert(url.clone(), r);
+        }
+        for (url, r) in current.iter() {
+            if !next.contains_key(url) {
+                tracing::info!(replica = %url, "replica removed");
+                r.stop();
+            }
+        }
+        *self.replicas.write().unwrap() = Arc::new(next);
+    }
+
+    pub fn replicas(&self) -> Arc<HashMap<ReplicaUrl, Arc<Replica>>> {
+        self.replicas.read().unwrap().clone()
+    }
+
+    /// Whether any replica may take requests now.
+    pub fn any_eligible(&self) -> bool {
+        let now = Instant::now();
+        self.replicas().values().any(|r| r.eligible(now))
+    }
+
+    /// Every model some healthy replica serves (the largest context length any reports).
+    pub fn models(&self) -> Vec<ServedModel> {
+        let now = Instant::now();
+        let mut out: Vec<ServedModel> = Vec::new();
+        for r in self.replicas().values().filter(|r| r.eligible(now)) {
+            for m in r.models().iter() {
+                match out.iter_mut().find(|o| o.id == m.id) {
+                    Some(o) => o.max_model_len = o.max_model_len.max(m.max_model_len),
+                    None => out.push(m.clone()),
+                }
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    pub fn serves(&self, model: &str) -> bool {
+        self.replicas().values().any(|r| r.serves(model))
+    }
+
+    /// Picks a replica for `model`, avoiding `tried` while others are available.
+    pub fn pick(
+        &self,
+        model: &str,
+        key: Option<Key>,
+        tried: &[ReplicaUrl],
+    ) -> Result<(Arc<Replica>, Reason), NoPick> {
+        let now = Instant::now();
+        let all = self.replicas();
+        let serving: Vec<&Arc<Replica>> = all.values().filter(|r| r.serves(model)).collect();
+        if serving.is_empty() {
+            return Err(NoPick::UnknownModel);
+        }
+        let healthy: Vec<&Arc<Replica>> = serving.into_iter().filter(|r| r.eligible(now)).collect();
+        if healthy.is_empty() {
+            return Err(NoPick::NoneHealthy);
+        }
+        let open: Vec<&Arc<Replica>> = healthy
+            .into_iter()
+            .filter(|r| r.in_flight() < self.cfg.replica_max_in_flight)
+            .collect();
+        if open.is_empty() {
+            return Err(NoPick::AllAtCap);
+        }
+        let untried: Vec<&Arc<Replica>> = open
+            .iter()
+            .copied()
+            .filter(|r| !tried.contains(r.url()))
+            .collect();
+        let pool = if untried.is_empty() { open } else { untried };
+        let cands: Vec<Candidate<'_>> = pool
+            .iter()
+            .map(|r| Candidate {
+                url: r.url(),
+                score: r.score(now, self.cfg.stale_after),
+            })
+            .collect();
+        let (i, reason) = policy::choose(
+            self.cfg.policy,
+            &cands,
+            key,
+            self.cfg.affinity_threshold,
+            &self.turn,
+            &mut rand::rng(),
+        )
+        .expect("candidates are not empty");
+        self.metrics
+            .decisions
+            .with_label_values(&[self.cfg.policy.label(), reason.label()])
+            .inc();
+        Ok((pool[i].clone(), reason))
+    }
+
+    /// Stops every replica's tasks.
+    pub fn shutdown(&self) {
+        for r in self.replicas().values() {
+            r.stop();
+        }
+    }
+}

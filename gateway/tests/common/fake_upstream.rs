@@ -1,0 +1,178 @@
+//! A fake OpenAI-compatible replica that answers at once: `/v1/models`, `/health`, `/metrics`
+//! (vLLM names, values the test sets) and chat/completions as JSON or SSE. Its behaviour is
+//! programmable per test — refuse the next requests with a status, or break streams after the
+//! first chunk — and it counts what it served. The gateway tests route to it, and
+//! `make bench-gateway` measures the gateway in front of it.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+
+#[derive(Debug, Default)]
+pub struct Fake {
+    pub model: String,
+    /// Answers to `/health` with 503 while false.
+    pub healthy: AtomicBool,
+    /// The next this many generations answer `refuse_status`.
+    pub refuse_next: AtomicUsize,
+    pub refuse_status: Mutex<u16>,
+    /// Streams send one chunk, then the connection breaks.
+    pub break_streams: AtomicBool,
+    /// Values exported as `vllm:num_requests_waiting` / `_running`.
+    pub waiting: AtomicU64,
+    pub running: AtomicU64,
+    /// Export no vLLM series at all (as a plain OpenAI server would).
+    pub no_metrics: AtomicBool,
+    /// Milliseconds each generation waits before answering.
+    pub delay_ms: AtomicU64,
+    /// Generations answered (any status).
+    pub served: AtomicUsize,
+    /// The last generation's request body and `x-session-id`.
+    pub last_body: Mutex<Option<Bytes>>,
+}
+
+impl Fake {
+    pub fn new(model: &str) -> Arc<Self> {
+        Arc::new(Self {
+            model: model.into(),
+            healthy: AtomicBool::new(true),
+            refuse_status: Mutex::new(503),
+            ..Self::default()
+        })
+    }
+
+    pub fn served(&self) -> usize {
+        self.served.load(Ordering::SeqCst)
+    }
+}
+
+/// Serves `fake` on 127.0.0.1:`port` (0: any) until the task is aborted, which also closes
+/// every open connection (as a killed process would).
+pub async fn serve(fake: Arc<Fake>, port: u16) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    serve_on(fake, std::net::Ipv4Addr::LOCALHOST, port).await
+}
+
+/// As [`serve`], on another loopback address (127.0.0.2 ...), so several fakes can share a
+/// port as pods behind one Service do.
+pub async fn serve_on(
+    fake: Arc<Fake>,
+    ip: std::net::Ipv4Addr,
+    port: u16,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let app = Router::new()
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/chat/completions", post(generate))
+        .route("/v1/completions", post(generate))
+        .with_state(fake);
+    let listener = tokio::net::TcpListener::bind((ip, port)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            let Ok((sock, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = sock.set_nodelay(true);
+            let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+            while conns.try_join_next().is_some() {}
+            conns.spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(sock), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+async fn models(State(f): State<Arc<Fake>>) -> Response {
+    let body = format!(
+        r#"{{"object":"list","data":[{{"id":"{}","object":"model","max_model_len":2048}}]}}"#,
+        f.model
+    );
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+async fn health(State(f): State<Arc<Fake>>) -> StatusCode {
+    if f.healthy.load(Ordering::SeqCst) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn metrics(State(f): State<Arc<Fake>>) -> Response {
+    if f.no_metrics.load(Ordering::SeqCst) {
+        return "process_cpu_seconds_total 1\n".into_response();
+    }
+    format!(
+        "vllm:num_requests_waiting{{model_name=\"{m}\"}} {}\nvllm:num_requests_running{{model_name=\"{m}\"}} {}\nvllm:kv_cache_usage_perc{{model_name=\"{m}\"}} 0.1\n",
+        f.waiting.load(Ordering::SeqCst),
+        f.running.load(Ordering::SeqCst),
+        m = f.model
+    )
+    .into_response()
+}
+
+const CHUNK: &str = r#"data: {"id":"x","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}"#;
+
+async fn generate(State(f): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
+    f.served.fetch_add(1, Ordering::SeqCst);
+    let _ = headers;
+    let delay = f.delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+    }
+    *f.last_body.lock().unwrap() = Some(body.clone());
+    let refuse = f
+        .refuse_next
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok();
+    if refuse {
+        let status = StatusCode::from_u16(*f.refuse_status.lock().unwrap()).unwrap();
+        let body = r#"{"error":{"message":"refused by the fake","type":"service_unavailable","param":null,"code":null}}"#;
+        return (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    }
+    let stream = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["stream"].as_bool())
+        .unwrap_or(false);
+    if !stream {
+        let body = format!(
+            r#"{{"id":"x","object":"chat.completion","created":0,"model":"{}","choices":[{{"index":0,"message":{{"role":"assistant","content":"hi"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}}}"#,
+            f.model
+        );
+        return ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+    }
+    if f.break_streams.load(Ordering::SeqCst) {
+        // The first chunk goes out; a moment later the connection breaks.
+        let first = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from(format!(
+            "{CHUNK}\n\n"
+        )))]);
+        let broken = futures_util::stream::once(async {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            Err(std::io::Error::other("the fake breaks the stream"))
+        });
+        let body = Body::from_stream(futures_util::StreamExt::chain(first, broken));
+        return ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response();
+    }
+    let chunks: Vec<Result<Bytes, std::io::Error>> = {
+        vec![
+            Ok(Bytes::from(format!("{CHUNK}\n\n"))),
+            Ok(Bytes::from(format!("{CHUNK}\n\n"))),
+            Ok(Bytes::from_static(b"data: [DONE]\n\n")),
+        ]
+    };
+    let body = Body::from_stream(futures_util::stream::iter(chunks));
+    ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+}
