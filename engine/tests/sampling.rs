@@ -297,8 +297,12 @@ fn a_dropped_stream_is_aborted() {
         .unwrap();
     assert!(matches!(s.blocking_next(), Some(Event::Delta(_))));
     drop(s);
+    // The load gauges drop when the blocks are released, a moment before the finish is
+    // counted: wait for all three, then check nothing else finished it.
     wait_for(&engine, "abort", |l| {
-        l.running == 0 && l.kv_blocks_used == 0
+        l.running == 0 && l.kv_blocks_used == 0 && engine.metrics().finished_count("abort") >= 1
     });
     assert_eq!(engine.metrics().finished_count("abort"), 1);
+    assert_eq!(engine.metrics().finished_count("stop"), 0);
+    assert_eq!(engine.metrics().finished_count("length"), 0);
 }
