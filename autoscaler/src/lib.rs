@@ -24,13 +24,20 @@
 //! - [`scenario`]: the default scenario and running every policy side by side.
 //! - [`report`], [`plot`]: the table, JSON and SVG.
 //! - [`error`]: the library's error type.
+//! - [`crd`]: the `ServingPool` custom resource (`sluice.dev/v1alpha1`).
+//! - [`controller`]: the Kubernetes controller (`sluice-autoscaler run`): leader election,
+//!   reconcile, fallback by priority, stockouts, Spot, status, Events, its metrics.
+//! - [`nodepool`]: node pools behind `NodePoolProvider` (`gke`, `provisioning-request`, none).
 
 pub mod baselines;
 pub mod capacity;
+pub mod controller;
+pub mod crd;
 pub mod decision;
 pub mod error;
 pub mod forecast;
 pub mod mix;
+pub mod nodepool;
 pub mod plot;
 pub mod policy;
 pub mod profile;

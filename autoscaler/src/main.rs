@@ -34,6 +34,10 @@ enum Command {
     Profiles(ProfilesArgs),
     /// Run the sluice policy once on signals read from a JSON file and print the decision.
     Explain(ExplainArgs),
+    /// Run the Kubernetes controller: scale the Deployments and node pools of ServingPools.
+    Run(sluice_autoscaler::controller::cli::RunArgs),
+    /// Print the ServingPool CustomResourceDefinition (YAML).
+    Crd,
 }
 
 #[derive(Args)]
@@ -146,7 +150,28 @@ fn main() -> Result<()> {
         Command::Simulate(a) => simulate(a),
         Command::Profiles(a) => profiles(a),
         Command::Explain(a) => explain(a),
+        Command::Run(a) => run_controller(a),
+        Command::Crd => {
+            print!("{}", sluice_autoscaler::crd::crd_yaml()?);
+            Ok(())
+        }
     }
+}
+
+fn run_controller(a: sluice_autoscaler::controller::cli::RunArgs) -> Result<()> {
+    use sluice_autoscaler::controller::{cli, scrape_source::PodScraper};
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(async {
+        let source = std::sync::Arc::new(PodScraper::new());
+        cli::run(a, source).await
+    })?;
+    Ok(())
 }
 
 fn simulate(a: SimulateArgs) -> Result<()> {
