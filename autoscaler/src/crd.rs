@@ -200,9 +200,6 @@ pub struct PolicySpec {
     /// Capacity planned above demand (0.2 = 20 %).
     #[serde(default = "d0_2")]
     pub headroom: f64,
-    /// Metrics older than this are stale: the controller holds, never scales down.
-    #[serde(default = "d60")]
-    pub metrics_stale_seconds: f64,
 }
 
 impl Default for PolicySpec {
@@ -215,7 +212,6 @@ impl Default for PolicySpec {
             panic_window_seconds: 60.0,
             forecast_horizon_seconds: None,
             headroom: 0.2,
-            metrics_stale_seconds: 60.0,
         }
     }
 }
@@ -392,7 +388,11 @@ mod tests {
         let sp: ServingPool = serde_yaml::from_str(EXAMPLE).unwrap();
         assert_eq!(sp.spec.model, "llama-3-8b");
         sp.spec.validate().unwrap();
-        assert!(sp.spec.variants.iter().any(|v| v.capacity == Capacity::Spot));
+        assert!(sp
+            .spec
+            .variants
+            .iter()
+            .any(|v| v.capacity == Capacity::Spot));
         // Every variant names one in the profile.
         let p = crate::profile::Profile::load(&sp.spec.profile).unwrap();
         for v in &sp.spec.variants {

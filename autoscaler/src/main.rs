@@ -162,8 +162,7 @@ fn run_controller(a: sluice_autoscaler::controller::cli::RunArgs) -> Result<()> 
     use sluice_autoscaler::controller::{cli, scrape_source::PodScraper};
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;

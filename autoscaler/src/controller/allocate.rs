@@ -37,7 +37,13 @@ pub struct Allocation {
 
 /// Spreads the decision's targets over the entries.
 pub fn allocate(decision: &Decision, entries: &[Entry]) -> Allocation {
-    let cap = |e: &Entry| if e.available { e.max } else { e.keep.min(e.max) };
+    let cap = |e: &Entry| {
+        if e.available {
+            e.max
+        } else {
+            e.keep.min(e.max)
+        }
+    };
     let mut desired = vec![0u32; entries.len()];
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by_key(|&i| (entries[i].priority, i));
@@ -51,7 +57,9 @@ pub fn allocate(decision: &Decision, entries: &[Entry]) -> Allocation {
         let mut mine: Vec<usize> = order
             .iter()
             .copied()
-            .filter(|&i| entries[i].profile_variant == t.variant && entries[i].capacity == t.capacity)
+            .filter(|&i| {
+                entries[i].profile_variant == t.variant && entries[i].capacity == t.capacity
+            })
             .collect();
         if mine.is_empty() {
             mine = order

@@ -29,7 +29,11 @@ pub struct RunArgs {
     #[arg(long, env = "SLUICE_AUTOSCALER_DRY_RUN")]
     pub dry_run: bool,
     /// Address of `/metrics` and `/healthz`.
-    #[arg(long, env = "SLUICE_AUTOSCALER_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_METRICS_ADDR",
+        default_value = "0.0.0.0:9090"
+    )]
     pub metrics_addr: SocketAddr,
     /// Act without leader election (one replica only).
     #[arg(long, env = "SLUICE_AUTOSCALER_NO_LEADER_ELECTION")]
@@ -37,7 +41,11 @@ pub struct RunArgs {
     /// Namespace of the leader Lease (the pod's namespace in a cluster).
     #[arg(long, env = "POD_NAMESPACE", default_value = "sluice")]
     pub lease_namespace: String,
-    #[arg(long, env = "SLUICE_AUTOSCALER_LEASE", default_value = "sluice-autoscaler")]
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_LEASE",
+        default_value = "sluice-autoscaler"
+    )]
     pub lease_name: String,
     /// Seconds a renewal keeps standbys out; the period must be shorter.
     #[arg(long, env = "SLUICE_AUTOSCALER_LEASE_DURATION", default_value_t = 15)]
@@ -136,7 +144,9 @@ impl RunArgs {
 /// Runs the controller with a signal source until Ctrl-C or SIGTERM.
 pub async fn run(args: RunArgs, source: Arc<dyn SignalSource>) -> Result<()> {
     let config = args.config()?;
-    let client = kube::Client::try_default().await.map_err(Error::kube("connect"))?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(Error::kube("connect"))?;
     let gke: Option<Arc<dyn NodePoolProvider>> = args.gke()?.map(|g| Arc::new(g) as _);
     let metrics = Metrics::new();
     let identity = config

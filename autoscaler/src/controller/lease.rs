@@ -26,7 +26,13 @@ pub struct LeaseLock {
 }
 
 impl LeaseLock {
-    pub fn new(client: kube::Client, namespace: &str, name: &str, identity: &str, duration: Duration) -> Self {
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+        duration: Duration,
+    ) -> Self {
         LeaseLock {
             api: Api::namespaced(client, namespace),
             name: name.to_string(),
@@ -88,7 +94,11 @@ impl LeaseLock {
         }
         spec.lease_duration_seconds = Some(secs);
         spec.renew_time = Some(MicroTime(now));
-        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
             Ok(_) => Ok(true),
             Err(e) if is_conflict(&e) => Ok(false),
             Err(e) => Err(Error::kube(format!("update lease {}", self.name))(e)),
@@ -110,7 +120,11 @@ impl LeaseLock {
             return Ok(());
         }
         spec.holder_identity = None;
-        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if is_conflict(&e) => Ok(()),
             Err(e) => Err(Error::kube(format!("release lease {}", self.name))(e)),

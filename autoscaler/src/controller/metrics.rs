@@ -37,38 +37,61 @@ impl Metrics {
         let registry = Registry::new();
         let pv = &["namespace", "pool", "variant"];
         let desired = IntGaugeVec::new(
-            Opts::new("sluice_autoscaler_desired_replicas", "Replicas the controller wants per variant"),
+            Opts::new(
+                "sluice_autoscaler_desired_replicas",
+                "Replicas the controller wants per variant",
+            ),
             pv,
         )
         .expect("valid metric");
         let current = IntGaugeVec::new(
-            Opts::new("sluice_autoscaler_current_replicas", "The Deployment's spec.replicas per variant"),
+            Opts::new(
+                "sluice_autoscaler_current_replicas",
+                "The Deployment's spec.replicas per variant",
+            ),
             pv,
         )
         .expect("valid metric");
         let decisions = IntCounterVec::new(
-            Opts::new("sluice_autoscaler_decisions_total", "Policy decisions, by reason they carried"),
+            Opts::new(
+                "sluice_autoscaler_decisions_total",
+                "Policy decisions, by reason they carried",
+            ),
             &["namespace", "pool", "reason"],
         )
         .expect("valid metric");
         let reconcile_errors = IntCounterVec::new(
-            Opts::new("sluice_autoscaler_reconcile_errors_total", "Failed reconciles, by reason"),
+            Opts::new(
+                "sluice_autoscaler_reconcile_errors_total",
+                "Failed reconciles, by reason",
+            ),
             &["namespace", "pool", "reason"],
         )
         .expect("valid metric");
         let reconcile_duration = HistogramVec::new(
-            HistogramOpts::new("sluice_autoscaler_reconcile_duration_seconds", "Time per reconcile")
-                .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+            HistogramOpts::new(
+                "sluice_autoscaler_reconcile_duration_seconds",
+                "Time per reconcile",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
             &["namespace", "pool"],
         )
         .expect("valid metric");
         let scale_actions = IntCounterVec::new(
-            Opts::new("sluice_autoscaler_scale_actions_total", "Deployments scaled, by direction"),
+            Opts::new(
+                "sluice_autoscaler_scale_actions_total",
+                "Deployments scaled, by direction",
+            ),
             &["namespace", "pool", "variant", "direction"],
         )
         .expect("valid metric");
-        let leader = IntGauge::new("sluice_autoscaler_leader", "1 while this replica holds the lease")
-            .expect("valid metric");
+        let leader = IntGauge::new(
+            "sluice_autoscaler_leader",
+            "1 while this replica holds the lease",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(desired.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(current.clone()),

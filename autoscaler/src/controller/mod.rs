@@ -113,7 +113,11 @@ impl Controller {
             let ns = pool.namespace().unwrap_or_default();
             let key = format!("{ns}/{}", pool.name_any());
             present.push(key.clone());
-            if self.backoff.get(&key).is_some_and(|&(next, _)| now_s < next) {
+            if self
+                .backoff
+                .get(&key)
+                .is_some_and(|&(next, _)| now_s < next)
+            {
                 continue;
             }
             let t0 = Instant::now();
@@ -136,7 +140,12 @@ impl Controller {
         Ok(out)
     }
 
-    async fn reconcile_one(&mut self, key: &str, pool: &ServingPool, now_s: f64) -> Result<Outcomes> {
+    async fn reconcile_one(
+        &mut self,
+        key: &str,
+        pool: &ServingPool,
+        now_s: f64,
+    ) -> Result<Outcomes> {
         if !self.pools.contains_key(key) {
             self.pools.insert(key.to_string(), PoolState::new(pool)?);
         }
@@ -187,6 +196,11 @@ impl Controller {
         }
     }
 
+    /// The controller's metrics (to serve them).
+    pub fn metrics(&self) -> &metrics::Metrics {
+        &self.ctx.metrics
+    }
+
     /// Seconds on the controller's monotonic clock.
     pub fn now_s(&self) -> f64 {
         self.started.elapsed().as_secs_f64()
@@ -204,7 +218,13 @@ impl Controller {
         let nodes: Api<Node> = Api::all(self.ctx.client.clone());
         watchers.push(tokio::spawn(poke_on_change(nodes, changed.clone())));
         let lease = self.config.lease.as_ref().map(|l| {
-            LeaseLock::new(self.ctx.client.clone(), &l.namespace, &l.name, &l.identity, l.duration)
+            LeaseLock::new(
+                self.ctx.client.clone(),
+                &l.namespace,
+                &l.name,
+                &l.identity,
+                l.duration,
+            )
         });
         tokio::pin!(shutdown);
         loop {
@@ -226,7 +246,10 @@ impl Controller {
             } else {
                 self.pools.clear();
                 self.backoff.clear();
-                self.config.lease.as_ref().map_or(self.config.period, |l| l.retry)
+                self.config
+                    .lease
+                    .as_ref()
+                    .map_or(self.config.period, |l| l.retry)
             };
             tokio::select! {
                 () = &mut shutdown => break,

@@ -86,7 +86,10 @@ pub async fn observe(client: &kube::Client, pool: &ServingPool, ns: &str) -> Res
             .spec
             .as_ref()
             .and_then(|s| s.taints.as_ref())
-            .is_some_and(|ts| ts.iter().any(|t| PREEMPTION_TAINTS.contains(&t.key.as_str())));
+            .is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| PREEMPTION_TAINTS.contains(&t.key.as_str()))
+            });
         if let Some(name) = n.metadata.name {
             doomed.insert(name, tainted);
         }
@@ -159,7 +162,10 @@ pub async fn observe(client: &kube::Client, pool: &ServingPool, ns: &str) -> Res
                     .labels(&format!("kubernetes.io/service-name={}", scrape.service)),
             )
             .await
-            .map_err(Error::kube(format!("list endpointslices of {}", scrape.service)))?;
+            .map_err(Error::kube(format!(
+                "list endpointslices of {}",
+                scrape.service
+            )))?;
         for s in list.items {
             let ports = s.ports.unwrap_or_default();
             let port = match &scrape.port {
@@ -178,7 +184,11 @@ pub async fn observe(client: &kube::Client, pool: &ServingPool, ns: &str) -> Res
                 else {
                     continue;
                 };
-                let host = if ip.contains(':') { format!("[{ip}]") } else { ip.clone() };
+                let host = if ip.contains(':') {
+                    format!("[{ip}]")
+                } else {
+                    ip.clone()
+                };
                 view.targets.push(ScrapeTarget {
                     pod,
                     variant: variant.clone(),

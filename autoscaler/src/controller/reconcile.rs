@@ -290,8 +290,14 @@ pub async fn reconcile(
         let current = view.variants[i].replicas;
         let want = desired[i];
         let labels = [ns.as_str(), name.as_str(), v.name.as_str()];
-        ctx.metrics.desired.with_label_values(&labels).set(i64::from(want));
-        ctx.metrics.current.with_label_values(&labels).set(i64::from(current));
+        ctx.metrics
+            .desired
+            .with_label_values(&labels)
+            .set(i64::from(want));
+        ctx.metrics
+            .current
+            .with_label_values(&labels)
+            .set(i64::from(current));
         if want != current {
             let dir = if want > current { "up" } else { "down" };
             tracing::info!(pool = %key, variant = %v.name, from = current, to = want, dry_run = ctx.dry_run, "scale");
@@ -311,7 +317,11 @@ pub async fn reconcile(
             }
             events.push((
                 EventType::Normal,
-                if want > current { "ScaledUp" } else { "ScaledDown" },
+                if want > current {
+                    "ScaledUp"
+                } else {
+                    "ScaledDown"
+                },
                 "Scale",
                 format!(
                     "{} ({}): {current} → {want} replicas; {}",
@@ -324,10 +334,13 @@ pub async fn reconcile(
         if v.node_pool.provider == NodePoolProviderKind::None || ctx.dry_run {
             continue;
         }
-        let pv = state.profile.variant(&v.profile_variant).map_err(|source| Error::Profile {
-            name: name.clone(),
-            source,
-        })?;
+        let pv = state
+            .profile
+            .variant(&v.profile_variant)
+            .map_err(|source| Error::Profile {
+                name: name.clone(),
+                source,
+            })?;
         let per_node = pv.replicas_per_node().max(1);
         let req = NodeRequest {
             namespace: ns.clone(),
@@ -390,16 +403,39 @@ pub async fn reconcile(
 
     // Status and Events.
     let now_wall = k8s_openapi::jiff::Timestamp::now().to_string();
-    let mut conds = Conditions::from(pool.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default());
+    let mut conds = Conditions::from(
+        pool.status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default(),
+    );
     let at_target = spec
         .variants
         .iter()
         .enumerate()
         .all(|(i, _)| view.variants[i].ready() >= desired[i]);
-    conds.set("Ready", at_target, if at_target { "AtTarget" } else { "Scaling" },
-        if at_target { "every variant has its desired replicas ready".into() } else { "replicas starting or pending".into() }, &now_wall);
-    conds.set("MetricsStale", stale, if stale { "NoFreshMetrics" } else { "Fresh" },
-        if stale { "no fresh metrics from the signal source: holding".into() } else { String::new() }, &now_wall);
+    conds.set(
+        "Ready",
+        at_target,
+        if at_target { "AtTarget" } else { "Scaling" },
+        if at_target {
+            "every variant has its desired replicas ready".into()
+        } else {
+            "replicas starting or pending".into()
+        },
+        &now_wall,
+    );
+    conds.set(
+        "MetricsStale",
+        stale,
+        if stale { "NoFreshMetrics" } else { "Fresh" },
+        if stale {
+            "no fresh metrics from the signal source: holding".into()
+        } else {
+            String::new()
+        },
+        &now_wall,
+    );
     let stocked: Vec<&str> = state
         .unavailable
         .iter()
@@ -408,13 +444,41 @@ pub async fn reconcile(
         .collect();
     let mut stocked = stocked;
     stocked.sort();
-    conds.set("Stockout", !stocked.is_empty(), if stocked.is_empty() { "InStock" } else { "PendingTooLong" },
-        stocked.join(", "), &now_wall);
+    conds.set(
+        "Stockout",
+        !stocked.is_empty(),
+        if stocked.is_empty() {
+            "InStock"
+        } else {
+            "PendingTooLong"
+        },
+        stocked.join(", "),
+        &now_wall,
+    );
     let nowhere = notes.iter().any(|n| n.contains("nowhere"));
     let degraded = nowhere || node_pool_failure.is_some();
-    conds.set("Degraded", degraded,
-        if node_pool_failure.is_some() { "NodePoolFailed" } else if nowhere { "OutOfCapacity" } else { "AsPlanned" },
-        node_pool_failure.as_ref().map(ToString::to_string).unwrap_or_else(|| if nowhere { notes.join("; ") } else { String::new() }), &now_wall);
+    conds.set(
+        "Degraded",
+        degraded,
+        if node_pool_failure.is_some() {
+            "NodePoolFailed"
+        } else if nowhere {
+            "OutOfCapacity"
+        } else {
+            "AsPlanned"
+        },
+        node_pool_failure
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_else(|| {
+                if nowhere {
+                    notes.join("; ")
+                } else {
+                    String::new()
+                }
+            }),
+        &now_wall,
+    );
     let st = crate::crd::ServingPoolStatus {
         observed_generation: pool.metadata.generation,
         variants: spec
@@ -437,9 +501,14 @@ pub async fn reconcile(
         last_decision: Some(DecisionStatus {
             time: now_wall.clone(),
             mode: decision.as_ref().map_or("hold".into(), |d| {
-                serde_json::to_value(d.mode).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+                serde_json::to_value(d.mode)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
             }),
-            planned_requests_per_second: decision.as_ref().map_or(0.0, |d| d.demand.planned_requests_per_s),
+            planned_requests_per_second: decision
+                .as_ref()
+                .map_or(0.0, |d| d.demand.planned_requests_per_s),
             reasons: reasons.clone(),
         }),
         conditions: conds.into_vec(),
@@ -535,7 +604,13 @@ fn signals(
         };
         let s = &mut out[idx];
         let (r0, r1) = (f64::from(s.ready), f64::from(vv.ready()));
-        let mean = |a: f64, b: f64| if r0 + r1 > 0.0 { (a * r0 + b * r1) / (r0 + r1) } else { 0.0 };
+        let mean = |a: f64, b: f64| {
+            if r0 + r1 > 0.0 {
+                (a * r0 + b * r1) / (r0 + r1)
+            } else {
+                0.0
+            }
+        };
         s.running_per_replica = mean(s.running_per_replica, l.running_per_replica);
         s.waiting_per_replica = mean(s.waiting_per_replica, l.waiting_per_replica);
         s.kv_cache_usage = mean(s.kv_cache_usage, l.kv_cache_usage);
@@ -570,9 +645,8 @@ fn entries(pool: &ServingPool, state: &PoolState, view: &PoolView, d: &Decision)
         ttft_p99_s: spec.slo.ttft.target_seconds,
         tpot_p99_s: spec.slo.tpot.target_seconds,
     };
-    let w = (d.demand.mean_prompt_tokens > 0.0).then(|| {
-        Workload::uniform(d.demand.mean_prompt_tokens, d.demand.mean_output_tokens)
-    });
+    let w = (d.demand.mean_prompt_tokens > 0.0)
+        .then(|| Workload::uniform(d.demand.mean_prompt_tokens, d.demand.mean_output_tokens));
     spec.variants
         .iter()
         .enumerate()
@@ -580,7 +654,11 @@ fn entries(pool: &ServingPool, state: &PoolState, view: &PoolView, d: &Decision)
             let rps = match (&w, state.profile.variant(&v.profile_variant)) {
                 (Some(w), Ok(pv)) => {
                     let c = capacity::at_slo(pv, w, &slo, &Planning::default()).requests_per_s;
-                    if c > 0.0 { c } else { 1.0 }
+                    if c > 0.0 {
+                        c
+                    } else {
+                        1.0
+                    }
                 }
                 _ => 1.0,
             };
@@ -602,7 +680,12 @@ fn entries(pool: &ServingPool, state: &PoolState, view: &PoolView, d: &Decision)
 /// A status shape for the pool when a reconcile fails before writing its own.
 pub fn failed_status(pool: &ServingPool, e: &Error) -> serde_json::Value {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let mut conds = Conditions::from(pool.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default());
+    let mut conds = Conditions::from(
+        pool.status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default(),
+    );
     conds.set("Degraded", true, "ReconcileFailed", e.to_string(), &now);
     conds.set("Ready", false, "ReconcileFailed", e.to_string(), &now);
     json!({

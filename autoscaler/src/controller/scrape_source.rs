@@ -48,7 +48,11 @@ pub fn parse(text: &str) -> PodFigures {
             Some(i) => &line[name_end + i + 1..],
             None => &line[name_end..],
         };
-        let Some(value) = rest.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else {
+        let Some(value) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
             continue;
         };
         if !value.is_finite() {

@@ -58,7 +58,10 @@ mod tests {
         assert_eq!(c.get("Stockout").unwrap().last_transition_time, "t0");
         c.set("Stockout", true, "PendingTooLong", "l4".into(), "t2");
         let s = c.get("Stockout").unwrap();
-        assert_eq!((s.status.as_str(), s.last_transition_time.as_str()), ("True", "t2"));
+        assert_eq!(
+            (s.status.as_str(), s.last_transition_time.as_str()),
+            ("True", "t2")
+        );
         assert_eq!(c.into_vec().len(), 1);
     }
 }

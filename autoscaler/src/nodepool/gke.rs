@@ -150,7 +150,10 @@ impl Gke {
             GkeMode::Autoscaling => (
                 "setAutoscaling",
                 json!({"autoscaling": {"enabled": true, "minNodeCount": 0, "maxNodeCount": req.nodes.max(1)}}),
-                format!("node pool {pool} autoscaling bounds set to [0, {}]", req.nodes.max(1)),
+                format!(
+                    "node pool {pool} autoscaling bounds set to [0, {}]",
+                    req.nodes.max(1)
+                ),
             ),
         };
         let token = self.token(pool).await?;

@@ -58,7 +58,10 @@ impl ProvisioningRequests {
             .ok_or_else(|| Error::MissingDeployment(req.deployment.clone()))?;
         let template = d.spec.map(|s| s.template).unwrap_or_default();
         let labels = [
-            ("sluice.dev/serving-pool".to_string(), req.serving_pool.clone()),
+            (
+                "sluice.dev/serving-pool".to_string(),
+                req.serving_pool.clone(),
+            ),
             ("sluice.dev/variant".to_string(), req.variant.clone()),
         ];
         let meta = ObjectMeta {
@@ -78,7 +81,8 @@ impl ProvisioningRequests {
             Err(e) => return Err(Error::kube(format!("create podtemplate {name}"))(e)),
         }
         let ar = resource();
-        let prs: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &req.namespace, &ar);
+        let prs: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &req.namespace, &ar);
         let mut pr = DynamicObject::new(&name, &ar).within(&req.namespace);
         pr.metadata.labels = meta.labels;
         pr.data = json!({"spec": {
