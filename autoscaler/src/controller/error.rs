@@ -20,7 +20,7 @@ pub enum Error {
     Profile {
         name: String,
         #[source]
-        source: crate::Error,
+        source: Box<crate::Error>,
     },
     /// A Deployment the pool names does not exist.
     #[error("deployment {0} not found")]

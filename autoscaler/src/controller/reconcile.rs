@@ -92,7 +92,7 @@ fn build_policy(pool: &ServingPool) -> Result<(Sluice, Profile)> {
     spec.validate().map_err(|m| invalid(pool, m))?;
     let profile = Profile::load(&spec.profile).map_err(|source| Error::Profile {
         name: pool.name_any(),
-        source,
+        source: Box::new(source),
     })?;
     let mut names: Vec<String> = Vec::new();
     for v in &spec.variants {
@@ -102,7 +102,7 @@ fn build_policy(pool: &ServingPool) -> Result<(Sluice, Profile)> {
     }
     let profile = profile.restrict(&names).map_err(|source| Error::Profile {
         name: pool.name_any(),
-        source,
+        source: Box::new(source),
     })?;
     let limits = names
         .iter()
@@ -339,7 +339,7 @@ pub async fn reconcile(
             .variant(&v.profile_variant)
             .map_err(|source| Error::Profile {
                 name: name.clone(),
-                source,
+                source: Box::new(source),
             })?;
         let per_node = pv.replicas_per_node().max(1);
         let req = NodeRequest {
