@@ -1,5 +1,6 @@
 //! `sluice-autoscaler`: `simulate` replays a trace through every policy; `profiles` prints
-//! each variant's capacity at SLO; `explain` runs the sluice policy on signals from a JSON file.
+//! each variant's capacity at SLO; `explain` runs the sluice policy on signals from a JSON file;
+//! `run --local` scales `sluice serve` replica processes on this machine.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -34,6 +35,8 @@ enum Command {
     Profiles(ProfilesArgs),
     /// Run the sluice policy once on signals read from a JSON file and print the decision.
     Explain(ExplainArgs),
+    /// Run the autoscaler: `--local` scales `sluice serve` processes on this machine.
+    Run(sluice_autoscaler::local::cli::LocalArgs),
 }
 
 #[derive(Args)]
@@ -146,6 +149,43 @@ fn main() -> Result<()> {
         Command::Simulate(a) => simulate(a),
         Command::Profiles(a) => profiles(a),
         Command::Explain(a) => explain(a),
+        Command::Run(a) => run_local(a),
+    }
+}
+
+fn run_local(a: sluice_autoscaler::local::cli::LocalArgs) -> Result<()> {
+    let cfg = a.validate()?;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(async {
+            let controller = sluice_autoscaler::local::control::Controller::new(cfg)?;
+            controller.run(shutdown_signal()).await
+        })?;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot listen for SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
     }
 }
 
