@@ -82,7 +82,7 @@ fn parse_line(line: &str) -> Result<Sample, String> {
     let name = line[..name_end].to_string();
     let mut rest = &line[name_end..];
     let mut labels = Vec::new();
-    if let Some(body) = rest.strip_prefix('{') {
+    if let Some(body) = rest.trim_start().strip_prefix('{') {
         let (parsed, after) = parse_labels(body)?;
         labels = parsed;
         rest = after;

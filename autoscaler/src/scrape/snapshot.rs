@@ -382,7 +382,7 @@ sluice_gateway_replica_eligible{replica="http://127.0.0.1:9002"} 0
         // The per-request TPOT histogram wins over per-token ITL.
         assert_eq!(s.tpot, Some(hist(&[(0.2, 2.0), (f64::INFINITY, 2.0)])));
         assert_eq!(s.gateway_queue, Some(5.0));
-        let g = s.gateway_replicas.unwrap();
+        let g = s.gateway_replicas.clone().unwrap();
         assert_eq!(g.get("http://127.0.0.1:9001"), Some(&true));
         assert_eq!(g.get("http://127.0.0.1:9002"), Some(&false));
         assert_eq!(s.in_system(), 12.0, "4 running, 3 waiting, 5 in admission");
