@@ -160,6 +160,7 @@ fn run_local(a: sluice_autoscaler::local::cli::LocalArgs) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

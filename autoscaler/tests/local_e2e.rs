@@ -173,6 +173,10 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
                 // Four sequences at a time: the burst queues visibly in the engines.
                 "--replica-arg=--max-num-seqs",
                 "--replica-arg=4",
+                // A burst queued behind four sequences waits longer than the default 30 s
+                // admission timeout; a 429 would be retried elsewhere, but three in a row fail.
+                "--replica-arg=--queue-timeout",
+                "--replica-arg=300s",
             ])
             .arg("--log-dir")
             .arg(dir.join("logs"))

@@ -345,11 +345,11 @@ impl Scraper {
         let prompt = long.prompt_len.mean_cv2();
         let arrivals = Arrivals {
             window_s: c.window_s,
-            requests_per_s: long.arrivals / w,
+            requests_per_s: long.arrivals.max(0.0) / w,
             prompt_tokens_per_s: long.prompt_tokens / w,
             output_tokens_per_s: long.generation_tokens / w,
             short_window_s: c.short_window_s,
-            short_requests_per_s: short.arrivals / ws,
+            short_requests_per_s: short.arrivals.max(0.0) / ws,
             max_prompt_tokens: long.prompt_len.max_bound().map_or(0, |m| m.round() as u64),
             prompt_tokens_cv2: prompt.map_or(0.0, |p| p.1),
         };

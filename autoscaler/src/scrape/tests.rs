@@ -235,3 +235,23 @@ async fn over_http_fresh_and_every_kind_of_failure() {
         .unwrap()
         .contains("not a valid URL"));
 }
+
+#[test]
+fn a_request_retried_on_another_replica_arrives_once() {
+    let mut s = Scraper::new(cfg());
+    let a = Target::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:1");
+    let b = Target::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:2");
+    let at = |finished: f64, waiting: f64| Snapshot {
+        finished: Some(finished),
+        waiting: Some(waiting),
+        running: Some(0.0),
+        ..Snapshot::default()
+    };
+    let targets = [a, b];
+    s.record(&targets, vec![Ok(at(0.0, 0.0)), Ok(at(0.0, 0.0))], 0.0);
+    // One request queues on a...
+    s.record(&targets, vec![Ok(at(0.0, 1.0)), Ok(at(0.0, 0.0))], 1.0);
+    // ...is refused there after a timeout, retried on b, and finishes.
+    let o = s.record(&targets, vec![Ok(at(0.0, 0.0)), Ok(at(1.0, 0.0))], 2.0);
+    assert!((o.arrivals.requests_per_s - 1.0 / 2.0).abs() < 1e-9);
+}

@@ -3,8 +3,9 @@
 //! `increase()` computes them — pairwise, a counter that falls meaning a restart.
 //!
 //! Arrivals are not a series replicas export: they are requests finished in the window plus
-//! the change in requests on the replica (running + waiting) over it — conservation, exact up
-//! to requests that were aborted without being counted as finished.
+//! the change in requests on the replicas (running + waiting) over it — conservation. Summed
+//! over replicas it is exact for requests retried from one replica to another; requests that
+//! leave the fleet unfinished (aborted, refused after queueing) are missed.
 
 use std::collections::VecDeque;
 
@@ -81,7 +82,10 @@ impl History {
             .any(|p| p[1].1.finished.unwrap_or(0.0) < p[0].1.finished.unwrap_or(0.0));
         // Requests on a process that restarted were lost, not served: count from zero.
         let base_in_system = if restarted { 0.0 } else { first.1.in_system() };
-        out.arrivals = (out.finished + last.1.in_system() - base_in_system).max(0.0);
+        // Not clamped here: a request that left without finishing (an admission timeout, a
+        // retry elsewhere) lowers this target's figure and raises another's; only the sum
+        // over targets is a count (the scraper clamps that).
+        out.arrivals = out.finished + last.1.in_system() - base_in_system;
         out
     }
 }
