@@ -658,3 +658,104 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (code, body)
 }
+
+/// Signals from the pool Service's EndpointSlices through the shared scraper: a replica pod's
+/// `/metrics` (a small server on 127.0.0.1) is found through its slice endpoint's `targetRef`,
+/// read, and its queue reaches the policy; when it answers an error the metrics are stale and
+/// the controller holds.
+#[tokio::test]
+async fn scraped_signals_from_endpointslice_pods() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let healthy = Arc::new(AtomicBool::new(true));
+    let h2 = healthy.clone();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let ok = h2.load(Ordering::Relaxed);
+            async move {
+                if ok {
+                    (
+                        axum::http::StatusCode::OK,
+                        "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 7\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n",
+                    )
+                } else {
+                    (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "boom")
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let h = harness(
+        json!([variant("l4", "nvidia-l4", "on-demand", 0, 1, 20)]),
+        &[("l4", 1)],
+        false,
+    )
+    .await;
+    h.fake.put(
+        SLICES,
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "replicas-abc", "namespace": NS,
+            "labels": {"kubernetes.io/service-name": "replicas"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true},
+            "targetRef": {"kind": "Pod", "name": "l4-0", "namespace": NS}}]}),
+    );
+    let client = h.fake.client();
+    let source = Arc::new(sluice_autoscaler::controller::scraped::PodScraper::new(
+        sluice_autoscaler::scrape::ScrapeConfig::default(),
+    ));
+    let source2 = source.clone();
+    let ctx = Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "t".into(),
+                instance: None,
+            },
+        ),
+        provisioning: Arc::new(ProvisioningRequests::new(client.clone())),
+        client,
+        source,
+        gke: None,
+        metrics: Metrics::new(),
+        dry_run: false,
+    };
+    let mut c = Controller::new(ctx, config());
+    let r = c.reconcile_all(0.0).await.unwrap();
+    let o = r[0].1.as_ref().unwrap();
+    // No ready endpoint would mean no metrics (stale): the slice's pod was found and read.
+    assert!(!o.stale, "fresh metrics from the pod");
+    // The figures themselves (no request has finished yet, so the policy still plans floors).
+    let target = sluice_autoscaler::controller::source::ScrapeTarget {
+        pod: "l4-0".into(),
+        variant: "l4".into(),
+        profile_variant: "nvidia-l4".into(),
+        capacity: sluice_autoscaler::profile::CapacityType::OnDemand,
+        url: format!("http://127.0.0.1:{port}"),
+        path: "/metrics".into(),
+    };
+    let load = source2
+        .read("other", &[target], 0.0)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((load.queue.waiting, load.queue.running), (7, 3));
+    healthy.store(false, Ordering::Relaxed);
+    let r = c.reconcile_all(10.0).await.unwrap();
+    let o = r[0].1.as_ref().unwrap();
+    assert!(o.stale, "an erroring pod makes the metrics stale");
+    assert_eq!(o.desired, vec![1]);
+    let st = h.fake.get(POOLS, NS, "llama").unwrap();
+    let stale = st["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "MetricsStale")
+        .unwrap()
+        .clone();
+    assert_eq!(stale["status"], "True");
+}

@@ -6,7 +6,7 @@
 //! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease.
 //! - [`observe`]: Deployments, pods, nodes and endpoints of one pool.
 //! - [`source`]: the [`SignalSource`](source::SignalSource) trait the load comes through;
-//!   [`scrape_source`]: reading replica pods' `/metrics` directly (interim, see there).
+//!   [`scraped`]: that trait over `crate::scrape` (shared with local mode).
 //! - [`allocate`]: the policy's targets spread over the pool's variants, with fallback.
 //! - [`reconcile`]: one pass over one pool (decide, scale, node pools, status, Events).
 //! - [`status`]: conditions and their transition times.
@@ -26,7 +26,7 @@ pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod reconcile;
-pub mod scrape_source;
+pub mod scraped;
 pub mod source;
 pub mod status;
 

@@ -96,7 +96,7 @@ pub async fn observe(client: &kube::Client, pool: &ServingPool, ns: &str) -> Res
     }
     let mut view = PoolView::default();
     // Pod name → variant entry, for the endpoints.
-    let mut owner: HashMap<String, String> = HashMap::new();
+    let mut owner: HashMap<String, &crate::crd::VariantSpec> = HashMap::new();
     for v in &pool.spec.variants {
         let d = deployments
             .get_opt(&v.deployment)
@@ -141,7 +141,7 @@ pub async fn observe(client: &kube::Client, pool: &ServingPool, ns: &str) -> Res
                 Some(n) => doomed.get(n).copied().unwrap_or(true),
                 None => false,
             };
-            owner.insert(name.clone(), v.name.clone());
+            owner.insert(name.clone(), v);
             vv.pods.push(PodView {
                 uid: p.metadata.uid.clone().unwrap_or_else(|| name.clone()),
                 name,
@@ -191,8 +191,11 @@ pub async fn observe(client: &kube::Client, pool: &ServingPool, ns: &str) -> Res
                 };
                 view.targets.push(ScrapeTarget {
                     pod,
-                    variant: variant.clone(),
-                    url: format!("http://{host}:{port}{}", scrape.path),
+                    variant: variant.name.clone(),
+                    profile_variant: variant.profile_variant.clone(),
+                    capacity: variant.capacity.into(),
+                    url: format!("http://{host}:{port}"),
+                    path: scrape.path.clone(),
                 });
             }
         }

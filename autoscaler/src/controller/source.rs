@@ -4,7 +4,7 @@
 //! mapped to its variant through its pod) and hands them to a source, which answers with the
 //! pool's load: arrival rates, queue, latency, and per-variant figures. Scraping `/metrics`
 //! and turning counters into rates over windows is `crate::scrape`'s job (shared with local
-//! mode); tests use a source whose figures they set. A source answers `None` when it has no
+//! mode), adapted in [`super::scraped`]; tests use a source whose figures they set. A source answers `None` when it has no
 //! fresh figures: the controller then holds the fleet as it is (never scales down on missing
 //! metrics, as HPA does).
 
@@ -21,8 +21,13 @@ pub struct ScrapeTarget {
     pub pod: String,
     /// The ServingPool variant (entry name) the pod belongs to.
     pub variant: String,
-    /// `http://IP:PORT/PATH`.
+    /// That entry's profile variant and capacity type (the policy's key).
+    pub profile_variant: String,
+    pub capacity: crate::profile::CapacityType,
+    /// `http://IP:PORT`.
     pub url: String,
+    /// The metrics path (`/metrics`).
+    pub path: String,
 }
 
 /// The pool's load at one time.
