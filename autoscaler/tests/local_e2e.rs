@@ -197,6 +197,7 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
                 "--stop-timeout",
                 "30",
             ])
+            .args(["--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(dir.join("autoscaler.log")).unwrap())
             .spawn()
@@ -232,6 +233,22 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
         || get(&format!("{gateway}/v1/models")).filter(|b| b.contains(MODEL)),
     );
     let before = records.lock().unwrap().len();
+
+    // Its own endpoint: healthy, and its metrics say one replica is ready.
+    let status = wait_for("the status endpoint", Duration::from_secs(10), || {
+        std::fs::read_to_string(dir.join("autoscaler.log"))
+            .ok()?
+            .lines()
+            .filter(|l| l.contains("serving /healthz"))
+            .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
+            .map(|a| format!("http://{a}"))
+    });
+    assert_eq!(get(&format!("{status}/healthz")).as_deref(), Some("ok\n"));
+    let metrics = get(&format!("{status}/metrics")).expect("/metrics answers");
+    assert!(
+        metrics.contains("sluice_autoscaler_local_replicas{phase=\"ready\"} 1"),
+        "{metrics}"
+    );
 
     // The trickle runs through the burst and the scale-down; the burst is on top.
     let trickle_json = dir.join("trickle.json");
