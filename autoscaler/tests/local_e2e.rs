@@ -2,7 +2,7 @@
 //! (`sluice serve --discover file://…`), `sluice-autoscaler run --local` starting at one
 //! replica, and the real `sluice-loadtest` CLI.
 //!
-//! A burst (10 req/s for 12 s of short requests, far above what one replica serves at the
+//! A burst (10 req/s for 10 s of short requests, far above what one replica serves at the
 //! SLO on this machine) must make the autoscaler scale past one replica; a trickle (one request
 //! every two seconds) keeps going while the burst's arrivals leave the shortened windows, so
 //! the scale-down back to one replica happens with traffic flowing, through the drain
@@ -170,10 +170,10 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
                 "--replica-arg=64",
                 "--replica-arg=--max-model-len",
                 "--replica-arg=1024",
-                // Four sequences at a time: the burst queues visibly in the engines.
+                // Eight sequences at a time: the burst queues visibly in the engines.
                 "--replica-arg=--max-num-seqs",
-                "--replica-arg=4",
-                // A burst queued behind four sequences waits longer than the default 30 s
+                "--replica-arg=8",
+                // A burst queued behind eight sequences waits longer than the default 30 s
                 // admission timeout; a 429 would be retried elsewhere, but three in a row fail.
                 "--replica-arg=--queue-timeout",
                 "--replica-arg=300s",
@@ -197,6 +197,7 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
                 "--stop-timeout",
                 "30",
             ])
+            .args(["--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(dir.join("autoscaler.log")).unwrap())
             .spawn()
@@ -233,6 +234,22 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
     );
     let before = records.lock().unwrap().len();
 
+    // Its own endpoint: healthy, and its metrics say one replica is ready.
+    let status = wait_for("the status endpoint", Duration::from_secs(10), || {
+        std::fs::read_to_string(dir.join("autoscaler.log"))
+            .ok()?
+            .lines()
+            .filter(|l| l.contains("serving /healthz"))
+            .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
+            .map(|a| format!("http://{a}"))
+    });
+    assert_eq!(get(&format!("{status}/healthz")).as_deref(), Some("ok\n"));
+    let metrics = get(&format!("{status}/metrics")).expect("/metrics answers");
+    assert!(
+        metrics.contains("sluice_autoscaler_local_replicas{phase=\"ready\"} 1"),
+        "{metrics}"
+    );
+
     // The trickle runs through the burst and the scale-down; the burst is on top.
     let trickle_json = dir.join("trickle.json");
     let mut trickle = loadtest(
@@ -244,7 +261,7 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
             "--arrival",
             "constant",
             "--duration",
-            "75",
+            "100",
             "--seed",
             "2",
         ],
@@ -259,7 +276,7 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
             "--arrival",
             "constant",
             "--requests",
-            "120",
+            "100",
             "--seed",
             "1",
         ],
@@ -333,7 +350,7 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
         trickle_status.success(),
         "trickle load test: {trickle_status}"
     );
-    assert_eq!(summary(&burst_json), (120, 0), "burst: completed, failed");
+    assert_eq!(summary(&burst_json), (100, 0), "burst: completed, failed");
     let (done, failed) = summary(&trickle_json);
     assert!(done > 20, "trickle completed only {done}");
     assert_eq!(

@@ -115,6 +115,9 @@ pub struct LocalArgs {
     /// Longest wait, seconds, for a draining replica to go idle before SIGTERM.
     #[arg(long, env = "SLUICE_AUTOSCALER_DRAIN_TIMEOUT", default_value_t = 60.0)]
     pub drain_timeout: f64,
+    /// Serve /healthz and /metrics (sluice_autoscaler_local_*) on this address.
+    #[arg(long, env = "SLUICE_AUTOSCALER_LISTEN")]
+    pub listen: Option<std::net::SocketAddr>,
     /// Seconds from SIGTERM to SIGKILL (more than the replicas' own --drain-timeout).
     #[arg(long, env = "SLUICE_AUTOSCALER_STOP_TIMEOUT", default_value_t = 40.0)]
     pub stop_timeout: f64,
@@ -227,6 +230,7 @@ impl LocalArgs {
                 .as_secs_f64(),
             panic_window_s: secs("panic-window", self.panic_window, 0.0)?.as_secs_f64(),
             drain_timeout: secs("drain-timeout", self.drain_timeout, 0.0)?,
+            listen: self.listen,
         })
     }
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::announce::Announcer;
+use super::status::{self, Shared};
 use super::supervisor::{Event, Phase, Supervisor};
 use super::{LocalConfig, LocalError};
 use crate::decision::{Decision, Mode};
@@ -59,6 +60,7 @@ pub struct Controller {
     failed_starts: u32,
     next_start: Instant,
     desired: u32,
+    status: Shared,
 }
 
 impl Controller {
@@ -89,6 +91,7 @@ impl Controller {
             failed_starts: 0,
             next_start: Instant::now(),
             desired: cfg.min_replicas,
+            status: Shared::default(),
             cfg,
         })
     }
@@ -97,6 +100,18 @@ impl Controller {
     /// emptied first, so the gateway stops routing before the replicas drain.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), LocalError> {
         self.announcer.announce(&[])?;
+        let server = match self.cfg.listen {
+            Some(addr) => {
+                let l = status::bind(addr).await?;
+                tracing::info!(addr = %l.local_addr().map_or(addr, |a| a), "serving /healthz and /metrics");
+                Some(tokio::spawn(status::serve(
+                    l,
+                    self.status.clone(),
+                    self.cfg.tick,
+                )))
+            }
+            None => None,
+        };
         let mut tick = tokio::time::interval(self.cfg.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(shutdown);
@@ -124,13 +139,18 @@ impl Controller {
         for e in self.sup.shutdown().await {
             log_event(&e);
         }
+        if let Some(s) = server {
+            s.abort();
+        }
         result.and(emptied.map(|_| ()))
     }
 
     /// One tick.
     pub async fn tick(&mut self) -> Result<TickRecord, LocalError> {
         let now = Instant::now();
-        for e in self.sup.poll().await {
+        let events = self.sup.poll().await;
+        self.count_events(&events);
+        for e in events {
             log_event(&e);
             match e {
                 Event::Ready { .. } => self.failed_starts = 0,
@@ -176,7 +196,33 @@ impl Controller {
         self.reconcile(want, &obs, now)?;
         self.announce()?;
         self.progress_drains(&obs);
-        Ok(self.record(t, decided, &obs, &decision, reasons))
+        let rec = self.record(t, decided, &obs, &decision, reasons);
+        let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        st.counters.ticks += 1;
+        st.counters.stale_scrapes += rec.stale as u64;
+        st.last = Some((Instant::now(), rec.clone()));
+        Ok(rec)
+    }
+
+    /// The shared status the `--listen` endpoint serves.
+    pub fn status(&self) -> Shared {
+        self.status.clone()
+    }
+
+    fn count_events(&self, events: &[Event]) {
+        let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let c = &mut st.counters;
+        for e in events {
+            match e {
+                Event::Ready { .. } => {}
+                Event::StartFailed { .. } => c.failed_starts += 1,
+                Event::Died { .. } => c.deaths += 1,
+                Event::Stopped { killed, .. } => {
+                    c.stops += 1;
+                    c.sigkills += u64::from(*killed);
+                }
+            }
+        }
     }
 
     /// Ready and starting replicas: the fleet the decision is compared with.
@@ -249,7 +295,10 @@ impl Controller {
             };
             for _ in 0..n {
                 match self.sup.start() {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
+                        st.counters.starts += 1;
+                    }
                     Err(e @ LocalError::NoFreePort(_)) => {
                         tracing::warn!("cannot start a replica: {e}");
                         break;

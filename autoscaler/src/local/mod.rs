@@ -20,12 +20,15 @@
 //! - [`supervisor`]: the replica processes.
 //! - [`announce`]: the discovery file, written atomically.
 //! - [`control`]: the loop.
+//! - [`status`]: `/healthz` and `sluice_autoscaler_local_*` metrics (`--listen`).
 
 pub mod announce;
 pub mod cli;
 pub mod control;
+pub mod status;
 pub mod supervisor;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -58,6 +61,8 @@ pub struct LocalConfig {
     pub panic_window_s: f64,
     /// Longest wait for a draining replica to go idle before SIGTERM (which drains it too).
     pub drain_timeout: Duration,
+    /// Where `/healthz` and `/metrics` are served, if anywhere.
+    pub listen: Option<SocketAddr>,
 }
 
 /// What can stop local mode.

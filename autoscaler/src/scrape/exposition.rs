@@ -110,7 +110,10 @@ fn parse_line(line: &str) -> Result<Sample, String> {
 }
 
 /// Parses `key="value",...}` and returns the labels and what follows the `}`.
-fn parse_labels(mut s: &str) -> Result<(Vec<(String, String)>, &str), String> {
+/// Label pairs in the order they appear.
+type Labels = Vec<(String, String)>;
+
+fn parse_labels(mut s: &str) -> Result<(Labels, &str), String> {
     let mut labels = Vec::new();
     loop {
         s = s.trim_start();

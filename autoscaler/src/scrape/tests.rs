@@ -113,7 +113,7 @@ fn a_target_that_fails_is_stale_and_its_last_load_still_counts() {
     // A target that never answered is stale with nothing known.
     let c = Target::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:3");
     let o = s.record(
-        &[c.clone()],
+        std::slice::from_ref(&c),
         vec![Err(ScrapeError::Url { url: c.url.clone() })],
         2.0,
     );
