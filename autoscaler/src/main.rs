@@ -37,7 +37,7 @@ enum Command {
     Explain(ExplainArgs),
     /// Run the autoscaler: the Kubernetes controller (ServingPools' Deployments and node
     /// pools), or with `--local` `sluice serve` processes on this machine.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the ServingPool CustomResourceDefinition (YAML).
     Crd,
 }
