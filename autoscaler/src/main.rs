@@ -37,14 +37,14 @@ enum Command {
     Explain(ExplainArgs),
     /// Run the autoscaler: the Kubernetes controller (ServingPools' Deployments and node
     /// pools), or with `--local` `sluice serve` processes on this machine.
-    Run(Box<RunArgs>),
+    Run(Box<RunFlags>),
     /// Print the ServingPool CustomResourceDefinition (YAML).
     Crd,
 }
 
 /// `run`'s flags: the Kubernetes controller's, and local mode's (chosen by `--local`).
 #[derive(Args)]
-struct RunArgs {
+struct RunFlags {
     #[command(flatten)]
     k8s: sluice_autoscaler::controller::cli::RunArgs,
     #[command(flatten)]
@@ -365,4 +365,22 @@ fn explain(a: ExplainArgs) -> Result<()> {
         eprintln!("{r}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every subcommand's flags are consistent (clap checks names and groups only when a
+    /// subcommand is built, so a clash would otherwise surface as a panic at run time).
+    #[test]
+    fn flags_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["sluice-autoscaler", "run", "--dry-run", "--period", "2"])
+            .unwrap();
+        assert!(matches!(cli.command, Command::Run(ref a) if a.k8s.dry_run && !a.local.local));
+        let cli = Cli::try_parse_from(["sluice-autoscaler", "run", "--local"]).unwrap();
+        assert!(matches!(cli.command, Command::Run(ref a) if a.local.local));
+    }
 }

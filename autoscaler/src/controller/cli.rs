@@ -75,10 +75,9 @@ fn seconds(what: &str, s: f64) -> Result<Duration> {
     if s.is_finite() && s > 0.0 {
         Ok(Duration::from_secs_f64(s))
     } else {
-        Err(Error::InvalidSpec {
-            name: "command line".into(),
-            message: format!("--{what} must be a positive number of seconds, not {s}"),
-        })
+        Err(Error::Flags(format!(
+            "--{what} must be a positive number of seconds, not {s}"
+        )))
     }
 }
 
@@ -91,13 +90,10 @@ impl RunArgs {
         } else {
             let duration = Duration::from_secs(self.lease_duration.max(1));
             if period >= duration {
-                return Err(Error::InvalidSpec {
-                    name: "command line".into(),
-                    message: format!(
+                return Err(Error::Flags(format!(
                         "--period ({} s) must be shorter than --lease-duration ({} s), or the leader loses its lease between renewals",
                         self.period, self.lease_duration
-                    ),
-                });
+                    )));
             }
             let identity = self
                 .identity
@@ -133,10 +129,9 @@ impl RunArgs {
             })
             .map(Some),
             (None, None, None) => Ok(None),
-            _ => Err(Error::InvalidSpec {
-                name: "command line".into(),
-                message: "--gke-project, --gke-location and --gke-cluster go together".into(),
-            }),
+            _ => Err(Error::Flags(
+                "--gke-project, --gke-location and --gke-cluster go together".into(),
+            )),
         }
     }
 }

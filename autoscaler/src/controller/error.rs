@@ -22,6 +22,9 @@ pub enum Error {
         #[source]
         source: Box<crate::Error>,
     },
+    /// The command-line flags are inconsistent (the message says how).
+    #[error("invalid flags: {0}")]
+    Flags(String),
     /// A Deployment the pool names does not exist.
     #[error("deployment {0} not found")]
     MissingDeployment(String),
@@ -51,6 +54,7 @@ impl Error {
             Error::Kube { .. } => "kube",
             Error::InvalidSpec { .. } => "invalid_spec",
             Error::Profile { .. } => "profile",
+            Error::Flags(_) => "flags",
             Error::MissingDeployment(_) => "missing_deployment",
             Error::Signals(_) => "signals",
             Error::NodePool { .. } => "node_pool",
