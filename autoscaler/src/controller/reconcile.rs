@@ -267,7 +267,11 @@ pub async fn reconcile(
         None => (
             view.variants.iter().map(|v| v.replicas).collect::<Vec<_>>(),
             None,
-            vec!["metrics stale or missing: holding every variant as it is".to_string()],
+            vec![if spec.signals.prometheus_url.is_some() {
+                "signals.prometheusUrl: no Prometheus source in this build; holding every variant as it is (use signals.scrape)".to_string()
+            } else {
+                "metrics stale or missing: holding every variant as it is".to_string()
+            }],
         ),
         Some(load) => {
             let signals = signals(pool, &view, &load, &oldest_pending, &preempted, now_s);
