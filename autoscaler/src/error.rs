@@ -28,7 +28,9 @@ pub enum Error {
         message: String,
     },
     /// No built-in profile has that name, and it is not a file either.
-    #[error("unknown profile {0:?} (built in: llama-3-8b, cpu; or a path to a TOML file)")]
+    #[error(
+        "unknown profile {0:?} (built in: llama-3-8b, cpu, cpu-local; or a path to a TOML file)"
+    )]
     UnknownProfile(String),
     /// A variant named on the command line or in a scenario is not in the profile.
     #[error("variant {variant:?} is not in profile {profile} (it has: {known})")]

@@ -23,19 +23,31 @@
 //! - [`sim`]: the discrete-event simulator (gateway queue, routing, replicas, nodes, Spot).
 //! - [`scenario`]: the default scenario and running every policy side by side.
 //! - [`report`], [`plot`]: the table, JSON and SVG.
+//! - [`scrape`]: live signals from replicas' (and a gateway's) Prometheus `/metrics`.
+//! - [`local`]: local mode — the policy driving `sluice serve` replica processes on this
+//!   machine, announced to a routing gateway through a discovery file.
 //! - [`error`]: the library's error type.
+//! - [`crd`]: the `ServingPool` custom resource (`sluice.dev/v1alpha1`).
+//! - [`controller`]: the Kubernetes controller (`sluice-autoscaler run`): leader election,
+//!   reconcile, fallback by priority, stockouts, Spot, status, Events, its metrics.
+//! - [`nodepool`]: node pools behind `NodePoolProvider` (`gke`, `provisioning-request`, none).
 
 pub mod baselines;
 pub mod capacity;
+pub mod controller;
+pub mod crd;
 pub mod decision;
 pub mod error;
 pub mod forecast;
+pub mod local;
 pub mod mix;
+pub mod nodepool;
 pub mod plot;
 pub mod policy;
 pub mod profile;
 pub mod report;
 pub mod scenario;
+pub mod scrape;
 pub mod signals;
 pub mod sim;
 pub mod trace;

@@ -1,5 +1,6 @@
 //! `sluice-autoscaler`: `simulate` replays a trace through every policy; `profiles` prints
-//! each variant's capacity at SLO; `explain` runs the sluice policy on signals from a JSON file.
+//! each variant's capacity at SLO; `explain` runs the sluice policy on signals from a JSON file;
+//! `run --local` scales `sluice serve` replica processes on this machine.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -34,6 +35,20 @@ enum Command {
     Profiles(ProfilesArgs),
     /// Run the sluice policy once on signals read from a JSON file and print the decision.
     Explain(ExplainArgs),
+    /// Run the autoscaler: the Kubernetes controller (ServingPools' Deployments and node
+    /// pools), or with `--local` `sluice serve` processes on this machine.
+    Run(Box<RunFlags>),
+    /// Print the ServingPool CustomResourceDefinition (YAML).
+    Crd,
+}
+
+/// `run`'s flags: the Kubernetes controller's, and local mode's (chosen by `--local`).
+#[derive(Args)]
+struct RunFlags {
+    #[command(flatten)]
+    k8s: sluice_autoscaler::controller::cli::RunArgs,
+    #[command(flatten)]
+    local: sluice_autoscaler::local::cli::LocalArgs,
 }
 
 #[derive(Args)]
@@ -146,7 +161,65 @@ fn main() -> Result<()> {
         Command::Simulate(a) => simulate(a),
         Command::Profiles(a) => profiles(a),
         Command::Explain(a) => explain(a),
+        Command::Run(a) if a.local.local => run_local(a.local),
+        Command::Run(a) => run_controller(a.k8s),
+        Command::Crd => {
+            print!("{}", sluice_autoscaler::crd::crd_yaml()?);
+            Ok(())
+        }
     }
+}
+
+fn run_local(a: sluice_autoscaler::local::cli::LocalArgs) -> Result<()> {
+    let cfg = a.validate()?;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(async {
+            let controller = sluice_autoscaler::local::control::Controller::new(cfg)?;
+            controller.run(shutdown_signal()).await
+        })?;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot listen for SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}
+
+fn run_controller(a: sluice_autoscaler::controller::cli::RunArgs) -> Result<()> {
+    use sluice_autoscaler::controller::{cli, scraped::PodScraper};
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(async {
+        let source = std::sync::Arc::new(PodScraper::new(Default::default()));
+        cli::run(a, source).await
+    })?;
+    Ok(())
 }
 
 fn simulate(a: SimulateArgs) -> Result<()> {
@@ -292,4 +365,22 @@ fn explain(a: ExplainArgs) -> Result<()> {
         eprintln!("{r}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every subcommand's flags are consistent (clap checks names and groups only when a
+    /// subcommand is built, so a clash would otherwise surface as a panic at run time).
+    #[test]
+    fn flags_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["sluice-autoscaler", "run", "--dry-run", "--period", "2"])
+            .unwrap();
+        assert!(matches!(cli.command, Command::Run(ref a) if a.k8s.dry_run && !a.local.local));
+        let cli = Cli::try_parse_from(["sluice-autoscaler", "run", "--local"]).unwrap();
+        assert!(matches!(cli.command, Command::Run(ref a) if a.local.local));
+    }
 }

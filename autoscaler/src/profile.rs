@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 const BUILT_IN: &[(&str, &str)] = &[
     ("llama-3-8b", include_str!("../profiles/llama-3-8b.toml")),
     ("cpu", include_str!("../profiles/cpu.toml")),
+    ("cpu-local", include_str!("../profiles/cpu-local.toml")),
 ];
 
 /// One model and the variants it can be served on.

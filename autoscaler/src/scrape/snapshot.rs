@@ -1,0 +1,391 @@
+//! One scrape of one target reduced to the figures the policy reads: gauges (queue, running,
+//! KV use), counters (finished requests, prompt and output tokens, preemptions) and
+//! histograms (TTFT, time per output token, prompt length), each summed over label sets.
+//!
+//! Names: sluice replicas export vLLM's (`vllm:*`), so vLLM replicas are read the same way;
+//! older vLLM names and llama.cpp's server's (`llamacpp:*`) are mapped as the gateway's router
+//! maps them (`gateway/src/router/load.rs`). A routing gateway's own series
+//! (`sluice_gateway_*`) give its admission queue and the replicas it routes to.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::exposition::Sample;
+
+/// A cumulative histogram: `(upper bound, count ≤ bound)` in increasing bound order, `+Inf`
+/// last, as Prometheus exposes it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    pub buckets: Vec<(f64, f64)>,
+}
+
+impl Histogram {
+    /// Observations counted (the `+Inf` bucket).
+    pub fn count(&self) -> f64 {
+        self.buckets.last().map_or(0.0, |b| b.1)
+    }
+
+    /// The `q` quantile by Prometheus's `histogram_quantile` rule: linear within the bucket
+    /// holding the rank, the first bucket starting at zero, and the highest finite bound when
+    /// the rank falls in `+Inf`. `None` when empty.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.count();
+        if total <= 0.0 || self.buckets.is_empty() {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total;
+        let mut prev = (0.0, 0.0);
+        for &(le, cum) in &self.buckets {
+            if cum >= rank && cum > prev.1 {
+                if le.is_infinite() {
+                    return Some(prev.0);
+                }
+                let lower = prev.0;
+                let frac = (rank - prev.1) / (cum - prev.1);
+                return Some(lower + (le - lower) * frac);
+            }
+            if le.is_finite() {
+                prev = (le, cum);
+            }
+        }
+        Some(prev.0)
+    }
+
+    /// Mean and squared coefficient of variation of the observations, from the buckets'
+    /// midpoints (for the prompt-length spread); `None` when empty.
+    pub fn mean_cv2(&self) -> Option<(f64, f64)> {
+        let total = self.count();
+        if total <= 0.0 {
+            return None;
+        }
+        let (mut sum, mut sum_sq, mut prev) = (0.0, 0.0, (0.0, 0.0));
+        for &(le, cum) in &self.buckets {
+            let n = cum - prev.1;
+            let mid = if le.is_finite() {
+                (prev.0 + le) / 2.0
+            } else {
+                prev.0
+            };
+            sum += n * mid;
+            sum_sq += n * mid * mid;
+            prev = (if le.is_finite() { le } else { prev.0 }, cum);
+        }
+        let mean = sum / total;
+        let cv2 = if mean > 0.0 {
+            (sum_sq / total / (mean * mean) - 1.0).max(0.0)
+        } else {
+            0.0
+        };
+        Some((mean, cv2))
+    }
+
+    /// The upper bound of the highest bucket holding an observation (the highest finite
+    /// bound when that is `+Inf`): the largest value seen, rounded up to a bound.
+    pub fn max_bound(&self) -> Option<f64> {
+        let mut prev = (0.0, 0.0);
+        let mut max = None;
+        for &(le, cum) in &self.buckets {
+            if cum > prev.1 {
+                max = Some(if le.is_finite() { le } else { prev.0 });
+            }
+            prev = (if le.is_finite() { le } else { prev.0 }, cum);
+        }
+        max
+    }
+
+    /// Adds another histogram bucket by bucket (bounds matched exactly; replicas of one
+    /// model export the same buckets).
+    pub fn add(&mut self, other: &Histogram) {
+        let mut m: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+        for &(le, c) in self.buckets.iter().chain(&other.buckets) {
+            m.entry(order_key(le)).or_insert((le, 0.0)).1 += c;
+        }
+        self.buckets = m.into_values().collect();
+    }
+
+    /// The increase from `earlier` to `self` per bucket; a bucket that fell means the process
+    /// restarted, and its whole current count is the increase (Prometheus's `increase`).
+    pub fn increase_since(&self, earlier: &Histogram) -> Histogram {
+        let reset = self.count() < earlier.count();
+        let buckets = self
+            .buckets
+            .iter()
+            .map(|&(le, c)| {
+                let before = if reset {
+                    0.0
+                } else {
+                    earlier
+                        .buckets
+                        .iter()
+                        .find(|b| b.0 == le)
+                        .map_or(0.0, |b| b.1)
+                };
+                (le, (c - before).max(0.0))
+            })
+            .collect();
+        Histogram { buckets }
+    }
+}
+
+/// Sort key for a finite or infinite bound (all bounds are ≥ 0 in practice; negative ones
+/// order first too).
+fn order_key(le: f64) -> u64 {
+    let bits = le.to_bits();
+    if le.is_sign_negative() {
+        !bits
+    } else {
+        bits | (1 << 63)
+    }
+}
+
+/// What one scrape of one target said. `None`: the target does not export that series.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub waiting: Option<f64>,
+    pub running: Option<f64>,
+    /// 0..1, the fullest cache over label sets.
+    pub kv_usage: Option<f64>,
+    /// Finished requests (`vllm:e2e_request_latency_seconds_count`, else the sum of
+    /// `vllm:request_success_total`).
+    pub finished: Option<f64>,
+    pub prompt_tokens: Option<f64>,
+    pub generation_tokens: Option<f64>,
+    pub preemptions: Option<f64>,
+    pub ttft: Option<Histogram>,
+    /// Time per output token per request when exported (vLLM's
+    /// `vllm:request_time_per_output_token_seconds`), else inter-token latency per token
+    /// (`vllm:inter_token_latency_seconds`, which is what sluice exports): the latter's p99
+    /// is at least the per-request one's, so it errs towards more capacity.
+    pub tpot: Option<Histogram>,
+    pub prompt_len: Option<Histogram>,
+    /// A routing gateway's admission queue (`sluice_gateway_queue_depth`, all priorities).
+    pub gateway_queue: Option<f64>,
+    /// A routing gateway's replica set: the `replica` labels of
+    /// `sluice_gateway_replica_eligible` (the gateway drops a replica's series when it leaves
+    /// the set), with whether each is eligible now.
+    pub gateway_replicas: Option<BTreeMap<String, bool>>,
+}
+
+impl Snapshot {
+    /// Reduces parsed samples to the figures above.
+    pub fn from_samples(samples: &[Sample]) -> Snapshot {
+        let mut s = Snapshot::default();
+        let mut e2e_count: Option<f64> = None;
+        let mut success: Option<f64> = None;
+        let mut hists: BTreeMap<&str, BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
+        let add = |slot: &mut Option<f64>, v: f64| *slot = Some(slot.unwrap_or(0.0) + v);
+        for x in samples {
+            let v = x.value;
+            if !v.is_finite() {
+                continue;
+            }
+            match x.name.as_str() {
+                "vllm:num_requests_waiting" | "llamacpp:requests_deferred" => {
+                    add(&mut s.waiting, v)
+                }
+                "vllm:num_requests_running" | "llamacpp:requests_processing" => {
+                    add(&mut s.running, v)
+                }
+                "vllm:kv_cache_usage_perc"
+                | "vllm:gpu_cache_usage_perc"
+                | "llamacpp:kv_cache_usage_ratio" => {
+                    s.kv_usage = Some(s.kv_usage.unwrap_or(0.0).max(v.clamp(0.0, 1.0)))
+                }
+                "vllm:e2e_request_latency_seconds_count" => add(&mut e2e_count, v),
+                "vllm:request_success_total" => add(&mut success, v),
+                "vllm:prompt_tokens_total" => add(&mut s.prompt_tokens, v),
+                "vllm:generation_tokens_total" => add(&mut s.generation_tokens, v),
+                "vllm:num_preemptions_total" => add(&mut s.preemptions, v),
+                "sluice_gateway_queue_depth" => add(&mut s.gateway_queue, v),
+                "sluice_gateway_replica_eligible" => {
+                    if let Some(r) = x.label("replica") {
+                        s.gateway_replicas
+                            .get_or_insert_with(BTreeMap::new)
+                            .insert(normalise_url(r), v > 0.0);
+                    }
+                }
+                name => {
+                    let Some(base) = name.strip_suffix("_bucket") else {
+                        continue;
+                    };
+                    let Some(le) = x.label("le").and_then(parse_le) else {
+                        continue;
+                    };
+                    let key = base_name(base);
+                    if key.is_empty() {
+                        continue;
+                    }
+                    let e = hists.entry(key).or_default();
+                    e.entry(order_key(le)).or_insert((le, 0.0)).1 += v;
+                }
+            }
+        }
+        s.finished = e2e_count.or(success);
+        let mut take = |names: &[&str]| {
+            names.iter().find_map(|n| {
+                hists.remove(*n).map(|b| Histogram {
+                    buckets: b.into_values().collect(),
+                })
+            })
+        };
+        s.ttft = take(&["vllm:time_to_first_token_seconds"]);
+        s.tpot = take(&[
+            "vllm:request_time_per_output_token_seconds",
+            "vllm:time_per_output_token_seconds",
+            "vllm:inter_token_latency_seconds",
+        ]);
+        s.prompt_len = take(&["vllm:request_prompt_tokens"]);
+        s
+    }
+
+    /// Requests waiting on a replica: in its engine's queue, and in its own admission queue
+    /// (a sluice replica is a `sluice serve` too, and holds requests past `--max-in-flight`).
+    pub fn waiting_total(&self) -> f64 {
+        self.waiting.unwrap_or(0.0) + self.gateway_queue.unwrap_or(0.0)
+    }
+
+    /// Requests on a replica: running plus waiting (zero when it exports neither).
+    pub fn in_system(&self) -> f64 {
+        self.running.unwrap_or(0.0) + self.waiting_total()
+    }
+}
+
+/// The histogram names the snapshot keeps, so the map holds `&'static str` keys.
+fn base_name(base: &str) -> &'static str {
+    const KEPT: &[&str] = &[
+        "vllm:time_to_first_token_seconds",
+        "vllm:request_time_per_output_token_seconds",
+        "vllm:time_per_output_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_prompt_tokens",
+    ];
+    KEPT.iter().find(|k| **k == base).copied().unwrap_or("")
+}
+
+fn parse_le(s: &str) -> Option<f64> {
+    match s {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        _ => s.parse().ok().filter(|v: &f64| !v.is_nan()),
+    }
+}
+
+/// `http://host:port` without a trailing slash, so a target URL and a gateway's label match.
+pub fn normalise_url(u: &str) -> String {
+    u.trim().trim_end_matches('/').to_string()
+}
+
+/// The replicas a gateway routes to, from its snapshot.
+pub fn routed(s: &Snapshot) -> Option<BTreeSet<String>> {
+    s.gateway_replicas
+        .as_ref()
+        .map(|m| m.keys().cloned().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scrape::exposition::parse;
+
+    fn hist(b: &[(f64, f64)]) -> Histogram {
+        Histogram {
+            buckets: b.to_vec(),
+        }
+    }
+
+    #[test]
+    fn quantiles_interpolate_like_histogram_quantile() {
+        let h = hist(&[
+            (0.1, 50.0),
+            (0.5, 90.0),
+            (1.0, 100.0),
+            (f64::INFINITY, 100.0),
+        ]);
+        // rank 50 sits at the top of the first bucket, rank 70 halfway through the second.
+        assert!((h.quantile(0.5).unwrap() - 0.1).abs() < 1e-12);
+        assert!((h.quantile(0.7).unwrap() - 0.3).abs() < 1e-12);
+        assert!((h.quantile(0.99).unwrap() - 0.95).abs() < 1e-12);
+        // In the +Inf bucket: the highest finite bound.
+        let tail = hist(&[(1.0, 1.0), (f64::INFINITY, 10.0)]);
+        assert_eq!(tail.quantile(0.99), Some(1.0));
+        assert_eq!(
+            hist(&[(1.0, 0.0), (f64::INFINITY, 0.0)]).quantile(0.5),
+            None
+        );
+        assert_eq!(Histogram::default().quantile(0.5), None);
+    }
+
+    #[test]
+    fn increases_handle_restarts_and_sums_match_buckets() {
+        let a = hist(&[(1.0, 2.0), (f64::INFINITY, 3.0)]);
+        let b = hist(&[(1.0, 5.0), (f64::INFINITY, 9.0)]);
+        assert_eq!(
+            b.increase_since(&a),
+            hist(&[(1.0, 3.0), (f64::INFINITY, 6.0)])
+        );
+        // The process restarted: counts fell, the new counts are the increase.
+        let c = hist(&[(1.0, 1.0), (f64::INFINITY, 1.0)]);
+        assert_eq!(c.increase_since(&b), c);
+        let mut s = a.clone();
+        s.add(&b);
+        assert_eq!(s, hist(&[(1.0, 7.0), (f64::INFINITY, 12.0)]));
+        let mut e = Histogram::default();
+        e.add(&a);
+        assert_eq!(e, a);
+    }
+
+    #[test]
+    fn prompt_length_spread_and_largest_bucket() {
+        let equal = hist(&[(100.0, 0.0), (200.0, 10.0), (f64::INFINITY, 10.0)]);
+        let (mean, cv2) = equal.mean_cv2().unwrap();
+        assert_eq!((mean, cv2), (150.0, 0.0));
+        assert_eq!(equal.max_bound(), Some(200.0));
+        let spread = hist(&[(100.0, 5.0), (1000.0, 10.0), (f64::INFINITY, 10.0)]);
+        assert!(spread.mean_cv2().unwrap().1 > 0.5);
+    }
+
+    #[test]
+    fn vllm_names_and_gateway_series_are_read() {
+        let text = r#"
+vllm:num_requests_waiting{model_name="a"} 2
+vllm:num_requests_waiting{model_name="b"} 1
+vllm:num_requests_running{model_name="a"} 4
+vllm:gpu_cache_usage_perc{model_name="a"} 0.3
+vllm:kv_cache_usage_perc{model_name="b"} 0.6
+vllm:request_success_total{model_name="a",finished_reason="stop"} 7
+vllm:request_success_total{model_name="a",finished_reason="length"} 3
+vllm:prompt_tokens_total{model_name="a"} 1000
+vllm:time_to_first_token_seconds_bucket{model_name="a",le="0.5"} 4
+vllm:time_to_first_token_seconds_bucket{model_name="a",le="+Inf"} 10
+vllm:time_to_first_token_seconds_bucket{model_name="b",le="0.5"} 1
+vllm:time_to_first_token_seconds_bucket{model_name="b",le="+Inf"} 1
+vllm:inter_token_latency_seconds_bucket{model_name="a",le="0.1"} 1
+vllm:inter_token_latency_seconds_bucket{model_name="a",le="+Inf"} 1
+vllm:request_time_per_output_token_seconds_bucket{model_name="a",le="0.2"} 2
+vllm:request_time_per_output_token_seconds_bucket{model_name="a",le="+Inf"} 2
+sluice_gateway_queue_depth{priority="0"} 3
+sluice_gateway_queue_depth{priority="-1"} 2
+sluice_gateway_replica_eligible{replica="http://127.0.0.1:9001/"} 1
+sluice_gateway_replica_eligible{replica="http://127.0.0.1:9002"} 0
+"#;
+        let s = Snapshot::from_samples(&parse(text).unwrap());
+        assert_eq!(s.waiting, Some(3.0));
+        assert_eq!(s.running, Some(4.0));
+        assert_eq!(s.kv_usage, Some(0.6));
+        // No e2e histogram: the success counter's sum.
+        assert_eq!(s.finished, Some(10.0));
+        assert_eq!(s.prompt_tokens, Some(1000.0));
+        assert_eq!(s.generation_tokens, None);
+        assert_eq!(
+            s.ttft,
+            Some(hist(&[(0.5, 5.0), (f64::INFINITY, 11.0)])),
+            "label sets summed per bound"
+        );
+        // The per-request TPOT histogram wins over per-token ITL.
+        assert_eq!(s.tpot, Some(hist(&[(0.2, 2.0), (f64::INFINITY, 2.0)])));
+        assert_eq!(s.gateway_queue, Some(5.0));
+        let g = s.gateway_replicas.clone().unwrap();
+        assert_eq!(g.get("http://127.0.0.1:9001"), Some(&true));
+        assert_eq!(g.get("http://127.0.0.1:9002"), Some(&false));
+        assert_eq!(s.in_system(), 12.0, "4 running, 3 waiting, 5 in admission");
+        assert_eq!(Snapshot::default().in_system(), 0.0);
+    }
+}

@@ -1,0 +1,189 @@
+//! Each target's recent snapshots, and the figures over a window that come from them: counter
+//! increases (arrivals, tokens), histogram increases (latency percentiles), as Prometheus's
+//! `increase()` computes them — pairwise, a counter that falls meaning a restart.
+//!
+//! Arrivals are not a series replicas export: they are requests finished in the window plus
+//! the change in requests on the replicas (running + waiting) over it — conservation. Summed
+//! over replicas it is exact for requests retried from one replica to another; requests that
+//! leave the fleet unfinished (aborted, refused after queueing) are missed.
+
+use std::collections::VecDeque;
+
+use super::snapshot::{Histogram, Snapshot};
+
+/// Snapshots of one target, oldest first, each with the scraper's time in seconds.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    samples: VecDeque<(f64, Snapshot)>,
+}
+
+/// What one target contributed over one window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Increase {
+    pub arrivals: f64,
+    pub finished: f64,
+    pub prompt_tokens: f64,
+    pub generation_tokens: f64,
+    pub preemptions: f64,
+    pub ttft: Histogram,
+    pub tpot: Histogram,
+    pub prompt_len: Histogram,
+}
+
+impl History {
+    pub fn push(&mut self, t: f64, s: Snapshot) {
+        self.samples.push_back((t, s));
+    }
+
+    pub fn latest(&self) -> Option<&(f64, Snapshot)> {
+        self.samples.back()
+    }
+
+    /// Drops samples no window of length `keep_s` ending at `now` or later can use: all but
+    /// the newest one at or before `now − keep_s`.
+    pub fn prune(&mut self, now: f64, keep_s: f64) {
+        while self.samples.len() > 1 && self.samples[1].0 <= now - keep_s {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The samples a window `(now − window_s, now]` reads: the newest one at or before its
+    /// start (the base), then every later one.
+    fn window(&self, now: f64, window_s: f64) -> impl Iterator<Item = &(f64, Snapshot)> {
+        let start = now - window_s;
+        let first_inside = self.samples.iter().position(|(t, _)| *t > start);
+        let from = match first_inside {
+            Some(0) => 0,
+            Some(i) => i - 1,
+            None => self.samples.len().saturating_sub(1),
+        };
+        self.samples.iter().skip(from)
+    }
+
+    /// Increases over the window; zero from fewer than two samples.
+    pub fn increase(&self, now: f64, window_s: f64) -> Increase {
+        let mut out = Increase::default();
+        let samples: Vec<&(f64, Snapshot)> = self.window(now, window_s).collect();
+        let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+            return out;
+        };
+        for pair in samples.windows(2) {
+            let (a, b) = (&pair[0].1, &pair[1].1);
+            out.finished += counter_step(a.finished, b.finished);
+            out.prompt_tokens += counter_step(a.prompt_tokens, b.prompt_tokens);
+            out.generation_tokens += counter_step(a.generation_tokens, b.generation_tokens);
+            out.preemptions += counter_step(a.preemptions, b.preemptions);
+            hist_step(&mut out.ttft, &a.ttft, &b.ttft);
+            hist_step(&mut out.tpot, &a.tpot, &b.tpot);
+            hist_step(&mut out.prompt_len, &a.prompt_len, &b.prompt_len);
+        }
+        let restarted = samples
+            .windows(2)
+            .any(|p| p[1].1.finished.unwrap_or(0.0) < p[0].1.finished.unwrap_or(0.0));
+        // Requests on a process that restarted were lost, not served: count from zero.
+        let base_in_system = if restarted { 0.0 } else { first.1.in_system() };
+        // Not clamped here: a request that left without finishing (an admission timeout, a
+        // retry elsewhere) lowers this target's figure and raises another's; only the sum
+        // over targets is a count (the scraper clamps that).
+        out.arrivals = out.finished + last.1.in_system() - base_in_system;
+        out
+    }
+}
+
+/// One step of a counter: its rise, or its whole value after a restart.
+fn counter_step(a: Option<f64>, b: Option<f64>) -> f64 {
+    match (a, b) {
+        (Some(a), Some(b)) if b >= a => b - a,
+        (_, Some(b)) => b,
+        _ => 0.0,
+    }
+}
+
+fn hist_step(acc: &mut Histogram, a: &Option<Histogram>, b: &Option<Histogram>) {
+    let Some(b) = b else { return };
+    let step = match a {
+        Some(a) => b.increase_since(a),
+        None => b.clone(),
+    };
+    acc.add(&step);
+}
+
+impl Increase {
+    pub fn add(&mut self, o: &Increase) {
+        self.arrivals += o.arrivals;
+        self.finished += o.finished;
+        self.prompt_tokens += o.prompt_tokens;
+        self.generation_tokens += o.generation_tokens;
+        self.preemptions += o.preemptions;
+        self.ttft.add(&o.ttft);
+        self.tpot.add(&o.tpot);
+        self.prompt_len.add(&o.prompt_len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(finished: f64, running: f64, waiting: f64, ttft_fast: f64, ttft_all: f64) -> Snapshot {
+        Snapshot {
+            finished: Some(finished),
+            running: Some(running),
+            waiting: Some(waiting),
+            prompt_tokens: Some(finished * 100.0),
+            ttft: Some(Histogram {
+                buckets: vec![(0.5, ttft_fast), (f64::INFINITY, ttft_all)],
+            }),
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn arrivals_are_finished_plus_the_change_in_requests_on_the_replica() {
+        let mut h = History::default();
+        h.push(0.0, snap(10.0, 2.0, 0.0, 10.0, 10.0));
+        h.push(5.0, snap(14.0, 4.0, 3.0, 12.0, 14.0));
+        h.push(10.0, snap(20.0, 4.0, 1.0, 13.0, 20.0));
+        // Window (0, 10]: base at 0; 10 finished, in system 2 → 5: 13 arrived.
+        let w = h.increase(10.0, 10.0);
+        assert_eq!(w.finished, 10.0);
+        assert_eq!(w.arrivals, 13.0);
+        assert_eq!(w.prompt_tokens, 1000.0);
+        assert_eq!(
+            w.ttft.buckets,
+            vec![(0.5, 3.0), (f64::INFINITY, 10.0)],
+            "the window's first tokens only"
+        );
+        // Window (5, 10]: base at 5.
+        let short = h.increase(10.0, 5.0);
+        assert_eq!(short.finished, 6.0);
+        assert_eq!(short.arrivals, 6.0 + 5.0 - 7.0);
+        // One sample: nothing measured yet.
+        let mut one = History::default();
+        one.push(0.0, snap(50.0, 3.0, 0.0, 1.0, 1.0));
+        assert_eq!(one.increase(0.0, 10.0).arrivals, 0.0);
+    }
+
+    #[test]
+    fn a_restart_counts_the_new_process_from_zero() {
+        let mut h = History::default();
+        h.push(0.0, snap(100.0, 5.0, 5.0, 90.0, 100.0));
+        h.push(1.0, snap(3.0, 1.0, 0.0, 3.0, 3.0));
+        let w = h.increase(1.0, 10.0);
+        assert_eq!(w.finished, 3.0);
+        // The ten requests on the old process were lost; the new one saw 3 + 1.
+        assert_eq!(w.arrivals, 4.0);
+        assert_eq!(w.ttft.buckets, vec![(0.5, 3.0), (f64::INFINITY, 3.0)]);
+    }
+
+    #[test]
+    fn pruning_keeps_the_base_of_the_longest_window() {
+        let mut h = History::default();
+        for t in 0..20 {
+            h.push(f64::from(t), snap(f64::from(t), 0.0, 0.0, 0.0, 0.0));
+        }
+        h.prune(19.0, 5.0);
+        assert_eq!(h.samples.front().unwrap().0, 14.0);
+        assert_eq!(h.increase(19.0, 5.0).finished, 5.0);
+    }
+}

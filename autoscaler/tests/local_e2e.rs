@@ -1,0 +1,403 @@
+//! Local mode end to end, real processes on loopback and the real model: a routing gateway
+//! (`sluice serve --discover file://…`), `sluice-autoscaler run --local` starting at one
+//! replica, and the real `sluice-loadtest` CLI.
+//!
+//! A burst (10 req/s for 10 s of short requests, far above what one replica serves at the
+//! SLO on this machine) must make the autoscaler scale past one replica; a trickle (one request
+//! every two seconds) keeps going while the burst's arrivals leave the shortened windows, so
+//! the scale-down back to one replica happens with traffic flowing, through the drain
+//! (out of the discovery file, unrouted, idle, SIGTERM). Both load tests must report zero
+//! failed requests. At the end SIGTERM to the autoscaler must stop every replica it started.
+//!
+//! Behaviour, not timings: every wait is bounded generously (a busy two-core machine) and
+//! the assertions are about what happened and in which order.
+//!
+//! Needs the `sluice` and `sluice-loadtest` binaries next to this package's (`make test` and
+//! `cargo build -p sluice-gateway --bin sluice -p sluice-loadtest` build them) and the model
+//! (`make model`).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+fn model_dir() -> PathBuf {
+    let d = std::env::var_os("SLUICE_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/cache"));
+    let gguf = d.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        gguf.is_file(),
+        "{} is missing: run `make model` (or set SLUICE_MODEL_DIR)",
+        gguf.display()
+    );
+    d
+}
+
+/// A binary built beside this package's (target/debug).
+fn sibling(name: &str) -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_sluice-autoscaler"));
+    let p = exe.parent().unwrap().join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: build it first (cargo build -p sluice-gateway --bin sluice -p sluice-loadtest)",
+        p.display()
+    );
+    p
+}
+
+/// A child killed (SIGKILL) and reaped when dropped, unless already waited for.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(x) = f() {
+            return x;
+        }
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `GET url` on loopback with a plain socket: the body, if the status is 200.
+fn get(url: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/').map_or((rest, "/"), |(h, p)| (h, p));
+    let path = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("/{path}")
+    };
+    let mut s = std::net::TcpStream::connect(host).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let (head, body) = buf.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+fn loadtest(gateway: &str, json: &Path, extra: &[&str]) -> Child {
+    Command::new(sibling("sluice-loadtest"))
+        .args([
+            "--url",
+            gateway,
+            "--model",
+            MODEL,
+            "--endpoint",
+            "completions",
+        ])
+        .args(["--input-len", "24", "--output-len", "6", "--ignore-eos"])
+        .args(["--timeout", "300", "--quiet", "--json"])
+        .arg(json)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sluice-loadtest starts")
+}
+
+fn summary(path: &Path) -> (u64, u64) {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    (
+        v["completed"].as_u64().unwrap(),
+        v["failed"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() {
+    let models = model_dir();
+    let dir = std::env::temp_dir().join(format!("sluice-local-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("replicas");
+    std::fs::write(&file, "").unwrap();
+
+    // The routing gateway, watching the discovery file.
+    let mut gw = Proc(
+        Command::new(sibling("sluice"))
+            .args(["serve", "--port", "0", "--policy", "least-load"])
+            .arg("--discover")
+            .arg(format!("file://{}", file.display()))
+            .args(["--discover-interval", "100ms", "--poll-interval", "100ms"])
+            .args(["--health-interval", "200ms", "--health-path", "/ready"])
+            .args(["--stale-after", "3s"])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("gateway.log")).unwrap())
+            .spawn()
+            .expect("sluice starts"),
+    );
+    let mut line = String::new();
+    BufReader::new(gw.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let gateway = line
+        .strip_prefix("sluice listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .trim()
+        .to_string();
+
+    // The autoscaler, with windows shortened for the test.
+    let mut scaler = Proc(
+        Command::new(env!("CARGO_BIN_EXE_sluice-autoscaler"))
+            .args(["run", "--local", "--discovery-file"])
+            .arg(&file)
+            .args(["--gateway", &gateway, "--model", MODEL, "--model-dir"])
+            .arg(&models)
+            .args([
+                "--replica-arg=--threads",
+                "--replica-arg=1",
+                "--replica-arg=--kv-cache-mib",
+                "--replica-arg=64",
+                "--replica-arg=--max-model-len",
+                "--replica-arg=1024",
+                // Eight sequences at a time: the burst queues visibly in the engines.
+                "--replica-arg=--max-num-seqs",
+                "--replica-arg=8",
+                // A burst queued behind eight sequences waits longer than the default 30 s
+                // admission timeout; a 429 would be retried elsewhere, but three in a row fail.
+                "--replica-arg=--queue-timeout",
+                "--replica-arg=300s",
+            ])
+            .arg("--log-dir")
+            .arg(dir.join("logs"))
+            .args(["--min-replicas", "1", "--max-replicas", "3", "--tick", "1"])
+            .args([
+                "--window",
+                "10",
+                "--short-window",
+                "3",
+                "--scale-down-window",
+                "8",
+            ])
+            .args([
+                "--panic-window",
+                "5",
+                "--drain-timeout",
+                "60",
+                "--stop-timeout",
+                "30",
+            ])
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("autoscaler.log")).unwrap())
+            .spawn()
+            .expect("sluice-autoscaler starts"),
+    );
+    let records: Arc<Mutex<Vec<(Instant, Value)>>> = Arc::default();
+    {
+        let out = scaler.0.stdout.take().unwrap();
+        let records = records.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    records.lock().unwrap().push((Instant::now(), v));
+                }
+            }
+        });
+    }
+    let last = |key: &str| -> Option<u64> {
+        records
+            .lock()
+            .unwrap()
+            .last()
+            .and_then(|(_, v)| v[key].as_u64())
+    };
+
+    // One replica ready, announced, and known to the gateway.
+    wait_for("the first replica", Duration::from_secs(120), || {
+        (last("ready") == Some(1)).then_some(())
+    });
+    wait_for(
+        "the gateway to list the model",
+        Duration::from_secs(30),
+        || get(&format!("{gateway}/v1/models")).filter(|b| b.contains(MODEL)),
+    );
+    let before = records.lock().unwrap().len();
+
+    // Its own endpoint: healthy, and its metrics say one replica is ready.
+    let status = wait_for("the status endpoint", Duration::from_secs(10), || {
+        std::fs::read_to_string(dir.join("autoscaler.log"))
+            .ok()?
+            .lines()
+            .filter(|l| l.contains("serving /healthz"))
+            .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
+            .map(|a| format!("http://{a}"))
+    });
+    assert_eq!(get(&format!("{status}/healthz")).as_deref(), Some("ok\n"));
+    let metrics = get(&format!("{status}/metrics")).expect("/metrics answers");
+    assert!(
+        metrics.contains("sluice_autoscaler_local_replicas{phase=\"ready\"} 1"),
+        "{metrics}"
+    );
+
+    // The trickle runs through the burst and the scale-down; the burst is on top.
+    let trickle_json = dir.join("trickle.json");
+    let mut trickle = loadtest(
+        &gateway,
+        &trickle_json,
+        &[
+            "--rate",
+            "0.5",
+            "--arrival",
+            "constant",
+            "--duration",
+            "100",
+            "--seed",
+            "2",
+        ],
+    );
+    let burst_json = dir.join("burst.json");
+    let mut burst = loadtest(
+        &gateway,
+        &burst_json,
+        &[
+            "--rate",
+            "10",
+            "--arrival",
+            "constant",
+            "--requests",
+            "100",
+            "--seed",
+            "1",
+        ],
+    );
+    let burst_status = wait_for("the burst", Duration::from_secs(400), || {
+        burst.try_wait().unwrap()
+    });
+    let trickle_status = wait_for("the trickle", Duration::from_secs(400), || {
+        trickle.try_wait().unwrap()
+    });
+    let trickle_end = Instant::now();
+
+    // Back to one replica, nothing draining or stopping.
+    wait_for(
+        "the scale-down to one replica",
+        Duration::from_secs(120),
+        || {
+            let r = records.lock().unwrap();
+            let (_, v) = r.last()?;
+            let settled = v["desired"] == 1
+                && v["ready"] == 1
+                && v["starting"] == 0
+                && v["draining"] == 0
+                && v["stopping"] == 0
+                && v["announced"].as_array().map(Vec::len) == Some(1);
+            settled.then_some(())
+        },
+    );
+
+    let recs: Vec<(Instant, Value)> = records.lock().unwrap()[before..].to_vec();
+    let timeline: Vec<String> = recs
+        .iter()
+        .map(|(_, v)| {
+            format!(
+                "t={:.0} want={} ready={} start={} drain={} stop={} wait={} run={} rate={:.1}",
+                v["t"].as_f64().unwrap_or(0.0),
+                v["desired"],
+                v["ready"],
+                v["starting"],
+                v["draining"],
+                v["stopping"],
+                v["waiting"],
+                v["running"],
+                v["rate"].as_f64().unwrap_or(0.0)
+            )
+        })
+        .collect();
+    eprintln!("{}", timeline.join("\n"));
+    let max_ready = recs.iter().filter_map(|(_, v)| v["ready"].as_u64()).max();
+    assert!(
+        max_ready >= Some(2),
+        "the burst never brought a second replica up"
+    );
+    assert!(
+        recs.iter().any(|(_, v)| v["waiting"].as_u64() > Some(0)),
+        "the burst never queued"
+    );
+    // The drain path was taken, and while the trickle was still sending.
+    let first_drain = recs
+        .iter()
+        .find(|(_, v)| v["draining"].as_u64() > Some(0))
+        .map(|(t, _)| *t)
+        .expect("no replica was drained");
+    assert!(
+        first_drain < trickle_end,
+        "the scale-down began only after the trickle ended"
+    );
+
+    assert!(burst_status.success(), "burst load test: {burst_status}");
+    assert!(
+        trickle_status.success(),
+        "trickle load test: {trickle_status}"
+    );
+    assert_eq!(summary(&burst_json), (100, 0), "burst: completed, failed");
+    let (done, failed) = summary(&trickle_json);
+    assert!(done > 20, "trickle completed only {done}");
+    assert_eq!(
+        failed, 0,
+        "trickle lost requests while replicas came and went"
+    );
+
+    let log = std::fs::read_to_string(dir.join("autoscaler.log")).unwrap();
+    assert!(log.contains("replica stopped"), "{log}");
+    assert!(
+        !log.contains("killed=true"),
+        "a replica needed SIGKILL:\n{log}"
+    );
+    assert!(!log.contains("replica died"), "{log}");
+
+    // SIGTERM: every replica stopped and reaped, the autoscaler exits cleanly.
+    let pids: Vec<i32> = log
+        .lines()
+        .filter(|l| l.contains("replica starting"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("pid="))
+                .and_then(|p| p.parse().ok())
+        })
+        .collect();
+    assert!(pids.len() >= 2, "{log}");
+    let status = Command::new("kill")
+        .args(["-TERM", &scaler.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = wait_for("the autoscaler to exit", Duration::from_secs(60), || {
+        scaler.0.try_wait().unwrap()
+    });
+    assert!(exit.success(), "autoscaler exit: {exit}");
+    for pid in pids {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "replica pid {pid} outlived the autoscaler"
+        );
+    }
+    let listed = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(
+        listed.lines().filter(|l| !l.starts_with('#')).count(),
+        0,
+        "the discovery file still lists replicas: {listed}"
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
