@@ -460,9 +460,9 @@ def used_metrics(expr: str) -> set[str]:
     return {re.sub(r"_(bucket|sum|count)$", "", m) for m in found}
 
 
-def check_observability(rep: Report) -> None:
+def check_observability(rep: Report, extra: tuple[tuple[str, str], ...] = ()) -> None:
     known = code_metric_names()
-    exprs: list[tuple[str, str]] = []
+    exprs: list[tuple[str, str]] = list(extra)
     dash = json.loads((OBS / "grafana-dashboard.json").read_text())
     for p in dash["panels"]:
         for t in p.get("targets", []):
@@ -522,8 +522,9 @@ def self_test(renders: dict, bins: dict, crd) -> list[str]:
         container(find(objs, "Deployment", "sluice-replica-l4"), "replica")["args"].append("--max-seqs=8")
 
     def b_invalid_value(objs):
+        # (Not one the args set: a flag wins over its variable.)
         container(find(objs, "Deployment", "sluice-replica-l4"), "replica")["env"].append(
-            {"name": "SLUICE_MAX_NUM_SEQS", "value": "0"})
+            {"name": "SLUICE_QUEUE_TIMEOUT", "value": "soon"})
 
     def b_probe_port(objs):
         container(find(objs, "Deployment", "sluice-replica-h100"), "replica")["readinessProbe"]["httpGet"]["port"] = 8080
@@ -572,6 +573,12 @@ def self_test(renders: dict, bins: dict, crd) -> list[str]:
             missed.append(b.__name__)
         else:
             print(f"  self-test {b.__name__[2:]}: caught ({rep.errors[0][:140]})")
+    rep = Report()
+    check_observability(rep, extra=(("self-test", "sum(rate(vllm:generation_token_total[1m]))"),))
+    if rep.errors:
+        print(f"  self-test metric_name: caught ({rep.errors[0][:140]})")
+    else:
+        missed.append("b_metric_name")
     return missed
 
 
