@@ -596,6 +596,11 @@ def main() -> int:
         renders[d] = render(a.kubectl, d)
         print(f"  rendered {d.relative_to(ROOT)}: {len(renders[d])} objects")
     rep = check_all(renders, bins, crd)
+    # The controller's own examples next to its CRD must validate too.
+    for ex in sorted((K8S / "crd").glob("example-*.yaml")) if crd is not None else []:
+        for o in (d for d in yaml.safe_load_all(ex.read_text()) if d):
+            for e in crd_errors(o, crd):
+                rep.error(f"{ex.relative_to(ROOT)} {name_of(o)}", e)
     for n in rep.notes:
         print(f"  note: {n}")
     if rep.errors:
