@@ -6,7 +6,8 @@ export SLUICE_MODEL_DIR ?= $(CURDIR)/models/cache
 LLAMACPP_PY ?= /tmp/llamacpp/bin/python
 PEERS ?= $(CURDIR)/../shared/peers
 
-.PHONY: model run test bench bench-engine bench-loadtest bench-gateway simulate lint fmt
+.PHONY: model run release test bench bench-engine bench-loadtest bench-gateway simulate lint fmt \
+	check-deploy check-cuda
 
 ## Fetch the default model (SmolLM2-135M-Instruct Q4_1) into $(SLUICE_MODEL_DIR), verified.
 model:
@@ -17,10 +18,17 @@ run: model
 	$(CARGO) run --release -p sluice-gateway --bin sluice -- serve --host 127.0.0.1 --port 8080 \
 	  --model smollm2-135m-instruct --model-dir "$(SLUICE_MODEL_DIR)"
 
+## The release binaries the images ship, `sluice` and `sluice-autoscaler`
+## (FEATURES=sluice-gateway/cuda for candle's CUDA backend).
+release:
+	$(CARGO) build --locked --release -p sluice-gateway --bin sluice \
+	  -p sluice-autoscaler --bin sluice-autoscaler $(if $(FEATURES),--features $(FEATURES))
+
 ## Every test, against the real model: Rust tests, then the `openai` client and schemathesis
 ## against the real binary (pinned into target/pyvenv).
 test: model
 	$(CARGO) build --workspace --examples --bins
+	scripts/check-deploy.sh
 	$(CARGO) test --workspace --all-targets
 	scripts/python-tests.sh
 
@@ -46,6 +54,16 @@ simulate:
 bench-gateway:
 	$(CARGO) build --release -p sluice-gateway --bin sluice --example bench_gateway
 	target/release/examples/bench_gateway --sluice target/release/sluice
+
+## deploy/: render every kustomize overlay, validate each object (Kubernetes schemas, the
+## ServingPool CRD) and check the manifests against the binaries (--check-config, probes, ports).
+check-deploy:
+	$(CARGO) build -p sluice-gateway -p sluice-autoscaler --bins
+	scripts/check-deploy.sh
+
+## Build `sluice` with --features cuda, nvcc from PyPI's CUDA wheels (slow; not in CI).
+check-cuda:
+	scripts/check-cuda.sh
 
 ## Formatting and clippy, warnings as errors.
 lint:

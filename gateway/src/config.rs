@@ -87,6 +87,12 @@ pub struct ServeArgs {
     /// Log prompts (off by default: prompts are user data).
     #[arg(long, env = "SLUICE_LOG_PROMPTS")]
     pub log_prompts: bool,
+    /// Parse and validate every option (flags and SLUICE_* variables), print the resulting
+    /// configuration as one JSON object and exit: 0 when valid, 1 when not. Binds nothing,
+    /// loads nothing, reads no file. Deployment checks run the manifests' arguments through it.
+    /// (A mode, not a setting: deliberately no environment variable, so no pod can inherit it.)
+    #[arg(long)]
+    pub check_config: bool,
     #[command(flatten)]
     pub routing: RoutingArgs,
 }
@@ -278,6 +284,54 @@ pub struct ServeConfig {
     pub log_prompts: bool,
 }
 
+impl ServeConfig {
+    /// What `--check-config` prints: the validated configuration in the terms a deployment
+    /// is checked against (the port probes must target, the paths sluice serves, the drain
+    /// timeout a termination grace period must exceed, the discovery targets).
+    pub fn summary(&self) -> serde_json::Value {
+        use crate::api::{HEALTH_PATH, METRICS_PATH, READY_PATH};
+        use crate::discovery::k8s::Port;
+        let sources: Vec<serde_json::Value> = self
+            .routing
+            .iter()
+            .flat_map(|r| &r.sources)
+            .map(|s| match s {
+                Source::Static(urls) => serde_json::json!({
+                    "kind": "static",
+                    "upstreams": urls.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                }),
+                Source::Dns { host, port } => {
+                    serde_json::json!({ "kind": "dns", "host": host, "port": port })
+                }
+                Source::File(path) => serde_json::json!({ "kind": "file", "path": path }),
+                Source::K8s(t) => serde_json::json!({
+                    "kind": "k8s",
+                    "namespace": t.namespace,
+                    "service": t.service,
+                    "port": match &t.port {
+                        Port::Number(n) => serde_json::json!(n),
+                        Port::Name(name) => serde_json::json!(name),
+                    },
+                }),
+            })
+            .collect();
+        serde_json::json!({
+            "host": self.addr.ip().to_string(),
+            "port": self.addr.port(),
+            "model": self.model,
+            "model_dir": self.model_dir,
+            "served_model_name": self.served_model_name,
+            "routing": self.routing.is_some(),
+            "discovery": sources,
+            "health_check_path": self.routing.as_ref().map(|r| r.router.health_path.clone()),
+            "paths": { "health": HEALTH_PATH, "ready": READY_PATH, "metrics": METRICS_PATH },
+            "drain_timeout_s": self.drain_timeout.as_secs_f64(),
+            "max_num_seqs": self.max_num_seqs,
+            "kv_cache_mib": self.kv_cache_bytes >> 20,
+        })
+    }
+}
+
 /// A duration such as `30s`, `500ms`, `2m`, `1h` or a bare number of seconds.
 pub fn parse_duration(flag: &str, s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -454,5 +508,53 @@ mod tests {
             let e = cfg(args).unwrap_err();
             assert!(e.contains(flag), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn check_config_summary_names_what_a_deployment_is_checked_against() {
+        let gw = cfg(&[
+            "--check-config",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "8000",
+            "--discover",
+            "k8s://llm/sluice-replicas:http",
+            "--health-path",
+            "/ready",
+            "--drain-timeout",
+            "45s",
+        ])
+        .unwrap();
+        let s = gw.summary();
+        assert_eq!(s["port"], 8000);
+        assert_eq!(s["host"], "0.0.0.0");
+        assert_eq!(s["model"], serde_json::Value::Null);
+        assert_eq!(s["routing"], true);
+        assert_eq!(
+            s["discovery"],
+            serde_json::json!([{
+                "kind": "k8s", "namespace": "llm", "service": "sluice-replicas", "port": "http"
+            }])
+        );
+        assert_eq!(s["health_check_path"], "/ready");
+        assert_eq!(s["drain_timeout_s"], 45.0);
+        assert_eq!(
+            s["paths"],
+            serde_json::json!({ "health": "/health", "ready": "/ready", "metrics": "/metrics" })
+        );
+        let replica = cfg(&[
+            "--model",
+            "smollm2-135m-instruct",
+            "--discover",
+            "dns://r:8000",
+        ])
+        .unwrap()
+        .summary();
+        assert_eq!(replica["model"], "smollm2-135m-instruct");
+        assert_eq!(
+            replica["discovery"][0],
+            serde_json::json!({ "kind": "dns", "host": "r", "port": 8000 })
+        );
     }
 }

@@ -45,6 +45,16 @@ enum Command {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Serve(args) if args.check_config => match args.validate() {
+            Ok(cfg) => {
+                println!("{}", cfg.summary());
+                Ok(())
+            }
+            Err(e) => {
+                eprintln!("sluice serve: {e}");
+                std::process::exit(1);
+            }
+        },
         Command::Serve(args) => {
             let cfg = match args.validate() {
                 Ok(c) => c,

@@ -151,6 +151,14 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
 
+/// Liveness: 200 while the process serves HTTP (the model may still be loading).
+pub const HEALTH_PATH: &str = "/health";
+/// Readiness: 200 once the model is loaded (routing only: once a replica is healthy); 503
+/// before that and while draining.
+pub const READY_PATH: &str = "/ready";
+/// Prometheus text exposition of the engine's and the gateway's series.
+pub const METRICS_PATH: &str = "/metrics";
+
 pub fn app(state: Arc<AppState>) -> Router {
     let authed = Router::new()
         .route("/v1/chat/completions", post(completions::chat_completions))
@@ -162,9 +170,9 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     Router::new()
         .merge(authed)
-        .route("/health", get(health))
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
+        .route(HEALTH_PATH, get(health))
+        .route(READY_PATH, get(ready))
+        .route(METRICS_PATH, get(metrics))
         .route("/openapi.json", get(openapi_json))
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

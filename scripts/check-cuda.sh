@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# `make check-cuda`: builds the `sluice` binary with `--features cuda` on a machine without a
+# GPU or a CUDA install, so the GPU code (candle's CUDA backend and its .cu kernels, compiled by
+# nvcc) at least compiles and links. The toolkit comes from PyPI's NVIDIA wheels, pinned,
+# installed into target/cuda-venv, whose nvidia/cu13 folder is laid out as a CUDA_HOME.
+#
+# The one piece no wheel ships is the driver's libcuda.so (it comes with the GPU driver, never
+# with the toolkit). Linking needs one, so a stub is generated from the driver API cudarc
+# declares: every `cu*` entry point as an empty function, which is what the toolkit's own
+# lib64/stubs/libcuda.so is. The binary is linked against it and never runs with it: on a GPU
+# node the real libcuda.so.1 comes from the driver.
+#
+# Not in CI: building candle with nvcc from scratch takes far longer than CI's budget on two
+# cores. Output goes to target/cuda (its own target dir, so the CPU builds are left alone).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+
+# PyPI ships a complete nvcc (the driver program, cicc, crt headers) only from CUDA 13 on: the
+# cu12 nvcc wheels hold ptxas alone. So this check compiles with CUDA 13.0 while the image
+# builds with the CUDA_VERSION in deploy/docker/Dockerfile.cuda (deploy/README.md says why).
+CUDA_PKGS=(
+  nvidia-cuda-nvcc==13.0.88
+  nvidia-nvvm==13.0.88
+  nvidia-cuda-crt==13.0.88
+  nvidia-cuda-runtime==13.0.96
+  nvidia-cuda-cccl==13.0.85
+  nvidia-cuda-nvrtc==13.0.88
+  nvidia-cublas==13.0.2.14
+  nvidia-curand==10.4.0.35
+)
+CAP="${CUDA_COMPUTE_CAP:-89}"
+venv="$root/target/cuda-venv"
+stamp="$venv/.packages"
+
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "${CUDA_PKGS[*]}" ]; then
+  echo "check-cuda: installing ${CUDA_PKGS[*]} into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "${CUDA_PKGS[@]}"
+  echo "${CUDA_PKGS[*]}" >"$stamp"
+fi
+
+# The CUDA 13 wheels all install into one tree, nvidia/cu13/{bin,include,lib,nvvm}: a CUDA_HOME.
+tk="$("$venv/bin/python" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')"
+if [ ! -x "$tk/bin/nvcc" ]; then
+  echo "error: $tk/bin/nvcc is missing: the nvidia-cuda-nvcc wheel's layout changed?" >&2
+  exit 1
+fi
+if [ ! -f "$tk/lib/stubs/libcuda.so" ]; then
+  # The wheels ship versioned libraries only (libcudart.so.13); the linker wants libX.so.
+  for so in "$tk"/lib/*.so.*; do
+    base="$(basename "$so")"
+    [ -e "$tk/lib/${base%%.so.*}.so" ] || ln -s "$base" "$tk/lib/${base%%.so.*}.so"
+  done
+  # The driver stub (see the header): every cu* function cudarc declares, empty.
+  cudarc_manifest="$(cargo metadata --format-version 1 --locked --features sluice-gateway/cuda |
+    "$venv/bin/python" -c 'import json,sys; print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"]=="cudarc"))')"
+  mkdir -p "$tk/lib/stubs"
+  grep -ohE '\bfn cu[A-Za-z0-9_]+\s*\(' "$(dirname "$cudarc_manifest")/src/driver/sys/mod.rs" |
+    sed -E 's/^fn (cu[A-Za-z0-9_]+).*/void \1(void) {}/' | sort -u >"$tk/lib/stubs/libcuda.c"
+  cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$tk/lib/stubs/libcuda.so" "$tk/lib/stubs/libcuda.c"
+fi
+
+export CUDA_HOME="$tk" CUDA_PATH="$tk" NVCC="$tk/bin/nvcc" CUDA_COMPUTE_CAP="$CAP"
+export PATH="$tk/bin:$PATH"
+export CARGO_TARGET_DIR="$root/target/cuda"
+"$NVCC" --version | tail -n 2
+echo "check-cuda: cargo build -p sluice-gateway --bin sluice --features cuda (compute capability $CAP)"
+start=$SECONDS
+cargo build --locked -p sluice-gateway --bin sluice --features cuda
+bin="$CARGO_TARGET_DIR/debug/sluice"
+echo "check-cuda: built $bin in $((SECONDS - start)) s; it links:"
+LD_LIBRARY_PATH="$tk/lib:$tk/lib/stubs" ldd "$bin" | grep -E 'cuda|cublas|curand|nvrtc|cudart'
+# The CUDA build parses and validates flags like the CPU one (no GPU is opened for this).
+LD_LIBRARY_PATH="$tk/lib:$tk/lib/stubs" "$bin" serve --check-config --model smollm2-135m-instruct
+echo "check-cuda: ok"
