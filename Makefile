@@ -24,9 +24,11 @@ release:
 	$(CARGO) build --locked --release -p sluice-gateway --bin sluice \
 	  -p sluice-autoscaler --bin sluice-autoscaler $(if $(FEATURES),--features $(FEATURES))
 
-## Every test, against the real model: Rust tests, then the `openai` client and schemathesis
+## Every test, against the real model: Rust tests (the autoscaler's Prometheus source against
+## a real Prometheus, fetched into target/prometheus), then the `openai` client and schemathesis
 ## against the real binary (pinned into target/pyvenv).
 test: model
+	scripts/fetch-prometheus.sh
 	$(CARGO) build --workspace --examples --bins
 	scripts/check-deploy.sh
 	$(CARGO) test --workspace --all-targets

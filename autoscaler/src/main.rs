@@ -162,7 +162,10 @@ fn main() -> Result<()> {
         Command::Profiles(a) => profiles(a),
         Command::Explain(a) => explain(a),
         Command::Run(a) if a.local.local => run_local(a.local),
-        Command::Run(a) => run_controller(a.k8s),
+        Command::Run(a) => {
+            let scrape_timeout = a.local.scrape_timeout;
+            run_controller(a.k8s, scrape_timeout)
+        }
         Command::Crd => {
             print!("{}", sluice_autoscaler::crd::crd_yaml()?);
             Ok(())
@@ -207,8 +210,11 @@ async fn shutdown_signal() {
     }
 }
 
-fn run_controller(a: sluice_autoscaler::controller::cli::RunArgs) -> Result<()> {
-    use sluice_autoscaler::controller::{cli, scraped::PodScraper};
+fn run_controller(
+    a: sluice_autoscaler::controller::cli::RunArgs,
+    scrape_timeout: f64,
+) -> Result<()> {
+    use sluice_autoscaler::controller::cli;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -216,7 +222,7 @@ fn run_controller(a: sluice_autoscaler::controller::cli::RunArgs) -> Result<()> 
         .init();
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async {
-        let source = std::sync::Arc::new(PodScraper::new(Default::default()));
+        let source = std::sync::Arc::new(a.source(scrape_timeout)?);
         cli::run(a, source).await
     })?;
     Ok(())

@@ -56,6 +56,9 @@ pub struct Queue {
 
 /// Latency percentiles over a recent window (`vllm:time_to_first_token_seconds`,
 /// `vllm:inter_token_latency_seconds`); `None` when no request finished in the window.
+///
+/// The `*_p99_s` fields hold the quantile the SLO names, p99 unless a controller's
+/// `ServingPool` asks for another percentile: the policy compares them with the SLO targets.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Latency {
     pub window_s: f64,

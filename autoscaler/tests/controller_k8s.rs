@@ -13,7 +13,9 @@ use fake_k8s::*;
 use futures_util::future::BoxFuture;
 use serde_json::{json, Value};
 use sluice_autoscaler::controller::metrics::Metrics;
-use sluice_autoscaler::controller::source::{Load, ScrapeTarget, SignalSource, VariantLoad};
+use sluice_autoscaler::controller::source::{
+    Load, Query, Reading, ScrapeTarget, SignalSource, VariantLoad,
+};
 use sluice_autoscaler::controller::{Config, Context, Controller, LeaseConfig, Recorder, Reporter};
 use sluice_autoscaler::nodepool::gke::{Gke, GkeConfig};
 use sluice_autoscaler::nodepool::provisioning::ProvisioningRequests;
@@ -37,13 +39,16 @@ impl FakeSource {
 impl SignalSource for FakeSource {
     fn read<'a>(
         &'a self,
-        _pool: &'a str,
-        targets: &'a [ScrapeTarget],
-        _now_s: f64,
-    ) -> BoxFuture<'a, sluice_autoscaler::controller::error::Result<Option<Load>>> {
-        self.reads.lock().unwrap().push(targets.to_vec());
+        q: Query<'a>,
+    ) -> BoxFuture<'a, sluice_autoscaler::controller::error::Result<Reading>> {
+        self.reads.lock().unwrap().push(q.targets.to_vec());
         let l = self.load.lock().unwrap().clone();
-        Box::pin(async move { Ok(l) })
+        Box::pin(async move {
+            Ok(match l {
+                Some(l) => Reading::Fresh(l),
+                None => Reading::Stale("the test set no load".into()),
+            })
+        })
     }
 }
 
@@ -296,9 +301,55 @@ async fn stale_metrics_hold() {
     assert_eq!(h.replicas("l4"), 6);
     assert!(!h.fake.writes().iter().any(|(_, p)| p.ends_with("/scale")));
     assert_eq!(h.condition("MetricsStale").0, "True");
+    // The condition says why, in the source's words.
+    let stale = h.status()["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "MetricsStale")
+        .unwrap()["message"]
+        .to_string();
+    assert!(stale.contains("the test set no load"), "{stale}");
     h.source.set(Some(load(1.0, 0)));
     h.tick(5010.0).await;
     assert_eq!(h.condition("MetricsStale").0, "False");
+}
+
+/// A pool whose signals come from Prometheus is read by its ready pods' names (no endpoints
+/// to scrape): a pod that is not ready is left out, and each carries its variant.
+#[tokio::test]
+async fn prometheus_pools_are_read_by_ready_pod_names() {
+    let mut h = harness(
+        json!([
+            variant("l4", "nvidia-l4", "on-demand", 0, 0, 20),
+            variant("h100", "nvidia-h100-80gb", "on-demand", 1, 0, 4)
+        ]),
+        &[("l4", 2), ("h100", 1)],
+        false,
+    )
+    .await;
+    let mut p = h.fake.get(POOLS, NS, "llama").unwrap();
+    p["spec"]["signals"] = json!({"prometheusUrl": "http://prometheus.monitoring:9090"});
+    h.fake.put(POOLS, p);
+    let mut unready = h.fake.get(PODS, NS, "l4-1").unwrap();
+    unready["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+    h.fake.put(PODS, unready);
+    h.source.set(Some(load(1.0, 0)));
+    h.tick(0.0).await;
+    let reads = h.source.reads.lock().unwrap().clone();
+    let got: Vec<(String, String, String)> = reads
+        .last()
+        .unwrap()
+        .iter()
+        .map(|t| (t.pod.clone(), t.variant.clone(), t.url.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("h100-0".to_string(), "h100".to_string(), String::new()),
+            ("l4-0".to_string(), "l4".to_string(), String::new()),
+        ]
+    );
 }
 
 /// Stockout fallback and recovery: L4 Spot pods pending past the limit mark it out of stock;
@@ -738,11 +789,23 @@ async fn scraped_signals_from_endpointslice_pods() {
         url: format!("http://127.0.0.1:{port}"),
         path: "/metrics".into(),
     };
-    let load = source2
-        .read("other", &[target], 0.0)
+    let spec: sluice_autoscaler::crd::ServingPoolSpec = serde_json::from_value(
+        pool(json!([variant("l4", "nvidia-l4", "on-demand", 0, 1, 4)]))["spec"].clone(),
+    )
+    .unwrap();
+    let Reading::Fresh(load) = source2
+        .read(Query {
+            pool: "other",
+            namespace: NS,
+            spec: &spec,
+            targets: &[target],
+            now_s: 0.0,
+        })
         .await
         .unwrap()
-        .unwrap();
+    else {
+        panic!("fresh figures from a healthy pod");
+    };
     assert_eq!((load.queue.waiting, load.queue.running), (7, 3));
     healthy.store(false, Ordering::Relaxed);
     let r = c.reconcile_all(10.0).await.unwrap();
@@ -758,4 +821,9 @@ async fn scraped_signals_from_endpointslice_pods() {
         .unwrap()
         .clone();
     assert_eq!(stale["status"], "True");
+    // The message names the failing scrape.
+    assert!(
+        stale["message"].as_str().unwrap().contains("HTTP 500"),
+        "{stale}"
+    );
 }

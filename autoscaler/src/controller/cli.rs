@@ -10,11 +10,14 @@ use clap::Args;
 
 use super::error::{Error, Result};
 use super::metrics::{self, Metrics};
-use super::source::SignalSource;
+use super::prometheus::{PrometheusConfig, PrometheusSource};
+use super::scraped::PodScraper;
+use super::source::{BySpec, SignalSource};
 use super::{Config, Context, Controller, LeaseConfig};
 use crate::nodepool::gke::{self, Gke, GkeConfig};
 use crate::nodepool::provisioning::ProvisioningRequests;
 use crate::nodepool::NodePoolProvider;
+use crate::scrape::ScrapeConfig;
 
 /// Flags of `sluice-autoscaler run` for the Kubernetes controller.
 #[derive(Debug, Clone, Args)]
@@ -69,6 +72,37 @@ pub struct RunArgs {
     pub gke_api_url: String,
     #[arg(long, env = "SLUICE_AUTOSCALER_METADATA_URL", default_value = gke::METADATA)]
     pub metadata_url: String,
+    /// Seconds a Prometheus query may take (pools with `signals.prometheusUrl`).
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_PROMETHEUS_TIMEOUT",
+        default_value_t = 5.0
+    )]
+    pub prometheus_timeout: f64,
+    /// A ready pod whose newest sample in Prometheus is older than this many seconds makes
+    /// the pool's metrics stale (hold). Keep it above the scrape interval.
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_PROMETHEUS_MAX_AGE",
+        default_value_t = 90.0
+    )]
+    pub prometheus_max_age: f64,
+    /// The labels Prometheus puts the pod name and namespace in.
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_PROMETHEUS_POD_LABEL",
+        default_value = "pod"
+    )]
+    pub prometheus_pod_label: String,
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_PROMETHEUS_NAMESPACE_LABEL",
+        default_value = "namespace"
+    )]
+    pub prometheus_namespace_label: String,
+    /// A file holding a bearer token for the Prometheus API (re-read every reconcile).
+    #[arg(long, env = "SLUICE_AUTOSCALER_PROMETHEUS_TOKEN_FILE")]
+    pub prometheus_bearer_token_file: Option<std::path::PathBuf>,
 }
 
 fn seconds(what: &str, s: f64) -> Result<Duration> {
@@ -114,6 +148,44 @@ impl RunArgs {
             lease,
             backoff_base: seconds("backoff", self.backoff)?,
             backoff_max: seconds("backoff-max", self.backoff_max)?,
+        })
+    }
+
+    /// The signal source every pool reads through: scraping (each `/metrics` within
+    /// `scrape_timeout` seconds, the `--scrape-timeout` flag local mode shares) or Prometheus,
+    /// as its spec says.
+    pub fn source(&self, scrape_timeout: f64) -> Result<BySpec> {
+        let label = |what: &str, l: &str| {
+            let ok = l
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if ok {
+                Ok(l.to_string())
+            } else {
+                Err(Error::Flags(format!(
+                    "--{what} {l:?} is not a Prometheus label name"
+                )))
+            }
+        };
+        let scrape = PodScraper::new(ScrapeConfig {
+            timeout: seconds("scrape-timeout", scrape_timeout)?,
+            ..ScrapeConfig::default()
+        });
+        let prometheus = PrometheusSource::new(PrometheusConfig {
+            timeout: seconds("prometheus-timeout", self.prometheus_timeout)?,
+            max_age: seconds("prometheus-max-age", self.prometheus_max_age)?,
+            pod_label: label("prometheus-pod-label", &self.prometheus_pod_label)?,
+            namespace_label: label(
+                "prometheus-namespace-label",
+                &self.prometheus_namespace_label,
+            )?,
+            bearer_token_file: self.prometheus_bearer_token_file.clone(),
+        })?;
+        Ok(BySpec {
+            scrape: Box::new(scrape),
+            prometheus: Box::new(prometheus),
         })
     }
 

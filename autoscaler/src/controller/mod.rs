@@ -6,7 +6,8 @@
 //! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease.
 //! - [`observe`]: Deployments, pods, nodes and endpoints of one pool.
 //! - [`source`]: the [`SignalSource`](source::SignalSource) trait the load comes through;
-//!   [`scraped`]: that trait over `crate::scrape` (shared with local mode).
+//!   [`scraped`]: that trait over `crate::scrape` (shared with local mode); [`prometheus`]:
+//!   over a Prometheus HTTP API.
 //! - [`allocate`]: the policy's targets spread over the pool's variants, with fallback.
 //! - [`reconcile`]: one pass over one pool (decide, scale, node pools, status, Events).
 //! - [`status`]: conditions and their transition times.
@@ -25,6 +26,7 @@ pub mod error;
 pub mod lease;
 pub mod metrics;
 pub mod observe;
+pub mod prometheus;
 pub mod reconcile;
 pub mod scraped;
 pub mod source;

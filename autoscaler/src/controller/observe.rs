@@ -1,5 +1,6 @@
 //! What the cluster holds for one `ServingPool`: each variant's Deployment and pods, the nodes
-//! under them, and the replica endpoints to read signals from.
+//! under them, and the replicas to read signals from (endpoints to scrape, or ready pods a
+//! Prometheus source reads by name).
 //!
 //! Reading is separate from deciding so the reconcile's logic works on plain data. A pod is
 //! *pending* while no node is assigned (waiting for capacity: provisioning or a stockout),
@@ -97,6 +98,8 @@ pub async fn observe(client: &kube::Client, pool: &ServingPool, ns: &str) -> Res
     let mut view = PoolView::default();
     // Pod name → variant entry, for the endpoints.
     let mut owner: HashMap<String, &crate::crd::VariantSpec> = HashMap::new();
+    // Ready, live pods: what a Prometheus source reads (by pod name).
+    let mut ready_pods: Vec<(String, &crate::crd::VariantSpec)> = Vec::new();
     for v in &pool.spec.variants {
         let d = deployments
             .get_opt(&v.deployment)
@@ -142,6 +145,9 @@ pub async fn observe(client: &kube::Client, pool: &ServingPool, ns: &str) -> Res
                 None => false,
             };
             owner.insert(name.clone(), v);
+            if ready && !preempted && p.metadata.deletion_timestamp.is_none() {
+                ready_pods.push((name.clone(), v));
+            }
             vv.pods.push(PodView {
                 uid: p.metadata.uid.clone().unwrap_or_else(|| name.clone()),
                 name,
@@ -199,7 +205,19 @@ pub async fn observe(client: &kube::Client, pool: &ServingPool, ns: &str) -> Res
                 });
             }
         }
-        view.targets.sort();
+    } else {
+        view.targets = ready_pods
+            .into_iter()
+            .map(|(pod, v)| ScrapeTarget {
+                pod,
+                variant: v.name.clone(),
+                profile_variant: v.profile_variant.clone(),
+                capacity: v.capacity.into(),
+                url: String::new(),
+                path: String::new(),
+            })
+            .collect();
     }
+    view.targets.sort();
     Ok(view)
 }

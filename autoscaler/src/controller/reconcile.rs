@@ -22,7 +22,7 @@ use super::allocate::{self, Entry};
 use super::error::{Error, Result};
 use super::metrics::Metrics;
 use super::observe::{self, PoolView};
-use super::source::SignalSource;
+use super::source::{Query, Reading, SignalSource};
 use super::status::Conditions;
 use crate::capacity::{self, Planning, Slo, Workload};
 use crate::crd::{Capacity, DecisionStatus, NodePoolProviderKind, ServingPool, VariantStatus};
@@ -261,19 +261,30 @@ pub async fn reconcile(
         ));
     }
 
-    let load = ctx.source.read(&key, &view.targets, now_s).await?;
-    let stale = load.is_none();
-    let (desired, decision, notes) = match load {
-        None => (
+    let reading = ctx
+        .source
+        .read(Query {
+            pool: &key,
+            namespace: &ns,
+            spec,
+            targets: &view.targets,
+            now_s,
+        })
+        .await?;
+    let stale_why = match &reading {
+        Reading::Stale(why) => Some(why.clone()),
+        Reading::Fresh(_) => None,
+    };
+    let stale = stale_why.is_some();
+    let (desired, decision, notes) = match reading {
+        Reading::Stale(why) => (
             view.variants.iter().map(|v| v.replicas).collect::<Vec<_>>(),
             None,
-            vec![if spec.signals.prometheus_url.is_some() {
-                "signals.prometheusUrl: no Prometheus source in this build; holding every variant as it is (use signals.scrape)".to_string()
-            } else {
-                "metrics stale or missing: holding every variant as it is".to_string()
-            }],
+            vec![format!(
+                "metrics stale or missing ({why}): holding every variant as it is"
+            )],
         ),
-        Some(load) => {
+        Reading::Fresh(load) => {
             let signals = signals(pool, &view, &load, &oldest_pending, &preempted, now_s);
             let d = state.policy.decide(&signals);
             let entries = entries(pool, state, &view, &d);
@@ -433,10 +444,9 @@ pub async fn reconcile(
         "MetricsStale",
         stale,
         if stale { "NoFreshMetrics" } else { "Fresh" },
-        if stale {
-            "no fresh metrics from the signal source: holding".into()
-        } else {
-            String::new()
+        match &stale_why {
+            Some(why) => format!("no fresh metrics from the signal source ({why}): holding"),
+            None => String::new(),
         },
         &now_wall,
     );

@@ -1,8 +1,9 @@
 //! The controller's [`SignalSource`] over [`crate::scrape`] (shared with local mode): one
-//! scraper per `ServingPool`, fed the pool's ready replica endpoints each reconcile.
+//! scraper per `ServingPool`, fed the pool's ready replica endpoints each reconcile, its
+//! windows and SLO quantiles from the pool's spec.
 //!
 //! Only a fully fresh tick counts: if any target's scrape failed (timeout, HTTP error, not the
-//! exposition format), or the pool has no ready endpoint to read, the answer is `None` and the
+//! exposition format), or the pool has no ready endpoint to read, the answer is stale and the
 //! controller holds every Deployment as it is, never scaling down on missing metrics.
 
 use std::collections::HashMap;
@@ -11,7 +12,8 @@ use futures_util::future::BoxFuture;
 use tokio::sync::Mutex;
 
 use super::error::Result;
-use super::source::{Load, ScrapeTarget, SignalSource, VariantLoad};
+use super::source::{Load, Query, Reading, SignalSource, VariantLoad};
+use crate::crd::ServingPoolSpec;
 use crate::scrape::{ScrapeConfig, Scraper, Target};
 
 /// Scrapers by pool (`namespace/name`), each keeping its targets' histories.
@@ -19,6 +21,20 @@ use crate::scrape::{ScrapeConfig, Scraper, Target};
 pub struct PodScraper {
     config: ScrapeConfig,
     pools: Mutex<HashMap<String, Scraper>>,
+}
+
+/// The scrape configuration a pool's spec asks for: `base` (timeout) with the spec's windows,
+/// metrics path and SLO quantiles.
+pub fn pool_config(base: &ScrapeConfig, spec: &ServingPoolSpec, path: &str) -> ScrapeConfig {
+    ScrapeConfig {
+        path: path.to_string(),
+        window_s: spec.policy.window_seconds,
+        short_window_s: spec.policy.short_window_seconds,
+        latency_window_s: spec.policy.window_seconds,
+        ttft_quantile: spec.slo.ttft.percentile / 100.0,
+        tpot_quantile: spec.slo.tpot.percentile / 100.0,
+        ..base.clone()
+    }
 }
 
 impl PodScraper {
@@ -29,30 +45,40 @@ impl PodScraper {
         }
     }
 
-    async fn load(&self, pool: &str, targets: &[ScrapeTarget], now_s: f64) -> Option<Load> {
-        if targets.is_empty() {
-            return None;
-        }
+    async fn load(&self, q: Query<'_>) -> Reading {
+        let Some(first) = q.targets.first() else {
+            return Reading::Stale("no ready replica endpoint to scrape".into());
+        };
+        let config = pool_config(&self.config, q.spec, &first.path);
         let mut pools = self.pools.lock().await;
-        let path = targets[0].path.clone();
-        let scraper = pools.entry(pool.to_string()).or_insert_with(|| {
-            Scraper::new(ScrapeConfig {
-                path: path.clone(),
-                ..self.config.clone()
-            })
-        });
-        let ts: Vec<Target> = targets
+        let scraper = pools
+            .entry(q.pool.to_string())
+            .or_insert_with(|| Scraper::new(config.clone()));
+        if *scraper.config() != config {
+            // The spec's windows or percentiles changed: start the histories afresh.
+            tracing::info!(
+                pool = q.pool,
+                "scrape windows changed; restarting the histories"
+            );
+            *scraper = Scraper::new(config);
+        }
+        let ts: Vec<Target> = q
+            .targets
             .iter()
             .map(|t| Target::replica(&t.profile_variant, t.capacity, &t.url))
             .collect();
-        let obs = scraper.scrape(&ts, now_s).await;
+        let obs = scraper.scrape(&ts, q.now_s).await;
         if obs.any_stale() {
+            let mut why = Vec::new();
             for t in obs.targets.iter().filter(|t| t.is_stale()) {
-                tracing::warn!(pool, target = %t.target.url, error = t.error.as_deref().unwrap_or(""), "stale metrics");
+                let error = t.error.as_deref().unwrap_or("");
+                tracing::warn!(pool = q.pool, target = %t.target.url, error, "stale metrics");
+                why.push(error.to_string());
             }
-            return None;
+            return Reading::Stale(why.join("; "));
         }
-        let variants = targets
+        let variants = q
+            .targets
             .iter()
             .filter_map(|t| {
                 let l = obs.variants.get(&(t.profile_variant.clone(), t.capacity))?;
@@ -68,7 +94,7 @@ impl PodScraper {
                 ))
             })
             .collect();
-        Some(Load {
+        Reading::Fresh(Load {
             arrivals: obs.arrivals,
             queue: obs.queue,
             latency: obs.latency,
@@ -78,12 +104,7 @@ impl PodScraper {
 }
 
 impl SignalSource for PodScraper {
-    fn read<'a>(
-        &'a self,
-        pool: &'a str,
-        targets: &'a [ScrapeTarget],
-        now_s: f64,
-    ) -> BoxFuture<'a, Result<Option<Load>>> {
-        Box::pin(async move { Ok(self.load(pool, targets, now_s).await) })
+    fn read<'a>(&'a self, q: Query<'a>) -> BoxFuture<'a, Result<Reading>> {
+        Box::pin(async move { Ok(self.load(q).await) })
     }
 }

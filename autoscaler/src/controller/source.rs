@@ -1,18 +1,21 @@
 //! Where the controller's load figures come from, behind the [`SignalSource`] trait.
 //!
 //! The controller finds the replica pods (EndpointSlices of the pool's Service, each endpoint
-//! mapped to its variant through its pod) and hands them to a source, which answers with the
-//! pool's load: arrival rates, queue, latency, and per-variant figures. Scraping `/metrics`
-//! and turning counters into rates over windows is `crate::scrape`'s job (shared with local
-//! mode), adapted in [`super::scraped`]; tests use a source whose figures they set. A source answers `None` when it has no
-//! fresh figures: the controller then holds the fleet as it is (never scales down on missing
-//! metrics, as HPA does).
+//! mapped to its variant through its pod; or, for a Prometheus source, the variants' ready
+//! pods) and hands them to a source, which answers with the pool's load: arrival rates, queue,
+//! latency, and per-variant figures. Two sources ship, chosen per pool by `spec.signals`
+//! ([`BySpec`]): scraping `/metrics` (`crate::scrape`, shared with local mode, adapted in
+//! [`super::scraped`]) and a Prometheus HTTP API ([`super::prometheus`]); tests use a source
+//! whose figures they set. A source answers [`Reading::Stale`] when it has no fresh figures:
+//! the controller then holds the fleet as it is (never scales down on missing metrics, as HPA
+//! does) and says why in the `MetricsStale` condition.
 
 use std::collections::HashMap;
 
 use futures_util::future::BoxFuture;
 
 use super::error::Result;
+use crate::crd::ServingPoolSpec;
 use crate::signals::{Arrivals, Latency, Queue};
 
 /// One replica pod to read.
@@ -24,9 +27,9 @@ pub struct ScrapeTarget {
     /// That entry's profile variant and capacity type (the policy's key).
     pub profile_variant: String,
     pub capacity: crate::profile::CapacityType,
-    /// `http://IP:PORT`.
+    /// `http://IP:PORT` when scraped; empty for a Prometheus source (it reads by pod name).
     pub url: String,
-    /// The metrics path (`/metrics`).
+    /// The metrics path (`/metrics`); empty for a Prometheus source.
     pub path: String,
 }
 
@@ -50,14 +53,50 @@ pub struct VariantLoad {
     pub tpot_p99_s: Option<f64>,
 }
 
+/// What a source is asked: one pool's load now.
+#[derive(Debug, Clone, Copy)]
+pub struct Query<'a> {
+    /// `namespace/name`: a source keeps per-pool state under it.
+    pub pool: &'a str,
+    pub namespace: &'a str,
+    /// The pool's spec: its signal source, windows (`policy`) and SLO percentiles.
+    pub spec: &'a ServingPoolSpec,
+    /// The pool's ready replica pods, each with its variant (and, when scraped, its URL).
+    pub targets: &'a [ScrapeTarget],
+    /// Seconds on the controller's monotonic clock.
+    pub now_s: f64,
+}
+
+/// A source's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reading {
+    Fresh(Load),
+    /// No fresh figures, and why (a target timed out, Prometheus is unreachable, a pod has no
+    /// recent sample): the controller holds every variant as it is.
+    Stale(String),
+}
+
 /// Reads a pool's load.
 pub trait SignalSource: Send + Sync + std::fmt::Debug {
-    /// The load of the pool whose pods are `targets` (keyed by `pool`, `namespace/name`),
-    /// at `now_s` on the controller's monotonic clock; `None` when no fresh figures exist.
-    fn read<'a>(
-        &'a self,
-        pool: &'a str,
-        targets: &'a [ScrapeTarget],
-        now_s: f64,
-    ) -> BoxFuture<'a, Result<Option<Load>>>;
+    /// The load of the pool `q` names. `Err` only for what retrying cannot fix by itself
+    /// (a bad URL in the spec); everything transient is a [`Reading::Stale`].
+    fn read<'a>(&'a self, q: Query<'a>) -> BoxFuture<'a, Result<Reading>>;
+}
+
+/// The source each pool's `spec.signals` names: its replicas' `/metrics` scraped directly, or
+/// a Prometheus HTTP API.
+#[derive(Debug)]
+pub struct BySpec {
+    pub scrape: Box<dyn SignalSource>,
+    pub prometheus: Box<dyn SignalSource>,
+}
+
+impl SignalSource for BySpec {
+    fn read<'a>(&'a self, q: Query<'a>) -> BoxFuture<'a, Result<Reading>> {
+        if q.spec.signals.prometheus_url.is_some() {
+            self.prometheus.read(q)
+        } else {
+            self.scrape.read(q)
+        }
+    }
 }

@@ -81,6 +81,7 @@ impl Controller {
             window_s: cfg.window_s,
             short_window_s: cfg.short_window_s,
             latency_window_s: cfg.latency_window_s,
+            ..ScrapeConfig::default()
         });
         Ok(Controller {
             sup: Supervisor::new(cfg.replica.clone())?,

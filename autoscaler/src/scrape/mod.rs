@@ -89,6 +89,10 @@ pub struct ScrapeConfig {
     pub short_window_s: f64,
     /// The window of the latency percentiles.
     pub latency_window_s: f64,
+    /// The quantiles the SLO names for TTFT and TPOT (0.99 for p99). The signals' `*_p99_s`
+    /// fields carry these quantiles: the policy compares them with the SLO's targets.
+    pub ttft_quantile: f64,
+    pub tpot_quantile: f64,
 }
 
 impl Default for ScrapeConfig {
@@ -99,6 +103,8 @@ impl Default for ScrapeConfig {
             window_s: 60.0,
             short_window_s: 10.0,
             latency_window_s: 60.0,
+            ttft_quantile: 0.99,
+            tpot_quantile: 0.99,
         }
     }
 }
@@ -356,9 +362,9 @@ impl Scraper {
         let latency = Latency {
             window_s: c.latency_window_s,
             ttft_p50_s: lat.ttft.quantile(0.5),
-            ttft_p99_s: lat.ttft.quantile(0.99),
+            ttft_p99_s: lat.ttft.quantile(c.ttft_quantile),
             tpot_p50_s: lat.tpot.quantile(0.5),
-            tpot_p99_s: lat.tpot.quantile(0.99),
+            tpot_p99_s: lat.tpot.quantile(c.tpot_quantile),
         };
         let mut queue = Queue::default();
         let mut variants: BTreeMap<(String, CapacityType), VariantLoad> = BTreeMap::new();
@@ -409,8 +415,8 @@ impl Scraper {
                 v.kv_cache_usage = kv / n;
             }
             if let Some(l) = per_variant.get(key) {
-                v.ttft_p99_s = l.ttft.quantile(0.99);
-                v.tpot_p99_s = l.tpot.quantile(0.99);
+                v.ttft_p99_s = l.ttft.quantile(c.ttft_quantile);
+                v.tpot_p99_s = l.tpot.quantile(c.tpot_quantile);
             }
         }
         Observation {

@@ -23,6 +23,7 @@ fn cfg() -> ScrapeConfig {
         window_s: 10.0,
         short_window_s: 2.0,
         latency_window_s: 10.0,
+        ..ScrapeConfig::default()
     }
 }
 

@@ -1,0 +1,724 @@
+//! A [`SignalSource`] over a Prometheus HTTP API (`spec.signals.prometheusUrl`): for clusters
+//! that already scrape the replicas (GKE Managed Prometheus through its query frontend, the
+//! Prometheus Operator, Thanos or Mimir), so the controller adds no scrapes of its own and
+//! reads windows that outlive its restarts.
+//!
+//! Each reconcile sends one instant query per figure, all at one evaluation time, each
+//! selecting the pool's series by `namespace` and `model_name` and grouping by `pod` (the
+//! label names are flags: GMP and the Operator write `namespace` and `pod`). Results are
+//! attributed to variants client-side:
+//! - gauges (running, waiting, KV use) and freshness count only the pool's ready pods;
+//! - window figures (arrivals, tokens, latency histograms) also count pods that have left,
+//!   recognised by their Deployment's name prefix (`<deployment>-`), so what a replica served
+//!   before a scale-down still counts until it leaves the window, as the scraper does.
+//!
+//! The figures mean what [`crate::scrape`]'s do, computed by PromQL instead of by hand:
+//! arrivals are requests finished in the window (`increase` of
+//! `vllm:e2e_request_latency_seconds_count`) plus the change of requests in the replicas
+//! (`delta` of running and waiting); latency quantiles come from the summed bucket increases
+//! (`sum by (pod, le) (increase(…_bucket[w]))`) through the same [`Histogram`] code, at the
+//! percentiles the pool's SLO names.
+//!
+//! Stale is what cannot be trusted: Prometheus unreachable or answering an error, or a ready
+//! pod whose newest `vllm:num_requests_running` sample is older than the maximum age (a pod
+//! not yet scraped, or one Prometheus no longer reaches). The controller then holds.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_util::future::{join_all, BoxFuture};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use serde::Deserialize;
+
+use super::error::{Error, Result};
+use super::source::{Load, Query, Reading, ScrapeTarget, SignalSource, VariantLoad};
+use crate::scrape::Histogram;
+use crate::signals::{Arrivals, Latency, Queue};
+
+/// Largest query answer read.
+const MAX_BODY: usize = 16 << 20;
+
+/// The TPOT histograms, in order of preference (as the scraper reads them): vLLM's per-request
+/// time per output token, its older name, then inter-token latency (what sluice exports).
+const TPOT_HISTOGRAMS: &[&str] = &[
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:time_per_output_token_seconds",
+    "vllm:inter_token_latency_seconds",
+];
+
+/// How the source reaches Prometheus and judges freshness.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrometheusConfig {
+    /// Deadline of each query (connect, answer, body).
+    pub timeout: Duration,
+    /// A ready pod whose newest sample is older than this makes the reading stale. Above the
+    /// scrape interval (GMP's default is 60 s; the manifests here scrape every 15 s).
+    pub max_age: Duration,
+    /// The label carrying the pod name, and the one carrying its namespace.
+    pub pod_label: String,
+    pub namespace_label: String,
+    /// Sent as `Authorization: Bearer …`, read afresh for each reconcile (tokens rotate).
+    pub bearer_token_file: Option<PathBuf>,
+}
+
+impl Default for PrometheusConfig {
+    fn default() -> Self {
+        PrometheusConfig {
+            timeout: Duration::from_secs(5),
+            max_age: Duration::from_secs(90),
+            pod_label: "pod".into(),
+            namespace_label: "namespace".into(),
+            bearer_token_file: None,
+        }
+    }
+}
+
+/// Why one query failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("request failed: {0}")]
+    Request(String),
+    #[error("HTTP {status}: {message}")]
+    Status { status: u16, message: String },
+    #[error("{error_type}: {error}")]
+    Api { error_type: String, error: String },
+    #[error("not a Prometheus API answer: {0}")]
+    Malformed(String),
+}
+
+/// One sample of an instant vector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+#[derive(Deserialize)]
+struct ApiAnswer {
+    status: String,
+    #[serde(default)]
+    data: Option<ApiData>,
+    #[serde(default, rename = "errorType")]
+    error_type: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ApiData {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct VectorEntry {
+    metric: BTreeMap<String, String>,
+    value: (f64, String),
+}
+
+/// Parses an `/api/v1/query` answer holding an instant vector.
+pub fn parse_answer(status: u16, body: &[u8]) -> Result<Vec<Sample>, QueryError> {
+    let answer: ApiAnswer = match serde_json::from_slice(body) {
+        Ok(a) => a,
+        Err(e) if status != 200 => {
+            return Err(QueryError::Status {
+                status,
+                message: format!(
+                    "{} ({e})",
+                    String::from_utf8_lossy(&body[..body.len().min(200)])
+                ),
+            })
+        }
+        Err(e) => return Err(QueryError::Malformed(e.to_string())),
+    };
+    if answer.status != "success" {
+        return Err(QueryError::Api {
+            error_type: answer.error_type.unwrap_or_else(|| "error".into()),
+            error: answer.error.unwrap_or_default(),
+        });
+    }
+    let data = answer
+        .data
+        .ok_or_else(|| QueryError::Malformed("success without data".into()))?;
+    if data.result_type != "vector" {
+        return Err(QueryError::Malformed(format!(
+            "resultType {}, not vector",
+            data.result_type
+        )));
+    }
+    let entries: Vec<VectorEntry> =
+        serde_json::from_value(data.result).map_err(|e| QueryError::Malformed(e.to_string()))?;
+    entries
+        .into_iter()
+        .map(|e| {
+            let value = parse_value(&e.value.1)
+                .ok_or_else(|| QueryError::Malformed(format!("sample value {:?}", e.value.1)))?;
+            Ok(Sample {
+                labels: e.metric,
+                value,
+            })
+        })
+        .collect()
+}
+
+/// A sample value as Prometheus writes it (`"1.5"`, `"NaN"`, `"+Inf"`, `"-Inf"`).
+fn parse_value(s: &str) -> Option<f64> {
+    match s {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        "NaN" => Some(f64::NAN),
+        _ => s.parse().ok(),
+    }
+}
+
+/// A PromQL string literal.
+fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A PromQL range in whole milliseconds (`[60000ms]`).
+fn range(seconds: f64) -> String {
+    format!("[{}ms]", (seconds * 1000.0).round().max(1.0) as u64)
+}
+
+/// The queries one reading sends, built for a pool's selector and windows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Queries {
+    pub last_sample: String,
+    pub running: String,
+    pub waiting: String,
+    pub kv_usage: String,
+    pub finished: String,
+    pub running_delta: String,
+    pub waiting_delta: String,
+    pub finished_short: String,
+    pub running_delta_short: String,
+    pub waiting_delta_short: String,
+    pub prompt_tokens: String,
+    pub generation_tokens: String,
+    pub ttft: String,
+    pub tpot: Vec<String>,
+    pub prompt_len: String,
+}
+
+impl Queries {
+    /// `matchers` are the label matchers inside braces (`namespace="ns",model_name="m"`);
+    /// `window_s` the long window (also the latency window), `short_s` the short one.
+    pub fn new(pod: &str, matchers: &str, window_s: f64, short_s: f64) -> Queries {
+        let w = range(window_s);
+        let s = range(short_s);
+        let by = |agg: &str, inner: String| format!("{agg} by ({pod}) ({inner})");
+        let sel = |name: &str| format!("{name}{{{matchers}}}");
+        let hist = |name: &str, r: &str| {
+            format!("sum by ({pod}, le) (increase({name}_bucket{{{matchers}}}{r}))")
+        };
+        Queries {
+            last_sample: by(
+                "max",
+                format!("timestamp({})", sel("vllm:num_requests_running")),
+            ),
+            running: by("sum", sel("vllm:num_requests_running")),
+            waiting: by("sum", sel("vllm:num_requests_waiting")),
+            kv_usage: by(
+                "max",
+                format!(
+                    "{{__name__=~\"vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc\",{matchers}}}"
+                ),
+            ),
+            finished: by(
+                "sum",
+                format!(
+                    "increase({}{w})",
+                    sel("vllm:e2e_request_latency_seconds_count")
+                ),
+            ),
+            running_delta: by(
+                "sum",
+                format!("delta({}{w})", sel("vllm:num_requests_running")),
+            ),
+            waiting_delta: by(
+                "sum",
+                format!("delta({}{w})", sel("vllm:num_requests_waiting")),
+            ),
+            finished_short: by(
+                "sum",
+                format!(
+                    "increase({}{s})",
+                    sel("vllm:e2e_request_latency_seconds_count")
+                ),
+            ),
+            running_delta_short: by(
+                "sum",
+                format!("delta({}{s})", sel("vllm:num_requests_running")),
+            ),
+            waiting_delta_short: by(
+                "sum",
+                format!("delta({}{s})", sel("vllm:num_requests_waiting")),
+            ),
+            prompt_tokens: by(
+                "sum",
+                format!("increase({}{w})", sel("vllm:prompt_tokens_total")),
+            ),
+            generation_tokens: by(
+                "sum",
+                format!("increase({}{w})", sel("vllm:generation_tokens_total")),
+            ),
+            ttft: hist("vllm:time_to_first_token_seconds", &w),
+            tpot: TPOT_HISTOGRAMS.iter().map(|n| hist(n, &w)).collect(),
+            prompt_len: hist("vllm:request_prompt_tokens", &w),
+        }
+    }
+
+    fn all(&self) -> Vec<&str> {
+        let mut v = vec![
+            self.last_sample.as_str(),
+            &self.running,
+            &self.waiting,
+            &self.kv_usage,
+            &self.finished,
+            &self.running_delta,
+            &self.waiting_delta,
+            &self.finished_short,
+            &self.running_delta_short,
+            &self.waiting_delta_short,
+            &self.prompt_tokens,
+            &self.generation_tokens,
+            &self.ttft,
+            &self.prompt_len,
+        ];
+        v.extend(self.tpot.iter().map(String::as_str));
+        v
+    }
+}
+
+/// Which variant a pod's series count for: the pool's ready pods by name; for window figures
+/// also pods that have left, by their Deployment's name prefix.
+struct Members<'a> {
+    ready: HashMap<&'a str, &'a ScrapeTarget>,
+    /// (Deployment name + `-`, variant entry name), longest first.
+    prefixes: Vec<(String, &'a str)>,
+}
+
+impl<'a> Members<'a> {
+    fn new(q: &Query<'a>) -> Members<'a> {
+        let ready = q.targets.iter().map(|t| (t.pod.as_str(), t)).collect();
+        let mut prefixes: Vec<(String, &str)> = q
+            .spec
+            .variants
+            .iter()
+            .map(|v| (format!("{}-", v.deployment), v.name.as_str()))
+            .collect();
+        prefixes.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
+        Members { ready, prefixes }
+    }
+
+    fn ready_variant(&self, pod: &str) -> Option<&'a str> {
+        self.ready.get(pod).map(|t| t.variant.as_str())
+    }
+
+    fn window_variant(&self, pod: &str) -> Option<&'a str> {
+        self.ready_variant(pod).or_else(|| {
+            self.prefixes
+                .iter()
+                .find(|(p, _)| pod.starts_with(p.as_str()))
+                .map(|(_, v)| *v)
+        })
+    }
+}
+
+/// The Prometheus source.
+#[derive(Debug)]
+pub struct PrometheusSource {
+    config: PrometheusConfig,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl PrometheusSource {
+    pub fn new(config: PrometheusConfig) -> Result<Self> {
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_native_roots()
+            .map_err(|e| Error::Signals(format!("no TLS root certificates: {e}")))?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(https);
+        Ok(PrometheusSource { config, client })
+    }
+
+    /// One instant query at `time` (Unix seconds).
+    pub async fn query(
+        &self,
+        base: &str,
+        promql: &str,
+        time: f64,
+        token: Option<&str>,
+    ) -> Result<Vec<Sample>, QueryError> {
+        let url = format!("{}/api/v1/query", base.trim_end_matches('/'));
+        let form = format!("query={}&time={time:.3}", form_escape(promql));
+        let mut req = hyper::Request::post(&url)
+            .header(
+                hyper::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .header(hyper::header::ACCEPT, "application/json");
+        if let Some(t) = token {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req
+            .body(Full::new(Bytes::from(form)))
+            .map_err(|e| QueryError::Request(e.to_string()))?;
+        let exchange = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| QueryError::Request(error_chain(&e)))?;
+            let status = resp.status().as_u16();
+            let body = Limited::new(resp.into_body(), MAX_BODY)
+                .collect()
+                .await
+                .map_err(|e| QueryError::Request(format!("reading the answer: {e}")))?
+                .to_bytes();
+            parse_answer(status, &body)
+        };
+        tokio::time::timeout(self.config.timeout, exchange)
+            .await
+            .map_err(|_| QueryError::Timeout(self.config.timeout))?
+    }
+
+    async fn load(&self, q: Query<'_>) -> Result<Reading> {
+        let base = q.spec.signals.prometheus_url.as_deref().unwrap_or_default();
+        let uri: hyper::Uri = base
+            .parse()
+            .map_err(|_| Error::Signals(format!("prometheusUrl {base:?} is not a URL")))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err(Error::Signals(format!(
+                "prometheusUrl {base:?}: an http:// or https:// URL with a host"
+            )));
+        }
+        if q.targets.is_empty() {
+            return Ok(Reading::Stale("no ready replica pod".into()));
+        }
+        let token = match &self.config.bearer_token_file {
+            Some(path) => match tokio::fs::read_to_string(path).await {
+                Ok(t) => Some(t.trim().to_string()),
+                Err(e) => {
+                    return Ok(Reading::Stale(format!(
+                        "bearer token {}: {e}",
+                        path.display()
+                    )))
+                }
+            },
+            None => None,
+        };
+        let c = &self.config;
+        let matchers = format!(
+            "{}={},model_name={}",
+            c.namespace_label,
+            quote(q.namespace),
+            quote(&q.spec.model)
+        );
+        let policy = &q.spec.policy;
+        let queries = Queries::new(
+            &c.pod_label,
+            &matchers,
+            policy.window_seconds,
+            policy.short_window_seconds,
+        );
+        let time = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let texts = queries.all();
+        let answers = join_all(
+            texts
+                .iter()
+                .map(|text| self.query(base, text, time, token.as_deref())),
+        )
+        .await;
+        let mut results: HashMap<&str, Vec<Sample>> = HashMap::new();
+        for (text, answer) in texts.iter().zip(answers) {
+            match answer {
+                Ok(v) => {
+                    results.insert(text, v);
+                }
+                Err(e) => {
+                    tracing::warn!(pool = q.pool, query = text, error = %e, "prometheus query failed");
+                    return Ok(Reading::Stale(format!("prometheus {base}: {e}")));
+                }
+            }
+        }
+        let members = Members::new(&q);
+        let get = |text: &str| results.get(text).map(Vec::as_slice).unwrap_or_default();
+        Ok(compute(
+            &members,
+            &c.pod_label,
+            &queries,
+            &get,
+            time,
+            c.max_age.as_secs_f64(),
+            q,
+        ))
+    }
+}
+
+/// Percent-encodes a form value.
+fn form_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The reading from the queries' answers.
+fn compute<'a>(
+    members: &Members<'_>,
+    pod_label: &str,
+    queries: &Queries,
+    get: &dyn Fn(&str) -> &'a [Sample],
+    now_unix: f64,
+    max_age_s: f64,
+    q: Query<'_>,
+) -> Reading {
+    let pod_of = |s: &Sample| s.labels.get(pod_label).cloned().unwrap_or_default();
+    // Freshness: every ready pod has a recent sample.
+    let newest: HashMap<String, f64> = get(&queries.last_sample)
+        .iter()
+        .map(|s| (pod_of(s), s.value))
+        .collect();
+    let mut missing = Vec::new();
+    for t in q.targets {
+        match newest.get(&t.pod) {
+            Some(ts) if now_unix - ts <= max_age_s => {}
+            Some(ts) => missing.push(format!(
+                "{} (newest sample {:.0} s old)",
+                t.pod,
+                now_unix - ts
+            )),
+            None => missing.push(format!("{} (no series)", t.pod)),
+        }
+    }
+    if !missing.is_empty() {
+        return Reading::Stale(format!(
+            "no vllm:num_requests_running sample within {max_age_s:.0} s for {}",
+            missing.join(", ")
+        ));
+    }
+
+    // Gauges, ready pods only: per pod, then per variant means and pool sums.
+    let per_pod = |text: &str| -> HashMap<String, f64> {
+        get(text)
+            .iter()
+            .filter(|s| members.ready_variant(&pod_of(s)).is_some() && s.value.is_finite())
+            .map(|s| (pod_of(s), s.value))
+            .collect()
+    };
+    let running = per_pod(&queries.running);
+    let waiting = per_pod(&queries.waiting);
+    let kv = per_pod(&queries.kv_usage);
+    let mut queue = Queue::default();
+    let mut sums: BTreeMap<&str, (f64, f64, f64, f64)> = BTreeMap::new();
+    for t in q.targets {
+        let (r, w) = (
+            running.get(&t.pod).copied().unwrap_or(0.0).max(0.0),
+            waiting.get(&t.pod).copied().unwrap_or(0.0).max(0.0),
+        );
+        queue.running += r.round() as u64;
+        queue.waiting += w.round() as u64;
+        let e = sums.entry(t.variant.as_str()).or_default();
+        e.0 += 1.0;
+        e.1 += r;
+        e.2 += w;
+        e.3 += kv.get(&t.pod).copied().unwrap_or(0.0);
+    }
+
+    // Window figures: every member pod, ready or gone.
+    let total = |text: &str| -> f64 {
+        get(text)
+            .iter()
+            .filter(|s| members.window_variant(&pod_of(s)).is_some() && s.value.is_finite())
+            .map(|s| s.value)
+            .sum()
+    };
+    let histograms = |text: &str| -> (Histogram, HashMap<&str, Histogram>) {
+        let mut by_pod: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+        for s in get(text) {
+            let pod = pod_of(s);
+            let Some(le) = s.labels.get("le").and_then(|le| parse_value(le)) else {
+                continue;
+            };
+            if members.window_variant(&pod).is_some() && s.value.is_finite() {
+                by_pod.entry(pod).or_default().push((le, s.value.max(0.0)));
+            }
+        }
+        let mut all = Histogram::default();
+        let mut per_variant: HashMap<&str, Histogram> = HashMap::new();
+        for (pod, mut buckets) in by_pod {
+            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let h = Histogram { buckets };
+            all.add(&h);
+            if let Some(v) = members.window_variant(&pod) {
+                per_variant.entry(v).or_default().add(&h);
+            }
+        }
+        (all, per_variant)
+    };
+    let policy = &q.spec.policy;
+    let (w, ws) = (policy.window_seconds, policy.short_window_seconds);
+    let arrivals_over =
+        |finished: &str, dr: &str, dw: &str| (total(finished) + total(dr) + total(dw)).max(0.0);
+    let (prompt_len, _) = histograms(&queries.prompt_len);
+    let arrivals = Arrivals {
+        window_s: w,
+        requests_per_s: arrivals_over(
+            &queries.finished,
+            &queries.running_delta,
+            &queries.waiting_delta,
+        ) / w,
+        prompt_tokens_per_s: total(&queries.prompt_tokens).max(0.0) / w,
+        output_tokens_per_s: total(&queries.generation_tokens).max(0.0) / w,
+        short_window_s: ws,
+        short_requests_per_s: arrivals_over(
+            &queries.finished_short,
+            &queries.running_delta_short,
+            &queries.waiting_delta_short,
+        ) / ws,
+        max_prompt_tokens: prompt_len.max_bound().map_or(0, |m| m.round() as u64),
+        prompt_tokens_cv2: prompt_len.mean_cv2().map_or(0.0, |p| p.1),
+    };
+    let (tq, pq) = (
+        q.spec.slo.ttft.percentile / 100.0,
+        q.spec.slo.tpot.percentile / 100.0,
+    );
+    let (ttft, ttft_by) = histograms(&queries.ttft);
+    let (tpot, tpot_by) = queries
+        .tpot
+        .iter()
+        .map(|t| histograms(t))
+        .find(|(h, _)| !h.buckets.is_empty())
+        .unwrap_or_default();
+    let latency = Latency {
+        window_s: w,
+        ttft_p50_s: ttft.quantile(0.5),
+        ttft_p99_s: ttft.quantile(tq),
+        tpot_p50_s: tpot.quantile(0.5),
+        tpot_p99_s: tpot.quantile(pq),
+    };
+    let variants = sums
+        .into_iter()
+        .map(|(v, (n, r, wq, kv))| {
+            (
+                v.to_string(),
+                VariantLoad {
+                    running_per_replica: r / n,
+                    waiting_per_replica: wq / n,
+                    kv_cache_usage: kv / n,
+                    ttft_p99_s: ttft_by.get(v).and_then(|h| h.quantile(tq)),
+                    tpot_p99_s: tpot_by.get(v).and_then(|h| h.quantile(pq)),
+                },
+            )
+        })
+        .collect();
+    Reading::Fresh(Load {
+        arrivals,
+        queue,
+        latency,
+        variants,
+    })
+}
+
+impl SignalSource for PrometheusSource {
+    fn read<'a>(&'a self, q: Query<'a>) -> BoxFuture<'a, Result<Reading>> {
+        Box::pin(self.load(q))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_parse_and_errors_say_what_prometheus_said() {
+        let ok = br#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"pod":"a","le":"+Inf"},"value":[1700000000.5,"3"]},
+            {"metric":{"pod":"b"},"value":[1700000000.5,"NaN"]}]}}"#;
+        let v = parse_answer(200, ok).unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].labels["le"], "+Inf");
+        assert_eq!(v[0].value, 3.0);
+        assert!(v[1].value.is_nan());
+        let bad = br#"{"status":"error","errorType":"bad_data","error":"parse error at char 3"}"#;
+        let e = parse_answer(400, bad).unwrap_err().to_string();
+        assert!(e.contains("bad_data") && e.contains("parse error"), "{e}");
+        let e = parse_answer(502, b"<html>bad gateway</html>")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("HTTP 502") && e.contains("bad gateway"), "{e}");
+        let scalar = br#"{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}"#;
+        assert!(parse_answer(200, scalar)
+            .unwrap_err()
+            .to_string()
+            .contains("scalar"));
+        assert!(parse_answer(200, b"{}").is_err());
+    }
+
+    #[test]
+    fn label_values_and_forms_are_escaped() {
+        assert_eq!(quote(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(
+            form_escape("sum by (pod) (x{a=\"b\"})"),
+            "sum+by+%28pod%29+%28x%7Ba%3D%22b%22%7D%29"
+        );
+        assert_eq!(range(60.0), "[60000ms]");
+        assert_eq!(range(0.25), "[250ms]");
+        let q = Queries::new("pod", r#"namespace="ns",model_name="m""#, 60.0, 10.0);
+        assert_eq!(
+            q.running,
+            r#"sum by (pod) (vllm:num_requests_running{namespace="ns",model_name="m"})"#
+        );
+        assert_eq!(
+            q.ttft,
+            r#"sum by (pod, le) (increase(vllm:time_to_first_token_seconds_bucket{namespace="ns",model_name="m"}[60000ms]))"#
+        );
+        assert!(q.finished_short.contains("[10000ms]"));
+    }
+}
