@@ -1,8 +1,12 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, so one controller acts at a time.
 //!
-//! A small module rather than a crate: the crates.io options (`kube-leader-election`,
-//! `kube-lease-manager`) pin older kube/k8s-openapi majors than this workspace's kube 5 and
-//! k8s-openapi 0.29. The protocol is client-go's: the holder renews `renewTime` every period;
+//! A small module rather than a crate. `kube-leader-election` pins an older kube major.
+//! `kube-lease-manager` 0.13 does build on kube 5 / k8s-openapi 0.29 (checked 2026-12-03), but
+//! it takes a lapsed Lease with a server-side apply patch and settles races through field-manager
+//! conflicts, and renews with strategic-merge patches that carry no precondition; this module
+//! keeps client-go's compare-and-swap (below), which the controller's failover test runs
+//! against the fake API server, and fits the loop's one-call-per-period shape (the crate
+//! wants its own task or a blocking `changed()`). The protocol is client-go's: the holder renews `renewTime` every period;
 //! a candidate takes the Lease over only when `renewTime + leaseDurationSeconds` has passed.
 //! Every write is a `replace` carrying the `resourceVersion` read, so two candidates racing
 //! for a lapsed Lease cannot both win: the API server answers the loser `409 Conflict`.
