@@ -496,6 +496,44 @@ async fn gang_replicas_request_whole_nodes() {
         "no second request for the same target"
     );
 
+    // Requests that are over are removed with their PodTemplates: a failed one (and, still
+    // wanted, asked for afresh under the same name), one for more replicas than are wanted
+    // now, and one whose replicas are all ready.
+    let name = pr["metadata"]["name"].as_str().unwrap().to_string();
+    let mut failed = h.fake.get(PROVISIONING, NS, &name).unwrap();
+    failed["status"] = json!({"conditions": [{"type": "Failed", "status": "True"}]});
+    h.fake.put(PROVISIONING, failed);
+    let mut stale = pr.clone();
+    stale["metadata"] = json!({"name": "h100x8-to-99", "namespace": NS, "labels": {
+        "sluice.dev/serving-pool": "llama", "sluice.dev/variant": "h100x8",
+        "sluice.dev/target-replicas": "99"}});
+    h.fake.put(PROVISIONING, stale);
+    let mut other = pr.clone();
+    other["metadata"] = json!({"name": "someone-elses", "namespace": NS, "labels": {
+        "sluice.dev/target-replicas": "1"}});
+    h.fake.put(PROVISIONING, other);
+    h.source.set(Some(l.clone()));
+    h.tick(2.0).await;
+    let names = |h: &Harness| -> Vec<String> {
+        let mut v: Vec<String> = h
+            .fake
+            .list(PROVISIONING)
+            .iter()
+            .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&h), vec![name.clone(), "someone-elses".to_string()]);
+    let again = h.fake.get(PROVISIONING, NS, &name).unwrap();
+    assert!(again["status"].is_null(), "asked afresh: {again}");
+    // The replicas come up: the request's capacity is in use, so it goes, template and all.
+    h.fake.sync_pods(NS, "h100x8", Some("node-a"));
+    h.source.set(Some(l.clone()));
+    h.tick(3.0).await;
+    assert_eq!(names(&h), vec!["someone-elses".to_string()]);
+    assert!(h.fake.get(PODTEMPLATES, NS, &name).is_none());
+
     // The GKE provider for the same gang.
     let gke = FakeGke::start().await;
     let fake = Fake::start().await;

@@ -367,6 +367,7 @@ pub async fn reconcile(
             replicas: want,
             nodes: want.div_ceil(per_node),
             current_replicas: current,
+            scheduled_replicas: view.variants[i].ready() + view.variants[i].starting(),
             gpus_per_replica: pv.gpus_per_replica,
         };
         let provider: Result<&Arc<dyn NodePoolProvider>> = match v.node_pool.provider {

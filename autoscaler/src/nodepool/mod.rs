@@ -33,6 +33,8 @@ pub struct NodeRequest {
     pub nodes: u32,
     /// Replicas the Deployment has now: only growth needs new capacity requested.
     pub current_replicas: u32,
+    /// Of those, pods on a node (starting or ready): the capacity already there.
+    pub scheduled_replicas: u32,
     pub gpus_per_replica: u32,
 }
 
