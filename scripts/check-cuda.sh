@@ -62,6 +62,9 @@ if [ ! -f "$tk/lib/stubs/libcuda.so" ]; then
   cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$tk/lib/stubs/libcuda.so" "$tk/lib/stubs/libcuda.c"
 fi
 
+# The binary asks the loader for the soname, libcuda.so.1.
+ln -sf libcuda.so "$tk/lib/stubs/libcuda.so.1"
+
 export CUDA_HOME="$tk" CUDA_PATH="$tk" NVCC="$tk/bin/nvcc" CUDA_COMPUTE_CAP="$CAP"
 export PATH="$tk/bin:$PATH"
 export CARGO_TARGET_DIR="$root/target/cuda"

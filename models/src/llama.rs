@@ -176,6 +176,14 @@ impl Llama {
     /// batch asks for, in sequence order (see [`StepBatch::num_logit_rows`]).
     pub fn forward(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Tensor> {
         self.validate(batch, kv)?;
+        // The whole step runs on a compute thread: each kernel's `pool.install` then runs inline
+        // and its parallel loop is shared by stealing between workers that are already awake,
+        // instead of the caller sleeping and waking once per matrix product.
+        self.pool.install(|| self.forward_on_pool(batch, kv))
+    }
+
+    /// `forward` after validation, on one of the pool's threads.
+    fn forward_on_pool(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Tensor> {
         let c = &self.config;
         let (d, hd, ff) = (c.embedding_length, c.head_dim, c.feed_forward_length);
         let (heads, kv_w) = (c.head_count, c.kv_width());
