@@ -305,8 +305,13 @@ mod avx2 {
     use super::*;
     use crate::kernels::dot::avx2::reduce;
 
-    /// Blocks whose scales are multiplied out together before their integer products run.
+    /// Blocks whose scales are multiplied out together before their integer products run
+    /// (even, so every chunk starts at an even block).
     const SCALE_CHUNK: usize = 16;
+    const _: () = assert!(SCALE_CHUNK % 2 == 0);
+    /// How far ahead of the block being read the Q4_1 kernel prefetches weights: tasks cover
+    /// a few KiB of columns each, too short for the hardware prefetcher to ramp up.
+    const PREFETCH: usize = 1024;
 
     /// Sixteen Q4_1 weights' nibbles expanded to 32 bytes in element order: the 16 bytes are
     /// broadcast to both halves by the load itself, then the upper half is shifted by four, so
@@ -361,13 +366,23 @@ mod avx2 {
         for b0 in (0..nb).step_by(SCALE_CHUNK) {
             let len = (nb - b0).min(SCALE_CHUNK);
             let scales = scale_table::<R, C>(&a.d, &w.d, nb, r, c, b0, len);
-            for t in 0..len {
+            // Block `b0 + t` into accumulator set `P` (its parity): a constant index, so the
+            // accumulators stay in registers (an index computed at run time, `b % 2`, puts
+            // them on the stack and every multiply-add waits on a store and a load).
+            let step = |t: usize, acc: &mut [[[__m256; 2]; C]; R], parity: usize| {
                 let b = b0 + t;
                 let mut wv = [_mm256_setzero_si256(); C];
                 for j in 0..C {
+                    let at = ((c + j) * nb + b) * 16;
                     // SAFETY: block b of column c+j exists.
-                    wv[j] =
-                        unsafe { nibbles(w.qs.as_ptr().add(((c + j) * nb + b) * 16), shift, mask) };
+                    wv[j] = unsafe { nibbles(w.qs.as_ptr().add(at), shift, mask) };
+                    if b % 4 == 0 {
+                        // One cache line in four blocks: ask for the line PREFETCH bytes on
+                        // (a later tile's columns; a prefetch never faults, even past the end).
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            w.qs.as_ptr().wrapping_add(at + PREFETCH) as *const i8,
+                        );
+                    }
                 }
                 for i in 0..R {
                     // SAFETY: block b of row r+i exists.
@@ -380,10 +395,20 @@ mod avx2 {
                         let isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[j], x), ones);
                         // A broadcast from memory is a load, not an arithmetic operation.
                         let scale = _mm256_broadcast_ss(&scales[i][j][t]);
-                        acc[i][j][b % 2] =
-                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j][b % 2]);
+                        acc[i][j][parity] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j][parity]);
                     }
                 }
+            };
+            // Chunks start at even blocks (SCALE_CHUNK is even), so t's parity is b's.
+            let mut t = 0;
+            while t + 1 < len {
+                step(t, &mut acc, 0);
+                step(t + 1, &mut acc, 1);
+                t += 2;
+            }
+            if t < len {
+                step(t, &mut acc, 0);
             }
         }
         let mut out = [[0f32; C]; R];
@@ -413,17 +438,21 @@ mod avx2 {
         for b0 in (0..nb).step_by(SCALE_CHUNK) {
             let len = (nb - b0).min(SCALE_CHUNK);
             let scales = scale_table::<R, C>(&a.d, &w.d, nb, r, c, b0, len);
-            for t in 0..len {
+            // As in `q4_1`: the accumulator set is a constant per call, kept in registers.
+            let step = |t: usize, acc: &mut [[[__m256; 2]; C]; R], parity: usize| {
                 let b = b0 + t;
                 let mut wv = [_mm256_setzero_si256(); C];
                 let mut wabs = [_mm256_setzero_si256(); C];
                 for j in 0..C {
+                    let at = (c + j) * w.k + b * QK;
                     // SAFETY: block b of column c+j exists.
-                    wv[j] = unsafe {
-                        _mm256_loadu_si256(
-                            w.qs.as_ptr().add((c + j) * w.k + b * QK) as *const __m256i
-                        )
-                    };
+                    wv[j] = unsafe { _mm256_loadu_si256(w.qs.as_ptr().add(at) as *const __m256i) };
+                    if b % 2 == 0 {
+                        // One cache line in two blocks, as in `q4_1`.
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            w.qs.as_ptr().wrapping_add(at + PREFETCH) as *const i8,
+                        );
+                    }
                     wabs[j] = _mm256_sign_epi8(wv[j], wv[j]);
                 }
                 for i in 0..R {
@@ -438,10 +467,19 @@ mod avx2 {
                         let p = _mm256_maddubs_epi16(wabs[j], _mm256_sign_epi8(x, wv[j]));
                         let isum = _mm256_madd_epi16(p, ones);
                         let scale = _mm256_broadcast_ss(&scales[i][j][t]);
-                        acc[i][j][b % 2] =
-                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j][b % 2]);
+                        acc[i][j][parity] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j][parity]);
                     }
                 }
+            };
+            let mut t = 0;
+            while t + 1 < len {
+                step(t, &mut acc, 0);
+                step(t + 1, &mut acc, 1);
+                t += 2;
+            }
+            if t < len {
+                step(t, &mut acc, 0);
             }
         }
         let mut out = [[0f32; C]; R];
