@@ -308,7 +308,7 @@ mod avx2 {
     /// Blocks whose scales are multiplied out together before their integer products run
     /// (even, so every chunk starts at an even block).
     const SCALE_CHUNK: usize = 16;
-    const _: () = assert!(SCALE_CHUNK % 2 == 0);
+    const _: () = assert!(SCALE_CHUNK.is_multiple_of(2));
     /// How far ahead of the block being read the Q4_1 kernel prefetches weights: tasks cover
     /// a few KiB of columns each, too short for the hardware prefetcher to ramp up.
     const PREFETCH: usize = 1024;
@@ -376,11 +376,11 @@ mod avx2 {
                     let at = ((c + j) * nb + b) * 16;
                     // SAFETY: block b of column c+j exists.
                     wv[j] = unsafe { nibbles(w.qs.as_ptr().add(at), shift, mask) };
-                    if b % 4 == 0 {
+                    if b.is_multiple_of(4) {
                         // One cache line in four blocks: ask for the line PREFETCH bytes on
                         // (a later tile's columns; a prefetch never faults, even past the end).
                         _mm_prefetch::<_MM_HINT_T0>(
-                            w.qs.as_ptr().wrapping_add(at + PREFETCH) as *const i8,
+                            w.qs.as_ptr().wrapping_add(at + PREFETCH) as *const i8
                         );
                     }
                 }
@@ -447,11 +447,9 @@ mod avx2 {
                     let at = (c + j) * w.k + b * QK;
                     // SAFETY: block b of column c+j exists.
                     wv[j] = unsafe { _mm256_loadu_si256(w.qs.as_ptr().add(at) as *const __m256i) };
-                    if b % 2 == 0 {
+                    if b.is_multiple_of(2) {
                         // One cache line in two blocks, as in `q4_1`.
-                        _mm_prefetch::<_MM_HINT_T0>(
-                            w.qs.as_ptr().wrapping_add(at + PREFETCH) as *const i8,
-                        );
+                        _mm_prefetch::<_MM_HINT_T0>(w.qs.as_ptr().wrapping_add(at + PREFETCH));
                     }
                     wabs[j] = _mm256_sign_epi8(wv[j], wv[j]);
                 }
