@@ -25,8 +25,9 @@ pub struct KvStore {
 
 #[derive(Debug)]
 struct LayerKv {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    /// Half floats as bits (see `kernels::attention`): `u16` so a zeroed pool is mapped lazily.
+    k: Vec<u16>,
+    v: Vec<u16>,
 }
 
 impl KvStore {
@@ -44,8 +45,8 @@ impl KvStore {
         let layers = (0..config.block_count)
             .map(|_| LayerKv {
                 // Zeroed allocations are mapped lazily by the OS: untouched blocks cost nothing.
-                k: vec![0.0; per_layer],
-                v: vec![0.0; per_layer],
+                k: vec![0; per_layer],
+                v: vec![0; per_layer],
             })
             .collect();
         Ok(Self {
@@ -59,7 +60,7 @@ impl KvStore {
 
     /// Bytes one block takes across all layers (K and V), for sizing the pool from a budget.
     pub fn bytes_per_block(config: &LlamaConfig, block_size: usize) -> usize {
-        2 * config.block_count * block_size * config.kv_width() * std::mem::size_of::<f32>()
+        2 * config.block_count * block_size * config.kv_width() * std::mem::size_of::<u16>()
     }
 
     pub fn block_size(&self) -> usize {
@@ -98,11 +99,15 @@ impl KvStore {
             head_dim: hd,
         };
         let l = &mut self.layers[layer];
+        // Rounded to the nearest half float (ties to even), as llama.cpp's f16 cache stores them.
+        let half = |x: f32| half::f16::from_f32_const(x).to_bits();
         for h in 0..view.kv_heads {
             let vo = view.v_offset(block, h, slot);
-            l.v[vo..vo + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+            for (o, x) in l.v[vo..vo + hd].iter_mut().zip(&v[h * hd..(h + 1) * hd]) {
+                *o = half(*x);
+            }
             for (d, x) in k[h * hd..(h + 1) * hd].iter().enumerate() {
-                l.k[view.k_offset(block, h, slot, d)] = *x;
+                l.k[view.k_offset(block, h, slot, d)] = half(*x);
             }
         }
     }

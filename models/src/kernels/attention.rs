@@ -5,6 +5,11 @@
 //! multiply-add of one broadcast query element into a vector of slots per dimension, with no
 //! horizontal sums; values accumulate as `out += p·V[slot]`, vectorised over the head dimension.
 //! Nothing is gathered or copied per step: the block table is walked directly.
+//!
+//! Keys and values are stored as IEEE half floats (as llama.cpp's default cache): decode reads
+//! the whole cache every step, so half the bytes is most of attention's time. They are widened
+//! to f32 exactly on load (F16C's `vcvtph2ps` where the CPU has it, the same conversion in
+//! software otherwise) and every product and sum stays f32, so every path gives the same bits.
 
 use super::dot::{reduce8, DotPath};
 use super::exp::exp;
@@ -22,8 +27,9 @@ const DIMS: usize = 64;
 /// One layer's K and V pools, as the attention kernel reads them.
 #[derive(Debug, Clone, Copy)]
 pub struct KvView<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    /// Half floats, as bits.
+    pub k: &'a [u16],
+    pub v: &'a [u16],
     pub block_size: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
@@ -46,6 +52,52 @@ impl KvView<'_> {
     #[inline]
     pub fn v_offset(&self, block: usize, head: usize, slot: usize) -> usize {
         self.base(block, head) + slot * self.head_dim
+    }
+}
+
+/// How a kernel turns stored half floats into f32 (exactly, whichever it is).
+trait Widen {
+    fn widen<const N: usize>(src: &[u16]) -> [f32; N];
+    fn one(x: u16) -> f32 {
+        half::f16::from_bits(x).to_f32_const()
+    }
+}
+
+/// Software conversion: the reference, and CPUs without F16C.
+struct SoftHalf;
+
+impl Widen for SoftHalf {
+    #[inline(always)]
+    fn widen<const N: usize>(src: &[u16]) -> [f32; N] {
+        std::array::from_fn(|i| Self::one(src[i]))
+    }
+}
+
+/// F16C's `vcvtph2ps`, eight at a time. Only used from functions compiled with F16C enabled,
+/// on CPUs that have it.
+#[cfg(target_arch = "x86_64")]
+struct F16c;
+
+#[cfg(target_arch = "x86_64")]
+impl Widen for F16c {
+    #[inline(always)]
+    fn widen<const N: usize>(src: &[u16]) -> [f32; N] {
+        use std::arch::x86_64::{_mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+        let mut out = [0f32; N];
+        let full = N / 8 * 8;
+        for i in (0..full).step_by(8) {
+            assert!(i + 8 <= src.len());
+            // SAFETY: eight u16 are readable at src[i..] (checked) and eight f32 writable at
+            // out[i..] (i + 8 <= N); the caller runs with F16C enabled (see the type's doc).
+            unsafe {
+                let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+        }
+        for i in full..N {
+            out[i] = Self::one(src[i]);
+        }
+        out
     }
 }
 
@@ -73,21 +125,36 @@ pub fn attend(
         #[cfg(target_arch = "x86_64")]
         DotPath::Avx2Fma => {
             if avx512() {
-                // SAFETY: AVX-512F was detected just now (and AVX2 + FMA by `best_path`).
+                // SAFETY: AVX-512F and F16C were detected just now (and AVX2 + FMA by
+                // `best_path`).
                 unsafe { attend_avx512(q, kv, kv_head, block_table, ctx_len, scale, scores, out) }
-            } else {
-                // SAFETY: `best_path` only reports AVX2+FMA when the CPU has them.
+            } else if f16c() {
+                // SAFETY: `best_path` only reports AVX2+FMA when the CPU has them; F16C was
+                // detected.
                 unsafe { attend_avx2(q, kv, kv_head, block_table, ctx_len, scale, scores, out) }
+            } else {
+                // SAFETY: as above, without F16C (software widening).
+                unsafe {
+                    attend_avx2_soft(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
+                }
             }
         }
-        DotPath::Scalar => attend_body(q, kv, kv_head, block_table, ctx_len, scale, scores, out),
+        DotPath::Scalar => {
+            attend_body::<SoftHalf>(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| std::is_x86_feature_detected!("avx512f"))
+    *HAS.get_or_init(|| std::is_x86_feature_detected!("avx512f") && f16c())
+}
+
+#[cfg(target_arch = "x86_64")]
+fn f16c() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| std::is_x86_feature_detected!("f16c"))
 }
 
 /// The kernel compiled for AVX2 + FMA: the multiply-adds become instructions, not library
@@ -95,9 +162,9 @@ fn avx512() -> bool {
 /// same order, so the results equal the scalar build's bit for bit.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_avx2(
     q: &[f32],
@@ -109,15 +176,35 @@ unsafe fn attend_avx2(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    attend_body(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
+    attend_body::<F16c>(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
+}
+
+/// [`attend_avx2`] for AVX2 CPUs without F16C.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_avx2_soft(
+    q: &[f32],
+    kv: &KvView<'_>,
+    kv_head: usize,
+    block_table: &[u32],
+    ctx_len: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend_body::<SoftHalf>(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
 }
 
 /// The same kernel compiled with 512-bit vectors available (one vector per group of sixteen).
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX2 and FMA.
+/// The CPU must support AVX-512F, AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_avx512(
     q: &[f32],
@@ -129,7 +216,7 @@ unsafe fn attend_avx512(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    attend_body(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
+    attend_body::<F16c>(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
 }
 
 /// The kernel. Each score is a multiply-add chain over the head dimension in order, each output
@@ -137,7 +224,7 @@ unsafe fn attend_avx512(
 /// of sixteen, four groups at once, or a partial group alone) never changes a value.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_body(
+fn attend_body<H: Widen>(
     q: &[f32],
     kv: &KvView<'_>,
     kv_head: usize,
@@ -162,21 +249,21 @@ fn attend_body(
             let n = (slots - s0).min(LANES);
             if n < LANES {
                 let chunk = &mut scores[bi * bs + s0..bi * bs + s0 + n];
-                partial_scores(q, &kv.k[base..base + hd * bs], bs, chunk, s0);
+                partial_scores::<H>(q, &kv.k[base..base + hd * bs], bs, chunk, s0);
                 continue;
             }
             pending[count] = (base + s0, bi * bs + s0);
             count += 1;
             if count == GROUPS {
-                score_groups::<GROUPS>(q, kv.k, bs, &pending, scores);
+                score_groups::<H, GROUPS>(q, kv.k, bs, &pending, scores);
                 count = 0;
             }
         }
     }
     match count {
-        1 => score_groups::<1>(q, kv.k, bs, &pending[..1], scores),
-        2 => score_groups::<2>(q, kv.k, bs, &pending[..2], scores),
-        3 => score_groups::<3>(q, kv.k, bs, &pending[..3], scores),
+        1 => score_groups::<H, 1>(q, kv.k, bs, &pending[..1], scores),
+        2 => score_groups::<H, 2>(q, kv.k, bs, &pending[..2], scores),
+        3 => score_groups::<H, 3>(q, kv.k, bs, &pending[..3], scores),
         _ => {}
     }
 
@@ -187,7 +274,7 @@ fn attend_body(
     while d0 < hd {
         let width = hd - d0;
         if width >= DIMS {
-            values::<DIMS>(
+            values::<H, DIMS>(
                 scores,
                 kv,
                 kv_head,
@@ -197,7 +284,7 @@ fn attend_body(
             );
             d0 += DIMS;
         } else if width >= LANES {
-            values::<LANES>(
+            values::<H, LANES>(
                 scores,
                 kv,
                 kv_head,
@@ -207,7 +294,7 @@ fn attend_body(
             );
             d0 += LANES;
         } else {
-            partial_values(scores, kv, kv_head, block_table, d0, &mut out[d0..]);
+            partial_values::<H>(scores, kv, kv_head, block_table, d0, &mut out[d0..]);
             d0 = hd;
         }
     }
@@ -217,23 +304,21 @@ fn attend_body(
 /// Scores of `G` full groups of sixteen slots: `groups[g] = (offset of the group's first key
 /// element in `k`, index of its first score)`.
 #[inline(always)]
-fn score_groups<const G: usize>(
+fn score_groups<H: Widen, const G: usize>(
     q: &[f32],
-    k: &[f32],
+    k: &[u16],
     bs: usize,
     groups: &[(usize, usize)],
     scores: &mut [f32],
 ) {
-    let keys: [&[f32]; G] = std::array::from_fn(|g| {
+    let keys: [&[u16]; G] = std::array::from_fn(|g| {
         let at = groups[g].0;
         &k[at..at + (q.len() - 1) * bs + LANES]
     });
     let mut acc = [[0f32; LANES]; G];
     for (d, qd) in q.iter().enumerate() {
         for g in 0..G {
-            let row: &[f32; LANES] = keys[g][d * bs..d * bs + LANES]
-                .try_into()
-                .expect("16 slots");
+            let row: [f32; LANES] = H::widen(&keys[g][d * bs..d * bs + LANES]);
             for l in 0..LANES {
                 acc[g][l] = qd.mul_add(row[l], acc[g][l]);
             }
@@ -248,12 +333,12 @@ fn score_groups<const G: usize>(
 /// Scores of fewer than sixteen slots starting at `s0` of one block (`kt` its transposed keys),
 /// as the same chains the full groups compute.
 #[inline(always)]
-fn partial_scores(q: &[f32], kt: &[f32], bs: usize, out: &mut [f32], s0: usize) {
+fn partial_scores<H: Widen>(q: &[f32], kt: &[u16], bs: usize, out: &mut [f32], s0: usize) {
     let n = out.len();
     let mut acc = [0f32; LANES];
     for (d, qd) in q.iter().enumerate() {
         for (a, k) in acc[..n].iter_mut().zip(&kt[d * bs + s0..d * bs + s0 + n]) {
-            *a = qd.mul_add(*k, *a);
+            *a = qd.mul_add(H::one(*k), *a);
         }
     }
     out.copy_from_slice(&acc[..n]);
@@ -261,7 +346,7 @@ fn partial_scores(q: &[f32], kt: &[f32], bs: usize, out: &mut [f32], s0: usize) 
 
 /// Output dimensions `d0..d0 + W` of `Σ_t p[t]·V[t]`, each a chain over positions in order.
 #[inline(always)]
-fn values<const W: usize>(
+fn values<H: Widen, const W: usize>(
     scores: &[f32],
     kv: &KvView<'_>,
     kv_head: usize,
@@ -275,7 +360,7 @@ fn values<const W: usize>(
         let base = kv.base(block_table[bi] as usize, kv_head) + d0;
         for (slot, p) in chunk.iter().enumerate() {
             let at = base + slot * hd;
-            let v: &[f32; W] = kv.v[at..at + W].try_into().expect("W dims");
+            let v: [f32; W] = H::widen(&kv.v[at..at + W]);
             for l in 0..W {
                 acc[l] = p.mul_add(v[l], acc[l]);
             }
@@ -286,7 +371,7 @@ fn values<const W: usize>(
 
 /// Output dimensions `d0..d0 + out.len()` (fewer than sixteen) of `Σ_t p[t]·V[t]`.
 #[inline(always)]
-fn partial_values(
+fn partial_values<H: Widen>(
     scores: &[f32],
     kv: &KvView<'_>,
     kv_head: usize,
@@ -301,7 +386,7 @@ fn partial_values(
         for (slot, p) in chunk.iter().enumerate() {
             let at = base + slot * hd + d0;
             for (a, v) in acc[..n].iter_mut().zip(&kv.v[at..at + n]) {
-                *a = p.mul_add(*v, *a);
+                *a = p.mul_add(H::one(*v), *a);
             }
         }
     }
@@ -370,10 +455,13 @@ mod tests {
         let table: Vec<u32> = (0..ctx.div_ceil(bs))
             .map(|i| (blocks - 1 - i) as u32)
             .collect();
-        let mut k = vec![0.0; blocks * heads * bs * hd];
-        let mut v = vec![0.0; blocks * heads * bs * hd];
-        let val =
-            |t: usize, d: usize, salt: usize| ((t * 31 + d * 7 + salt) % 13) as f32 / 13.0 - 0.5;
+        let mut k = vec![0u16; blocks * heads * bs * hd];
+        let mut v = vec![0u16; blocks * heads * bs * hd];
+        // Values as the cache holds them: rounded to half floats.
+        let val = |t: usize, d: usize, salt: usize| {
+            half::f16::from_f32(((t * 31 + d * 7 + salt) % 13) as f32 / 13.0 - 0.5).to_f32()
+        };
+        let bits = |x: f32| half::f16::from_f32(x).to_bits();
         let view_dims = KvView {
             k: &[],
             v: &[],
@@ -385,8 +473,8 @@ mod tests {
             let (block, slot) = (table[t / bs] as usize, t % bs);
             let vo = view_dims.v_offset(block, 1, slot);
             for d in 0..hd {
-                k[view_dims.k_offset(block, 1, slot, d)] = val(t, d, 1);
-                v[vo + d] = val(t, d, 2);
+                k[view_dims.k_offset(block, 1, slot, d)] = bits(val(t, d, 1));
+                v[vo + d] = bits(val(t, d, 2));
             }
         }
         let q: Vec<f32> = (0..hd)
