@@ -37,7 +37,7 @@ use serde::Deserialize;
 
 use super::error::{Error, Result};
 use super::source::{Load, Query, Reading, ScrapeTarget, SignalSource, VariantLoad};
-use crate::scrape::Histogram;
+use crate::scrape::{error_chain, Histogram};
 use crate::signals::{Arrivals, Latency, Queue};
 
 /// Largest query answer read.
@@ -496,17 +496,6 @@ fn form_escape(s: &str) -> String {
         }
     }
     out
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// The reading from the queries' answers.
