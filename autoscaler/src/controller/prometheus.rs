@@ -207,17 +207,29 @@ pub struct Queries {
     pub running: String,
     pub waiting: String,
     pub kv_usage: String,
-    pub finished: String,
-    pub running_delta: String,
-    pub waiting_delta: String,
-    pub finished_short: String,
-    pub running_delta_short: String,
-    pub waiting_delta_short: String,
+    /// Arrivals over the long window, and over the short one.
+    pub arrivals: ArrivalQueries,
+    pub arrivals_short: ArrivalQueries,
     pub prompt_tokens: String,
     pub generation_tokens: String,
     pub ttft: String,
     pub tpot: Vec<String>,
     pub prompt_len: String,
+}
+
+/// What arrivals over one window are made of: requests finished in it, and the change in
+/// requests running and waiting on the replicas.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArrivalQueries {
+    pub finished: String,
+    pub running_delta: String,
+    pub waiting_delta: String,
+}
+
+impl ArrivalQueries {
+    fn all(&self) -> [&str; 3] {
+        [&self.finished, &self.running_delta, &self.waiting_delta]
+    }
 }
 
 impl Queries {
@@ -230,6 +242,23 @@ impl Queries {
         let sel = |name: &str| format!("{name}{{{matchers}}}");
         let hist = |name: &str, r: &str| {
             format!("sum by ({pod}, le) (increase({name}_bucket{{{matchers}}}{r}))")
+        };
+        let arrivals = |r: &str| ArrivalQueries {
+            finished: by(
+                "sum",
+                format!(
+                    "increase({}{r})",
+                    sel("vllm:e2e_request_latency_seconds_count")
+                ),
+            ),
+            running_delta: by(
+                "sum",
+                format!("delta({}{r})", sel("vllm:num_requests_running")),
+            ),
+            waiting_delta: by(
+                "sum",
+                format!("delta({}{r})", sel("vllm:num_requests_waiting")),
+            ),
         };
         Queries {
             last_sample: by(
@@ -244,36 +273,8 @@ impl Queries {
                     "{{__name__=~\"vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc\",{matchers}}}"
                 ),
             ),
-            finished: by(
-                "sum",
-                format!(
-                    "increase({}{w})",
-                    sel("vllm:e2e_request_latency_seconds_count")
-                ),
-            ),
-            running_delta: by(
-                "sum",
-                format!("delta({}{w})", sel("vllm:num_requests_running")),
-            ),
-            waiting_delta: by(
-                "sum",
-                format!("delta({}{w})", sel("vllm:num_requests_waiting")),
-            ),
-            finished_short: by(
-                "sum",
-                format!(
-                    "increase({}{s})",
-                    sel("vllm:e2e_request_latency_seconds_count")
-                ),
-            ),
-            running_delta_short: by(
-                "sum",
-                format!("delta({}{s})", sel("vllm:num_requests_running")),
-            ),
-            waiting_delta_short: by(
-                "sum",
-                format!("delta({}{s})", sel("vllm:num_requests_waiting")),
-            ),
+            arrivals: arrivals(&w),
+            arrivals_short: arrivals(&s),
             prompt_tokens: by(
                 "sum",
                 format!("increase({}{w})", sel("vllm:prompt_tokens_total")),
@@ -294,17 +295,13 @@ impl Queries {
             &self.running,
             &self.waiting,
             &self.kv_usage,
-            &self.finished,
-            &self.running_delta,
-            &self.waiting_delta,
-            &self.finished_short,
-            &self.running_delta_short,
-            &self.waiting_delta_short,
             &self.prompt_tokens,
             &self.generation_tokens,
             &self.ttft,
             &self.prompt_len,
         ];
+        v.extend(self.arrivals.all());
+        v.extend(self.arrivals_short.all());
         v.extend(self.tpot.iter().map(String::as_str));
         v
     }
@@ -508,15 +505,15 @@ fn compute<'a>(
     max_age_s: f64,
     q: Query<'_>,
 ) -> Reading {
-    let pod_of = |s: &Sample| s.labels.get(pod_label).cloned().unwrap_or_default();
+    let pod_of = |s: &'a Sample| s.labels.get(pod_label).map_or("", String::as_str);
     // Freshness: every ready pod has a recent sample.
-    let newest: HashMap<String, f64> = get(&queries.last_sample)
+    let newest: HashMap<&str, f64> = get(&queries.last_sample)
         .iter()
         .map(|s| (pod_of(s), s.value))
         .collect();
     let mut missing = Vec::new();
     for t in q.targets {
-        match newest.get(&t.pod) {
+        match newest.get(t.pod.as_str()) {
             Some(ts) if now_unix - ts <= max_age_s => {}
             Some(ts) => missing.push(format!(
                 "{} (newest sample {:.0} s old)",
@@ -534,10 +531,10 @@ fn compute<'a>(
     }
 
     // Gauges, ready pods only: per pod, then per variant means and pool sums.
-    let per_pod = |text: &str| -> HashMap<String, f64> {
+    let per_pod = |text: &str| -> HashMap<&str, f64> {
         get(text)
             .iter()
-            .filter(|s| members.ready_variant(&pod_of(s)).is_some() && s.value.is_finite())
+            .filter(|s| members.ready_variant(pod_of(s)).is_some() && s.value.is_finite())
             .map(|s| (pod_of(s), s.value))
             .collect()
     };
@@ -548,8 +545,8 @@ fn compute<'a>(
     let mut sums: BTreeMap<&str, (f64, f64, f64, f64)> = BTreeMap::new();
     for t in q.targets {
         let (r, w) = (
-            running.get(&t.pod).copied().unwrap_or(0.0).max(0.0),
-            waiting.get(&t.pod).copied().unwrap_or(0.0).max(0.0),
+            running.get(t.pod.as_str()).copied().unwrap_or(0.0).max(0.0),
+            waiting.get(t.pod.as_str()).copied().unwrap_or(0.0).max(0.0),
         );
         queue.running += r.round() as u64;
         queue.waiting += w.round() as u64;
@@ -557,25 +554,25 @@ fn compute<'a>(
         e.0 += 1.0;
         e.1 += r;
         e.2 += w;
-        e.3 += kv.get(&t.pod).copied().unwrap_or(0.0);
+        e.3 += kv.get(t.pod.as_str()).copied().unwrap_or(0.0);
     }
 
     // Window figures: every member pod, ready or gone.
     let total = |text: &str| -> f64 {
         get(text)
             .iter()
-            .filter(|s| members.window_variant(&pod_of(s)).is_some() && s.value.is_finite())
+            .filter(|s| members.window_variant(pod_of(s)).is_some() && s.value.is_finite())
             .map(|s| s.value)
             .sum()
     };
     let histograms = |text: &str| -> (Histogram, HashMap<&str, Histogram>) {
-        let mut by_pod: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+        let mut by_pod: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
         for s in get(text) {
             let pod = pod_of(s);
             let Some(le) = s.labels.get("le").and_then(|le| parse_value(le)) else {
                 continue;
             };
-            if members.window_variant(&pod).is_some() && s.value.is_finite() {
+            if members.window_variant(pod).is_some() && s.value.is_finite() {
                 by_pod.entry(pod).or_default().push((le, s.value.max(0.0)));
             }
         }
@@ -585,7 +582,7 @@ fn compute<'a>(
             buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
             let h = Histogram { buckets };
             all.add(&h);
-            if let Some(v) = members.window_variant(&pod) {
+            if let Some(v) = members.window_variant(pod) {
                 per_variant.entry(v).or_default().add(&h);
             }
         }
@@ -593,24 +590,15 @@ fn compute<'a>(
     };
     let policy = &q.spec.policy;
     let (w, ws) = (policy.window_seconds, policy.short_window_seconds);
-    let arrivals_over =
-        |finished: &str, dr: &str, dw: &str| (total(finished) + total(dr) + total(dw)).max(0.0);
+    let arrivals_over = |a: &ArrivalQueries| a.all().iter().map(|q| total(q)).sum::<f64>().max(0.0);
     let (prompt_len, _) = histograms(&queries.prompt_len);
     let arrivals = Arrivals {
         window_s: w,
-        requests_per_s: arrivals_over(
-            &queries.finished,
-            &queries.running_delta,
-            &queries.waiting_delta,
-        ) / w,
+        requests_per_s: arrivals_over(&queries.arrivals) / w,
         prompt_tokens_per_s: total(&queries.prompt_tokens).max(0.0) / w,
         output_tokens_per_s: total(&queries.generation_tokens).max(0.0) / w,
         short_window_s: ws,
-        short_requests_per_s: arrivals_over(
-            &queries.finished_short,
-            &queries.running_delta_short,
-            &queries.waiting_delta_short,
-        ) / ws,
+        short_requests_per_s: arrivals_over(&queries.arrivals_short) / ws,
         max_prompt_tokens: prompt_len.max_bound().map_or(0, |m| m.round() as u64),
         prompt_tokens_cv2: prompt_len.mean_cv2().map_or(0.0, |p| p.1),
     };
@@ -708,6 +696,6 @@ mod tests {
             q.ttft,
             r#"sum by (pod, le) (increase(vllm:time_to_first_token_seconds_bucket{namespace="ns",model_name="m"}[60000ms]))"#
         );
-        assert!(q.finished_short.contains("[10000ms]"));
+        assert!(q.arrivals_short.finished.contains("[10000ms]"));
     }
 }
