@@ -309,6 +309,21 @@ mod avx2 {
     /// (even, so every chunk starts at an even block).
     const SCALE_CHUNK: usize = 16;
     const _: () = assert!(SCALE_CHUNK.is_multiple_of(2));
+    /// Calls `step(t, t % 2)` for `t` in `0..len` with the parity a literal at each call, so
+    /// the accumulator set a kernel's step indexes with it stays in registers.
+    #[inline(always)]
+    fn by_parity(len: usize, mut step: impl FnMut(usize, usize)) {
+        let mut t = 0;
+        while t + 1 < len {
+            step(t, 0);
+            step(t + 1, 1);
+            t += 2;
+        }
+        if t < len {
+            step(t, 0);
+        }
+    }
+
     /// How far ahead of the block being read the Q4_1 kernel prefetches weights: tasks cover
     /// a few KiB of columns each, too short for the hardware prefetcher to ramp up.
     const PREFETCH: usize = 1024;
@@ -401,15 +416,7 @@ mod avx2 {
                 }
             };
             // Chunks start at even blocks (SCALE_CHUNK is even), so t's parity is b's.
-            let mut t = 0;
-            while t + 1 < len {
-                step(t, &mut acc, 0);
-                step(t + 1, &mut acc, 1);
-                t += 2;
-            }
-            if t < len {
-                step(t, &mut acc, 0);
-            }
+            by_parity(len, |t, parity| step(t, &mut acc, parity));
         }
         let mut out = [[0f32; C]; R];
         for i in 0..R {
@@ -470,15 +477,7 @@ mod avx2 {
                     }
                 }
             };
-            let mut t = 0;
-            while t + 1 < len {
-                step(t, &mut acc, 0);
-                step(t + 1, &mut acc, 1);
-                t += 2;
-            }
-            if t < len {
-                step(t, &mut acc, 0);
-            }
+            by_parity(len, |t, parity| step(t, &mut acc, parity));
         }
         let mut out = [[0f32; C]; R];
         for i in 0..R {
