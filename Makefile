@@ -6,7 +6,7 @@ export SLUICE_MODEL_DIR ?= $(CURDIR)/models/cache
 LLAMACPP_PY ?= /tmp/llamacpp/bin/python
 PEERS ?= $(CURDIR)/../shared/peers
 
-.PHONY: model run release test bench bench-engine bench-loadtest bench-gateway simulate lint fmt \
+.PHONY: model run release test bench bench-kernels bench-engine bench-loadtest bench-gateway simulate lint fmt \
 	check-deploy check-cuda
 
 ## Fetch the default model (SmolLM2-135M-Instruct Q4_1) into $(SLUICE_MODEL_DIR), verified.
@@ -37,6 +37,10 @@ test: model
 ## Release figures of the forward pass, with ratios to llama.cpp measured in the same run.
 bench: model
 	@scripts/bench.sh "$(LLAMACPP_PY)" "$(PEERS)"
+
+## Each quantized matrix kernel alone (cache-resident operands): GMAC/s per thread by batch rows.
+bench-kernels:
+	$(CARGO) run --release -p sluice-models --example kernels
 
 ## Closed-loop load on the engine handle (no HTTP): throughput, TTFT and ITL per concurrency.
 bench-engine: model

@@ -27,6 +27,8 @@ pub mod kqmatmul;
 pub mod kquant;
 pub mod matmul;
 pub mod norm;
+#[cfg(target_arch = "x86_64")]
+mod qbatch;
 pub mod qmatmul;
 pub mod quant;
 pub mod rope;

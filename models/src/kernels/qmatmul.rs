@@ -98,6 +98,10 @@ fn avx512_feature(name: &str) -> bool {
 
 const ROW_BLOCK: usize = 32;
 const COLS_PER_TASK: usize = 32;
+/// From this many activation rows on, AVX2 runs the batched kernels (`qbatch`), which expand
+/// each weight column once for many rows; below it, the tiles here expand as they go.
+#[cfg(target_arch = "x86_64")]
+const BATCH_ROWS: usize = 2;
 
 /// Computes `out[r][c] = Σ x[r]·w[c]` for every activation row and weight row.
 pub fn qmatmul(
@@ -128,6 +132,16 @@ unsafe fn columns(path: QPath, a: &QuantActs, w: QWeights<'_>, c0: usize, c1: us
         // SAFETY: r < rows, c < n: inside the output, in this task's columns.
         unsafe { *out.0.add(r * n + c) = v };
     };
+    #[cfg(target_arch = "x86_64")]
+    if path == QPath::Avx2 && a.rows >= BATCH_ROWS {
+        // SAFETY: AVX2 and FMA come with the path; the shapes and columns are the caller's.
+        return unsafe {
+            match w {
+                QWeights::Q4_1(m) => super::qbatch::q4_1_columns(a, m, c0, c1, out),
+                QWeights::Q8_0(m) => super::qbatch::q8_0_columns(a, m, c0, c1, out),
+            }
+        };
+    }
     let (max_r, max_c) = match path {
         QPath::Scalar => (1, 1),
         #[cfg(target_arch = "x86_64")]
@@ -298,12 +312,35 @@ pub mod reference {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::reference::offset_term;
     use super::*;
     use crate::kernels::dot::avx2::reduce;
+
+    /// The offset term as `reference::offset_term` defines it, its sixteen lanes in two
+    /// registers (the compiler leaves the reference's lane array scalar, which cost as much as
+    /// a short row's whole integer product).
+    #[inline(always)]
+    pub(in crate::kernels) unsafe fn offset_term(m: &[f32], s: &[f32]) -> f32 {
+        let nb = m.len().min(s.len());
+        let full = nb / 16 * 16;
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for ch in (0..full).step_by(16) {
+            // SAFETY: ch + 16 <= nb, within both slices.
+            unsafe {
+                let (m, s) = (m.as_ptr().add(ch), s.as_ptr().add(ch));
+                lo = _mm256_fmadd_ps(_mm256_loadu_ps(m), _mm256_loadu_ps(s), lo);
+                hi = _mm256_fmadd_ps(_mm256_loadu_ps(m.add(8)), _mm256_loadu_ps(s.add(8)), hi);
+            }
+        }
+        // SAFETY: AVX is enabled in every caller.
+        let mut t = unsafe { reduce(_mm256_add_ps(lo, hi)) };
+        for b in full..nb {
+            t = m[b].mul_add(s[b], t);
+        }
+        t
+    }
 
     /// Blocks whose scales are multiplied out together before their integer products run
     /// (even, so every chunk starts at an even block).
@@ -332,7 +369,11 @@ mod avx2 {
     /// broadcast to both halves by the load itself, then the upper half is shifted by four, so
     /// the expansion costs two vector operations.
     #[inline(always)]
-    unsafe fn nibbles(p: *const u8, shift: __m256i, mask: __m256i) -> __m256i {
+    pub(in crate::kernels) unsafe fn nibbles(
+        p: *const u8,
+        shift: __m256i,
+        mask: __m256i,
+    ) -> __m256i {
         // SAFETY: the caller points at 16 readable bytes.
         let q = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i)) };
         _mm256_and_si256(_mm256_srlv_epi32(q, shift), mask)
@@ -424,7 +465,7 @@ mod avx2 {
                 let main = unsafe { reduce(_mm256_add_ps(acc[i][j][0], acc[i][j][1])) };
                 let m = &w.m[(c + j) * nb..(c + j + 1) * nb];
                 let s = &a.s[(r + i) * nb..(r + i + 1) * nb];
-                out[i][j] = main + offset_term(m, s);
+                out[i][j] = main + unsafe { offset_term(m, s) };
             }
         }
         out

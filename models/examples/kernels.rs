@@ -1,0 +1,99 @@
+//! `make bench-kernels`: each quantized matrix kernel alone, on cache-resident random operands,
+//! in billions of multiply-adds per second per thread. Separates a kernel's own throughput from
+//! everything around it in a forward step (threads, attention, memory), which `make bench` mixes.
+
+use std::time::Instant;
+
+use clap::Parser;
+use half::f16;
+use sluice_models::kernels::qmatmul::{qmatmul, QPath, QWeights};
+use sluice_models::kernels::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs, QK};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Activation rows per call (a decode batch, or prefill tokens).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,16,64")]
+    rows: Vec<usize>,
+    /// Threads in the pool the kernels run on.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Seconds to spend on each measurement (best of its repetitions is printed).
+    #[arg(long, default_value_t = 0.3)]
+    seconds: f64,
+}
+
+/// A deterministic generator, so runs compare like with like.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+    fn f(&mut self) -> f32 {
+        self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
+    }
+}
+
+fn q4_1(n: usize, k: usize, rng: &mut Rng) -> Q4_1Matrix {
+    let mut raw = Vec::new();
+    for _ in 0..n * k / QK {
+        raw.extend_from_slice(&f16::from_f32(rng.f() * 0.1).to_le_bytes());
+        raw.extend_from_slice(&f16::from_f32(rng.f() * 0.5).to_le_bytes());
+        raw.extend((0..16).map(|_| rng.next() as u8));
+    }
+    Q4_1Matrix::from_q4_1(&raw, n, k).expect("valid Q4_1 blocks")
+}
+
+fn q8_0(n: usize, k: usize, rng: &mut Rng) -> Q8_0Matrix {
+    let mut raw = Vec::new();
+    for _ in 0..n * k / QK {
+        raw.extend_from_slice(&f16::from_f32(rng.f() * 0.01).to_le_bytes());
+        raw.extend((0..32).map(|_| rng.next() as u8));
+    }
+    Q8_0Matrix::from_q8_0(&raw, n, k).expect("valid Q8_0 blocks")
+}
+
+fn main() {
+    let args = Args::parse();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build()
+        .expect("a compute pool");
+    let mut rng = Rng(7);
+    // This model's projections: gate/up (1536 × 576) and down (576 × 1536).
+    let shapes = [(1536, 576), (576, 1536)];
+    println!(
+        "kernel GMAC/s per thread ({} threads), paths {:?}",
+        args.threads,
+        QPath::available()
+    );
+    for (n, k) in shapes {
+        let w4 = q4_1(n, k, &mut rng);
+        let w8 = q8_0(n, k, &mut rng);
+        for &rows in &args.rows {
+            let x: Vec<f32> = (0..rows * k).map(|_| rng.f() * 4.0).collect();
+            let mut acts = QuantActs::default();
+            QuantActs::quantize(&x, rows, k, &mut acts);
+            let mut out = vec![0f32; rows * n];
+            for (name, w) in [("q4_1", QWeights::Q4_1(&w4)), ("q8_0", QWeights::Q8_0(&w8))] {
+                for path in QPath::available().into_iter().skip(1) {
+                    let mut best = f64::INFINITY;
+                    let start = Instant::now();
+                    while start.elapsed().as_secs_f64() < args.seconds {
+                        let t = Instant::now();
+                        qmatmul(&pool, path, &acts, w, &mut out);
+                        best = best.min(t.elapsed().as_secs_f64());
+                    }
+                    let gmac = (rows * n * k) as f64 / best / 1e9 / args.threads as f64;
+                    println!(
+                        "  {name} {path:?} n={n:<5} k={k:<5} rows={rows:<3} {gmac:>7.2} GMAC/s  {:>8.1} µs",
+                        best * 1e6
+                    );
+                }
+            }
+        }
+    }
+}
