@@ -6,6 +6,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use half::f16;
+use sluice_models::kernels::attention::{attend, KvView};
+use sluice_models::kernels::dot::best_path;
 use sluice_models::kernels::qmatmul::{qmatmul, QPath, QWeights};
 use sluice_models::kernels::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs, QK};
 
@@ -17,6 +19,9 @@ struct Args {
     /// Threads in the pool the kernels run on.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Context lengths for the attention kernel (one query head, this model's head shape).
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    contexts: Vec<usize>,
     /// Seconds to spend on each measurement (best of its repetitions is printed).
     #[arg(long, default_value_t = 0.3)]
     seconds: f64,
@@ -56,6 +61,63 @@ fn q8_0(n: usize, k: usize, rng: &mut Rng) -> Q8_0Matrix {
     Q8_0Matrix::from_q8_0(&raw, n, k).expect("valid Q8_0 blocks")
 }
 
+/// `best` of repeated runs of `f` over `seconds`.
+fn best_of(seconds: f64, mut f: impl FnMut()) -> f64 {
+    let mut best = f64::INFINITY;
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < seconds {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// Query heads of this model (head_dim 64, 3 KV heads, blocks of 16) against `ctx`
+/// positions whose blocks are scattered, as a decode step reads them.
+fn attention(args: &Args, rng: &mut Rng) {
+    let (hd, kv_heads, bs) = (64, 3, 16);
+    for &ctx in &args.contexts {
+        let blocks = ctx.div_ceil(bs);
+        let len = blocks * kv_heads * bs * hd;
+        let k: Vec<u16> = (0..len).map(|_| f16::from_f32(rng.f()).to_bits()).collect();
+        let v: Vec<u16> = (0..len).map(|_| f16::from_f32(rng.f()).to_bits()).collect();
+        let view = KvView {
+            k: &k,
+            v: &v,
+            block_size: bs,
+            kv_heads,
+            head_dim: hd,
+        };
+        let table: Vec<u32> = (0..blocks as u32).rev().collect();
+        // One query head alone, and this model's three sharing a KV head.
+        for heads in [1, 3] {
+            let q: Vec<f32> = (0..heads * hd).map(|_| rng.f()).collect();
+            let (mut scores, mut out) = (Vec::new(), vec![0f32; heads * hd]);
+            let path = best_path();
+            let best = best_of(args.seconds, || {
+                attend(
+                    path,
+                    &q,
+                    &view,
+                    1,
+                    &table,
+                    ctx,
+                    0.125,
+                    &mut scores,
+                    &mut out,
+                )
+            }) / heads as f64;
+            let flop = 4.0 * (ctx * hd) as f64;
+            println!(
+                "  attention {path:?} head_dim={hd} ctx={ctx:<5} heads={heads} {:>8.2} µs per head  {:>6.2} GFLOP/s",
+                best * 1e6,
+                flop / best / 1e9
+            );
+        }
+    }
+}
+
 fn main() {
     let args = Args::parse();
     let pool = rayon::ThreadPoolBuilder::new()
@@ -63,6 +125,7 @@ fn main() {
         .build()
         .expect("a compute pool");
     let mut rng = Rng(7);
+    attention(&args, &mut rng);
     // This model's projections: gate/up (1536 × 576) and down (576 × 1536).
     let shapes = [(1536, 576), (576, 1536)];
     println!(
@@ -80,13 +143,7 @@ fn main() {
             let mut out = vec![0f32; rows * n];
             for (name, w) in [("q4_1", QWeights::Q4_1(&w4)), ("q8_0", QWeights::Q8_0(&w8))] {
                 for path in QPath::available().into_iter().skip(1) {
-                    let mut best = f64::INFINITY;
-                    let start = Instant::now();
-                    while start.elapsed().as_secs_f64() < args.seconds {
-                        let t = Instant::now();
-                        qmatmul(&pool, path, &acts, w, &mut out);
-                        best = best.min(t.elapsed().as_secs_f64());
-                    }
+                    let best = best_of(args.seconds, || qmatmul(&pool, path, &acts, w, &mut out));
                     let gmac = (rows * n * k) as f64 / best / 1e9 / args.threads as f64;
                     println!(
                         "  {name} {path:?} n={n:<5} k={k:<5} rows={rows:<3} {gmac:>7.2} GMAC/s  {:>8.1} µs",

@@ -231,13 +231,21 @@ impl Llama {
             }
             let view = kv.view(li);
             let group = c.group_size();
+            // Query heads per task: a KV head's whole group, which reads its keys and values
+            // once for all of them, unless that leaves too few tasks for the threads. A head's
+            // result is the same either way.
+            let per_task = if n * c.head_count_kv >= 2 * self.pool.current_num_threads() {
+                group
+            } else {
+                1
+            };
             self.pool.install(|| {
-                attn.par_chunks_mut(hd)
+                attn.par_chunks_mut(per_task * hd)
                     .enumerate()
                     .for_each_init(Vec::new, |scores, (i, out)| {
-                        let (t, head) = (i / heads, i % heads);
+                        let (t, head) = (i * per_task / heads, i * per_task % heads);
                         let s = &batch.seqs[token_seq[t]];
-                        let q = &qkv[t * qkv_w + head * hd..t * qkv_w + (head + 1) * hd];
+                        let q = &qkv[t * qkv_w + head * hd..t * qkv_w + (head + per_task) * hd];
                         let ctx = token_pos[t] + 1;
                         attend(
                             path,

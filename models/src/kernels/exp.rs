@@ -14,27 +14,39 @@
 /// exponent bits.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    const LOG2_E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split so that n·LN2_HI is exact for |n| < 2⁹ (LN2_HI has 15 significant bits).
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    // 1.5·2²³: adding it rounds to an integer held in the low mantissa bits.
-    const ROUND: f32 = 12_582_912.0;
+    use consts::*;
     let x = x.clamp(-87.0, 88.0);
     let t = x.mul_add(LOG2_E, ROUND);
     let n = t - ROUND;
     let r = n.mul_add(-LN2_HI, x);
     let r = n.mul_add(-LN2_LO, r);
-    let mut p: f32 = 1.0 / 720.0;
-    p = p.mul_add(r, 1.0 / 120.0);
-    p = p.mul_add(r, 1.0 / 24.0);
-    p = p.mul_add(r, 1.0 / 6.0);
-    p = p.mul_add(r, 0.5);
-    p = p.mul_add(r, 1.0);
-    p = p.mul_add(r, 1.0);
+    let mut p = POLY[0];
+    for c in &POLY[1..] {
+        p = p.mul_add(r, *c);
+    }
     // n ∈ −126..=127, so n + 127 is a normal exponent.
     let ni = t.to_bits() as i32 - ROUND.to_bits() as i32;
     p * f32::from_bits(((ni + 127) as u32) << 23)
+}
+
+/// The constants of [`exp`], shared with vector versions that must give its bits.
+pub mod consts {
+    pub const LOG2_E: f32 = std::f32::consts::LOG2_E;
+    /// ln 2 split so that n·LN2_HI is exact for |n| < 2⁹ (LN2_HI has 15 significant bits).
+    pub const LN2_HI: f32 = 0.693_145_75;
+    pub const LN2_LO: f32 = 1.428_606_8e-6;
+    /// 1.5·2²³: adding it rounds to an integer held in the low mantissa bits.
+    pub const ROUND: f32 = 12_582_912.0;
+    /// Taylor coefficients of `eʳ`, highest degree first (Horner's order).
+    pub const POLY: [f32; 7] = [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ];
 }
 
 #[cfg(test)]

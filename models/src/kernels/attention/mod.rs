@@ -15,6 +15,9 @@
 use super::dot::{reduce8, DotPath};
 use super::exp::exp;
 
+#[cfg(target_arch = "x86_64")]
+mod grouped;
+
 /// Slots (or output dimensions) in one group: a 512-bit vector of f32, or two 256-bit ones.
 const LANES: usize = 16;
 /// Groups of sixteen slots whose score chains run side by side. Each score is one chain of
@@ -103,7 +106,10 @@ impl Widen for F16c {
 }
 
 /// Computes `softmax(q·Kᵀ·scale) · V` over positions `0..ctx_len` of the sequence whose blocks
-/// are `block_table`, for one query head sharing KV head `kv_head`. `scores` is scratch space.
+/// are `block_table`, for the query heads in `q` (one or more, `head_dim` each, one after
+/// another), which all share KV head `kv_head`; `out` receives each head's result in the same
+/// layout. `scores` is scratch space. A head's result is the same whichever heads it is
+/// computed with.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     path: DotPath,
@@ -116,8 +122,13 @@ pub fn attend(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    assert_eq!(q.len(), kv.head_dim, "query is not head_dim long");
-    assert_eq!(out.len(), kv.head_dim, "output is not head_dim long");
+    let hd = kv.head_dim;
+    assert!(
+        hd > 0 && !q.is_empty() && q.len().is_multiple_of(hd),
+        "query is not a whole number of heads"
+    );
+    assert_eq!(out.len(), q.len(), "output and query differ in size");
+    assert!(kv_head < kv.kv_heads, "no KV head {kv_head}");
     assert!(
         block_table.len() * kv.block_size >= ctx_len,
         "block table too short"
@@ -126,23 +137,44 @@ pub fn attend(
         #[cfg(target_arch = "x86_64")]
         DotPath::Avx2Fma => {
             if avx512() {
-                // SAFETY: AVX-512F and F16C were detected just now (and AVX2 + FMA by
-                // `best_path`).
-                unsafe { attend_avx512(q, kv, kv_head, block_table, ctx_len, scale, scores, out) }
+                each_head(q, out, hd, scores, |q, scores, out| {
+                    // SAFETY: AVX-512F and F16C were detected (and AVX2 + FMA by `best_path`).
+                    unsafe {
+                        attend_avx512(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
+                    }
+                });
             } else if f16c() {
                 // SAFETY: `best_path` only reports AVX2+FMA when the CPU has them; F16C was
                 // detected.
-                unsafe { attend_avx2(q, kv, kv_head, block_table, ctx_len, scale, scores, out) }
-            } else {
-                // SAFETY: as above, without F16C (software widening).
                 unsafe {
-                    attend_avx2_soft(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
+                    grouped::attend_avx2(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
                 }
+            } else {
+                each_head(q, out, hd, scores, |q, scores, out| {
+                    // SAFETY: as above, without F16C (software widening).
+                    unsafe {
+                        attend_avx2_soft(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
+                    }
+                });
             }
         }
-        DotPath::Scalar => {
+        DotPath::Scalar => each_head(q, out, hd, scores, |q, scores, out| {
             attend_body::<SoftHalf>(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
-        }
+        }),
+    }
+}
+
+/// Runs `body(q, scores, out)` for each head in turn: for the kernels that do not share work
+/// between the heads of a group.
+fn each_head(
+    q: &[f32],
+    out: &mut [f32],
+    hd: usize,
+    scores: &mut Vec<f32>,
+    mut body: impl FnMut(&[f32], &mut Vec<f32>, &mut [f32]),
+) {
+    for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+        body(q, scores, out);
     }
 }
 
@@ -158,29 +190,9 @@ fn f16c() -> bool {
     *HAS.get_or_init(|| std::is_x86_feature_detected!("f16c"))
 }
 
-/// The kernel compiled for AVX2 + FMA: the multiply-adds become instructions, not library
-/// calls, and the fixed-width loops vectorise. Every path computes the same operations in the
-/// same order, so the results equal the scalar build's bit for bit.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx2(
-    q: &[f32],
-    kv: &KvView<'_>,
-    kv_head: usize,
-    block_table: &[u32],
-    ctx_len: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    attend_body::<F16c>(q, kv, kv_head, block_table, ctx_len, scale, scores, out)
-}
-
-/// [`attend_avx2`] for AVX2 CPUs without F16C.
+/// The kernel compiled for AVX2 + FMA on CPUs without F16C (software widening, one head at a
+/// time): the multiply-adds become instructions, not library calls, and the fixed-width loops
+/// vectorise. Same operations in the same order as the scalar build, so the same bits.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
@@ -398,8 +410,18 @@ fn partial_values<H: Widen>(
 /// eight lanes (`reduce8`) and then the tail in order.
 #[inline(always)]
 fn softmax_numerators(scores: &mut [f32], scale: f32) -> f32 {
-    let mut max = f32::NEG_INFINITY;
-    for s in scores.iter_mut() {
+    // The maximum in eight lanes, so the loop vectorises (a maximum does not depend on the
+    // order it is taken in).
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = scores.chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        for (s, lane) in chunk.iter_mut().zip(lanes.iter_mut()) {
+            *s *= scale;
+            *lane = lane.max(*s);
+        }
+    }
+    let mut max = lanes.iter().fold(f32::NEG_INFINITY, |m, l| m.max(*l));
+    for s in chunks.into_remainder() {
         *s *= scale;
         max = max.max(*s);
     }
@@ -444,6 +466,7 @@ mod tests {
             (16, 64, 150),
             (32, 80, 133),
             (16, 144, 97),
+            (16, 20, 45),
         ] {
             check_shape(bs, hd, ctx);
         }
@@ -478,19 +501,16 @@ mod tests {
                 v[vo + d] = bits(val(t, d, 2));
             }
         }
-        let q: Vec<f32> = (0..hd)
-            .map(|d| d as f32 / (hd as f32 / 2.0) - 1.0)
-            .collect();
         let view = KvView {
             k: &k,
             v: &v,
             ..view_dims
         };
-        let run = |path| {
-            let mut out = vec![0.0; hd];
+        let run = |path, q: &[f32]| {
+            let mut out = vec![0.0; q.len()];
             attend(
                 path,
-                &q,
+                q,
                 &view,
                 1,
                 &table,
@@ -501,8 +521,31 @@ mod tests {
             );
             out
         };
-        let out = run(best_path());
-        let scalar = run(DotPath::Scalar);
+        // Up to six query heads sharing the KV head (a group larger than one pass takes, and
+        // partial groups): each head's result equals the scalar path's for that head alone.
+        let q_heads = 6;
+        let qs: Vec<f32> = (0..q_heads * hd)
+            .map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * if i < hd { 1.0 } else { 0.7 })
+            .collect();
+        for heads in 1..=q_heads {
+            let together = run(best_path(), &qs[..heads * hd]);
+            for h in 0..heads {
+                let alone = run(DotPath::Scalar, &qs[h * hd..(h + 1) * hd]);
+                let got = &together[h * hd..(h + 1) * hd];
+                assert!(
+                    got.iter()
+                        .zip(&alone)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "bs {bs} hd {hd} head {h} of {heads}: SIMD {got:?} vs scalar {alone:?}"
+                );
+            }
+        }
+
+        let q: Vec<f32> = (0..hd)
+            .map(|d| d as f32 / (hd as f32 / 2.0) - 1.0)
+            .collect();
+        let out = run(best_path(), &q);
+        let scalar = run(DotPath::Scalar, &q);
         assert!(
             out.iter()
                 .zip(&scalar)
