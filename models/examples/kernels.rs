@@ -22,6 +22,10 @@ struct Args {
     /// Context lengths for the attention kernel (one query head, this model's head shape).
     #[arg(long, value_delimiter = ',', default_value = "512")]
     contexts: Vec<usize>,
+    /// Rotate through enough copies of each weight matrix (64 MiB) that every call reads its
+    /// weights from DRAM, as a forward step does, instead of from cache.
+    #[arg(long)]
+    cold: bool,
     /// Seconds to spend on each measurement (best of its repetitions is printed).
     #[arg(long, default_value_t = 0.3)]
     seconds: f64,
@@ -134,16 +138,27 @@ fn main() {
         QPath::available()
     );
     for (n, k) in shapes {
-        let w4 = q4_1(n, k, &mut rng);
-        let w8 = q8_0(n, k, &mut rng);
+        let copies = if args.cold {
+            (64 << 20) / (n * k / QK * 24) + 1
+        } else {
+            1
+        };
+        let w4: Vec<Q4_1Matrix> = (0..copies).map(|_| q4_1(n, k, &mut rng)).collect();
+        let w8: Vec<Q8_0Matrix> = (0..copies).map(|_| q8_0(n, k, &mut rng)).collect();
         for &rows in &args.rows {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.f() * 4.0).collect();
             let mut acts = QuantActs::default();
             QuantActs::quantize(&x, rows, k, &mut acts);
             let mut out = vec![0f32; rows * n];
-            for (name, w) in [("q4_1", QWeights::Q4_1(&w4)), ("q8_0", QWeights::Q8_0(&w8))] {
+            let q4: Vec<QWeights<'_>> = w4.iter().map(QWeights::Q4_1).collect();
+            let q8: Vec<QWeights<'_>> = w8.iter().map(QWeights::Q8_0).collect();
+            for (name, ws) in [("q4_1", &q4), ("q8_0", &q8)] {
                 for path in QPath::available().into_iter().skip(1) {
-                    let best = best_of(args.seconds, || qmatmul(&pool, path, &acts, w, &mut out));
+                    let mut next = 0;
+                    let best = best_of(args.seconds, || {
+                        next = (next + 1) % ws.len();
+                        qmatmul(&pool, path, &acts, ws[next], &mut out)
+                    });
                     let gmac = (rows * n * k) as f64 / best / 1e9 / args.threads as f64;
                     println!(
                         "  {name} {path:?} n={n:<5} k={k:<5} rows={rows:<3} {gmac:>7.2} GMAC/s  {:>8.1} µs",

@@ -19,9 +19,8 @@
 
 use std::arch::x86_64::*;
 
-use super::dot::avx2::reduce;
 use super::matmul::OutPtr;
-use super::qmatmul::avx2::{nibbles, offset_term};
+use super::qmatmul::avx2::nibbles;
 use super::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs, QK};
 
 /// Activation rows per tile.
@@ -34,10 +33,13 @@ const ROW_BLOCK: usize = 32;
 
 /// What a tile needs to know about the weights besides the expanded bytes.
 trait Source {
-    /// Weight rows (output columns) and elements per row.
+    /// Elements per weight row.
     fn k(&self) -> usize;
     /// The per-block weight scales, `n × nb`.
     fn d(&self) -> &[f32];
+    /// The per-block weight minimums whose `Σ m·s` term follows the integer products (Q4_1);
+    /// `None` where nothing is added (Q8_0: not even zero, which would turn a −0 into +0).
+    fn mins(&self) -> Option<&[f32]>;
     /// Writes column `c`'s blocks as 32 unsigned bytes each into `to` (`nb × 32` bytes): the
     /// first operand of `maddubs`.
     ///
@@ -49,11 +51,6 @@ trait Source {
     /// # Safety
     /// AVX2; block `b` of column `c` exists.
     unsafe fn signed(&self, c: usize, b: usize, x: __m256i) -> __m256i;
-    /// The term added after the integer products' reduction (Q4_1's `Σ m·s`; none for Q8_0).
-    ///
-    /// # Safety
-    /// AVX2 and FMA; row `r` and column `c` exist.
-    unsafe fn offset(&self, a: &QuantActs, r: usize, c: usize) -> f32;
 }
 
 impl Source for Q4_1Matrix {
@@ -63,6 +60,10 @@ impl Source for Q4_1Matrix {
 
     fn d(&self) -> &[f32] {
         &self.d
+    }
+
+    fn mins(&self) -> Option<&[f32]> {
+        Some(&self.m)
     }
 
     #[inline(always)]
@@ -84,15 +85,6 @@ impl Source for Q4_1Matrix {
     unsafe fn signed(&self, _c: usize, _b: usize, x: __m256i) -> __m256i {
         x
     }
-
-    #[inline(always)]
-    unsafe fn offset(&self, a: &QuantActs, r: usize, c: usize) -> f32 {
-        let nb = self.blocks_per_row();
-        let m = &self.m[c * nb..(c + 1) * nb];
-        let s = &a.s[r * nb..(r + 1) * nb];
-        // SAFETY: AVX2 and FMA, as the caller guarantees.
-        unsafe { offset_term(m, s) }
-    }
 }
 
 impl Source for Q8_0Matrix {
@@ -102,6 +94,10 @@ impl Source for Q8_0Matrix {
 
     fn d(&self) -> &[f32] {
         &self.d
+    }
+
+    fn mins(&self) -> Option<&[f32]> {
+        None
     }
 
     /// `|w|`: `maddubs` multiplies unsigned by signed bytes, so the weights' signs move to the
@@ -129,11 +125,6 @@ impl Source for Q8_0Matrix {
             _mm256_loadu_si256(self.qs.as_ptr().add(c * self.k + b * QK) as *const __m256i)
         };
         _mm256_sign_epi8(x, w)
-    }
-
-    #[inline(always)]
-    unsafe fn offset(&self, _a: &QuantActs, _r: usize, _c: usize) -> f32 {
-        0.0
     }
 }
 
@@ -170,23 +161,57 @@ pub(super) unsafe fn q8_0_columns(
     unsafe { columns(a, w, w.n, c0, c1, out) }
 }
 
+/// A task's working set, laid out so that a tile's per-block figures are a few contiguous
+/// floats: block-major copies of the row block's activation scales and sums (`[b][row]`) and
+/// of the column pair's weight scales and minimums (`[b][column]`), the column pair expanded,
+/// and the tile's scale table.
+struct Scratch {
+    wide: Vec<u8>,
+    /// `[b][j]`, two per block.
+    dw: Vec<f32>,
+    mw: Vec<f32>,
+    /// `[b][row in block]`, ROW_BLOCK per block (rows past the block's end are unused).
+    dx: Vec<f32>,
+    sx: Vec<f32>,
+    /// `[b][j·4 + i]`: `d_w[c+j][b] · d_x[r+i][b]`, the products the reference rounds to f32.
+    scales: Vec<f32>,
+}
+
 /// # Safety
 /// As [`q4_1_columns`].
 #[inline(always)]
 unsafe fn columns<W: Source>(a: &QuantActs, w: &W, n: usize, c0: usize, c1: usize, out: OutPtr) {
     let nb = w.k() / QK;
-    let mut wide = vec![0u8; TILE_C * nb * QK];
-    let mut scales = vec![0f32; TILE_R * TILE_C * nb];
+    let mut sc = Scratch {
+        wide: vec![0u8; TILE_C * nb * QK],
+        dw: vec![0.0; nb * TILE_C],
+        mw: vec![0.0; nb * TILE_C],
+        dx: vec![0.0; nb * ROW_BLOCK],
+        sx: vec![0.0; nb * ROW_BLOCK],
+        scales: vec![0.0; nb * TILE_R * TILE_C],
+    };
     // The loops of `matmul::walk_tiles`, written out: a closure here would not be compiled
     // with this function's target features, and every tile would become a call.
     for rb in (0..a.rows).step_by(ROW_BLOCK) {
         let re = (rb + ROW_BLOCK).min(a.rows);
+        for r in rb..re {
+            for b in 0..nb {
+                sc.dx[b * ROW_BLOCK + r - rb] = a.d[r * nb + b];
+                sc.sx[b * ROW_BLOCK + r - rb] = a.s[r * nb + b];
+            }
+        }
         let mut c = c0;
         while c < c1 {
             let width = (c1 - c).min(TILE_C);
             for j in 0..width {
                 // SAFETY: column c+j exists; `wide` holds TILE_C columns.
-                unsafe { w.expand(c + j, &mut wide[j * nb * QK..(j + 1) * nb * QK]) };
+                unsafe { w.expand(c + j, &mut sc.wide[j * nb * QK..(j + 1) * nb * QK]) };
+                for b in 0..nb {
+                    sc.dw[b * TILE_C + j] = w.d()[(c + j) * nb + b];
+                    if let Some(m) = w.mins() {
+                        sc.mw[b * TILE_C + j] = m[(c + j) * nb + b];
+                    }
+                }
             }
             let mut r = rb;
             while r < re {
@@ -196,7 +221,7 @@ unsafe fn columns<W: Source>(a: &QuantActs, w: &W, n: usize, c0: usize, c1: usiz
                         match (height, width) {
                             // SAFETY: rows r..r+R and columns c..c+C exist and are expanded.
                             $(($R, $C) => unsafe {
-                                tile::<W, $R, $C>(a, r, w, c, &wide, &mut scales, n, out)
+                                tile::<W, $R, $C>(a, r, r - rb, w, c, &mut sc, n, out)
                             },)*
                             _ => unreachable!("tile shape {height}×{width}"),
                         }
@@ -219,51 +244,172 @@ unsafe fn columns<W: Source>(a: &QuantActs, w: &W, n: usize, c0: usize, c1: usiz
     }
 }
 
-/// One `R × C` tile: the scale table, the even-block pass, the odd-block pass, then per
-/// element `reduce(even + odd) + offset`, as the reference orders it.
+/// The per-block pair `[v[b][0] × 4, v[b][1] × 4]` and row quadruple `[u[b][0..4] × 2]` of a
+/// 4 × 2 tile, in the lane order `j·4 + i` of [`reduce_4x2`]'s result.
+#[inline(always)]
+unsafe fn pair_and_rows(pairs: *const f32, rows: *const f32) -> (__m256, __m256) {
+    // SAFETY: two floats at `pairs` and four at `rows` (the caller's guarantee).
+    unsafe {
+        let two = _mm256_castpd_ps(_mm256_broadcast_sd(&*(pairs as *const f64)));
+        let spread = _mm256_permutevar8x32_ps(two, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+        let four = _mm256_broadcast_ps(&*(rows as *const __m128));
+        (spread, four)
+    }
+}
+
+/// One `R × C` tile (at most 4 × 2): the scale table, the even-block pass, the odd-block
+/// pass, then for all elements at once `reduce(even + odd) + offset`, as the reference orders
+/// each element's steps.
 ///
 /// # Safety
-/// AVX2 and FMA; rows `r..r+R` and columns `c..c+C` exist; `wide` holds the columns expanded.
+/// AVX2 and FMA; rows `r..r+R` and columns `c..c+C` exist; `sc` holds the columns expanded
+/// and the row block's figures, row `r` being the block's row `rr`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn tile<W: Source, const R: usize, const C: usize>(
     a: &QuantActs,
     r: usize,
+    rr: usize,
     w: &W,
     c: usize,
-    wide: &[u8],
-    scales: &mut [f32],
+    sc: &mut Scratch,
     n: usize,
     out: OutPtr,
 ) {
     let nb = w.k() / QK;
-    let dw = w.d();
-    for i in 0..R {
-        let dx = &a.d[(r + i) * nb..(r + i + 1) * nb];
-        for j in 0..C {
-            let dwc = &dw[(c + j) * nb..(c + j + 1) * nb];
-            let to = &mut scales[(i * C + j) * nb..(i * C + j + 1) * nb];
-            for ((o, x), w) in to.iter_mut().zip(dx).zip(dwc) {
-                *o = w * x;
-            }
+    assert!(rr + TILE_R <= ROW_BLOCK && sc.dx.len() >= nb * ROW_BLOCK);
+    assert!(sc.dw.len() >= nb * TILE_C && sc.scales.len() >= nb * TILE_R * TILE_C);
+    for b in 0..nb {
+        // SAFETY: inside the block-major copies and the table (asserted above).
+        unsafe {
+            let (dw, dx) = pair_and_rows(
+                sc.dw.as_ptr().add(b * TILE_C),
+                sc.dx.as_ptr().add(b * ROW_BLOCK + rr),
+            );
+            _mm256_storeu_ps(sc.scales.as_mut_ptr().add(b * 8), _mm256_mul_ps(dw, dx));
         }
     }
     // SAFETY: forwarded from the caller.
     let (even, odd) = unsafe {
         (
-            pass::<W, R, C>(a, r, w, c, wide, scales, 0),
-            pass::<W, R, C>(a, r, w, c, wide, scales, 1),
+            pass::<W, R, C>(a, r, w, c, &sc.wide, &sc.scales, 0),
+            pass::<W, R, C>(a, r, w, c, &sc.wide, &sc.scales, 1),
         )
     };
+    let mut sums = [_mm256_setzero_ps(); 8];
     for i in 0..R {
         for j in 0..C {
-            // SAFETY: AVX2 and FMA; (r+i, c+j) is inside the output and this task's columns.
-            unsafe {
-                let v = reduce(_mm256_add_ps(even[i][j], odd[i][j])) + w.offset(a, r + i, c + j);
-                *out.0.add((r + i) * n + c + j) = v;
+            sums[i * 2 + j] = _mm256_add_ps(even[i][j], odd[i][j]);
+        }
+    }
+    // SAFETY: AVX2 and FMA (the caller's); the block-major copies are in range.
+    let mut t = unsafe { reduce_4x2(sums) };
+    if w.mins().is_some() {
+        // SAFETY: as above.
+        t = _mm256_add_ps(t, unsafe { offsets(sc, rr, nb) });
+    }
+    // Lanes: column c for rows r..r+4, then column c+1.
+    if R == 4 && C == 2 {
+        // SAFETY: rows r..r+4 and columns c..c+2 are inside the output and this task's.
+        unsafe {
+            let (c0, c1) = (_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+            let rows01 = _mm_unpacklo_ps(c0, c1);
+            let rows23 = _mm_unpackhi_ps(c0, c1);
+            let at = |i: usize| out.0.add((r + i) * n + c) as *mut __m128i;
+            _mm_storel_epi64(at(0), _mm_castps_si128(rows01));
+            _mm_storel_epi64(at(1), _mm_castps_si128(_mm_movehl_ps(rows01, rows01)));
+            _mm_storel_epi64(at(2), _mm_castps_si128(rows23));
+            _mm_storel_epi64(at(3), _mm_castps_si128(_mm_movehl_ps(rows23, rows23)));
+        }
+    } else {
+        let mut lanes = [0f32; 8];
+        // SAFETY: eight floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), t) };
+        for i in 0..R {
+            for j in 0..C {
+                // SAFETY: (r+i, c+j) is inside the output and this task's columns.
+                unsafe { *out.0.add((r + i) * n + c + j) = lanes[j * 4 + i] };
             }
         }
     }
+}
+
+/// `Σ_b m[c+j][b]·s[r+i][b]` for a 4 × 2 tile in `reduce_4x2`'s lane order, each element as
+/// `reference::offset_term` orders it: sixteen lanes over the full chunks of sixteen blocks,
+/// `reduce8(lane[l] + lane[l+8])`, then the remaining blocks one by one.
+///
+/// # Safety
+/// AVX2 and FMA; `sc` holds the column pair's minimums and the row block's sums, the tile's
+/// first row being the block's row `rr` (at most `ROW_BLOCK - 4`).
+#[inline(always)]
+unsafe fn offsets(sc: &Scratch, rr: usize, nb: usize) -> __m256 {
+    assert!(
+        rr + TILE_R <= ROW_BLOCK && sc.mw.len() >= nb * TILE_C && sc.sx.len() >= nb * ROW_BLOCK
+    );
+    let full = nb / 16 * 16;
+    // SAFETY: every block index below is < nb: inside the copies (asserted above).
+    let at = |b: usize| unsafe {
+        pair_and_rows(
+            sc.mw.as_ptr().add(b * TILE_C),
+            sc.sx.as_ptr().add(b * ROW_BLOCK + rr),
+        )
+    };
+    // lane[l] + lane[l + 8] for l < 8, each lane a chain over the chunks.
+    let mut q = [_mm256_setzero_ps(); 8];
+    for (l, ql) in q.iter_mut().enumerate() {
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for ch in (0..full).step_by(16) {
+            let (m, s) = at(ch + l);
+            lo = _mm256_fmadd_ps(m, s, lo);
+            let (m, s) = at(ch + l + 8);
+            hi = _mm256_fmadd_ps(m, s, hi);
+        }
+        *ql = _mm256_add_ps(lo, hi);
+    }
+    // reduce8, element by element.
+    let even = _mm256_add_ps(_mm256_add_ps(q[0], q[4]), _mm256_add_ps(q[2], q[6]));
+    let odd = _mm256_add_ps(_mm256_add_ps(q[1], q[5]), _mm256_add_ps(q[3], q[7]));
+    let mut t = _mm256_add_ps(even, odd);
+    for b in full..nb {
+        let (m, s) = at(b);
+        t = _mm256_fmadd_ps(m, s, t);
+    }
+    t
+}
+
+/// Eight vectors reduced at once, each as `reduce8` (and `dot::avx2::reduce`) orders its
+/// lanes: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`. With the vectors numbered `2i + j` for row
+/// `i` and column `j` of a 4 × 2 tile, lane `j·4 + i` of the result holds element `(i, j)`.
+///
+/// # Safety
+/// AVX.
+#[inline(always)]
+unsafe fn reduce_4x2(v: [__m256; 8]) -> __m256 {
+    // l_k + l_{k+4} for two vectors per register (one per 128-bit half).
+    let halves = |x: __m256, y: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(x, y),
+            _mm256_permute2f128_ps::<0x31>(x, y),
+        )
+    };
+    let h = [
+        halves(v[0], v[1]),
+        halves(v[2], v[3]),
+        halves(v[4], v[5]),
+        halves(v[6], v[7]),
+    ];
+    // (l0+l4)+(l2+l6) and (l1+l5)+(l3+l7): per half, vector 2i's pair then 2i+2's.
+    let pairs = |x: __m256, y: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(x, y),
+            _mm256_shuffle_ps::<0b11_10_11_10>(x, y),
+        )
+    };
+    let (p01, p23) = (pairs(h[0], h[1]), pairs(h[2], h[3]));
+    _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(p01, p23),
+        _mm256_shuffle_ps::<0b11_01_11_01>(p01, p23),
+    )
 }
 
 /// The blocks `first, first + 2, …` of an `R × C` tile into one set of accumulators.
@@ -282,7 +428,7 @@ unsafe fn pass<W: Source, const R: usize, const C: usize>(
 ) -> [[__m256; C]; R] {
     let k = w.k();
     let nb = k / QK;
-    assert!(wide.len() >= C * nb * QK && scales.len() >= R * C * nb);
+    assert!(wide.len() >= C * nb * QK && scales.len() >= nb * 8);
     assert!((r + R) * k <= a.q.len());
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); C]; R];
@@ -302,7 +448,7 @@ unsafe fn pass<W: Source, const R: usize, const C: usize>(
                 unsafe {
                     let p = _mm256_maddubs_epi16(wv[j], w.signed(c + j, b, x));
                     let isum = _mm256_madd_epi16(p, ones);
-                    let scale = _mm256_broadcast_ss(scales.get_unchecked((i * C + j) * nb + b));
+                    let scale = _mm256_broadcast_ss(scales.get_unchecked(b * 8 + j * 4 + i));
                     acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j]);
                 }
             }

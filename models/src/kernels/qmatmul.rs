@@ -101,7 +101,7 @@ const COLS_PER_TASK: usize = 32;
 /// From this many activation rows on, AVX2 runs the batched kernels (`qbatch`), which expand
 /// each weight column once for many rows; below it, the tiles here expand as they go.
 #[cfg(target_arch = "x86_64")]
-const BATCH_ROWS: usize = 2;
+const BATCH_ROWS: usize = 3;
 
 /// Computes `out[r][c] = Σ x[r]·w[c]` for every activation row and weight row.
 pub fn qmatmul(
