@@ -51,6 +51,24 @@ trait Source {
     /// # Safety
     /// AVX2; block `b` of column `c` exists.
     unsafe fn signed(&self, c: usize, b: usize, x: __m256i) -> __m256i;
+    /// The stored bytes of column `c` (which may be past the last: prefetches never fault).
+    fn column_bytes(&self, c: usize) -> (*const u8, usize);
+}
+
+/// Asks for column `c`'s quants, scales and minimums to be brought into cache: a task's
+/// columns are a few KiB, too short for the hardware prefetcher to ramp up, and a column pair
+/// takes longer to compute than a DRAM access, so one pair ahead hides it.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn prefetch_column<W: Source>(w: &W, c: usize, nb: usize) {
+    let (q, len) = w.column_bytes(c);
+    for line in (0..len).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(line) as *const i8);
+    }
+    _mm_prefetch::<_MM_HINT_T0>(w.d().as_ptr().wrapping_add(c * nb) as *const i8);
+    if let Some(m) = w.mins() {
+        _mm_prefetch::<_MM_HINT_T0>(m.as_ptr().wrapping_add(c * nb) as *const i8);
+    }
 }
 
 impl Source for Q4_1Matrix {
@@ -84,6 +102,11 @@ impl Source for Q4_1Matrix {
     #[inline(always)]
     unsafe fn signed(&self, _c: usize, _b: usize, x: __m256i) -> __m256i {
         x
+    }
+
+    fn column_bytes(&self, c: usize) -> (*const u8, usize) {
+        let len = self.blocks_per_row() * 16;
+        (self.qs.as_ptr().wrapping_add(c * len), len)
     }
 }
 
@@ -125,6 +148,13 @@ impl Source for Q8_0Matrix {
             _mm256_loadu_si256(self.qs.as_ptr().add(c * self.k + b * QK) as *const __m256i)
         };
         _mm256_sign_epi8(x, w)
+    }
+
+    fn column_bytes(&self, c: usize) -> (*const u8, usize) {
+        (
+            self.qs.as_ptr().wrapping_add(c * self.k) as *const u8,
+            self.k,
+        )
     }
 }
 
@@ -203,6 +233,10 @@ unsafe fn columns<W: Source>(a: &QuantActs, w: &W, n: usize, c0: usize, c1: usiz
         let mut c = c0;
         while c < c1 {
             let width = (c1 - c).min(TILE_C);
+            for j in 0..TILE_C {
+                // SAFETY: AVX2 and FMA are enabled in every caller.
+                unsafe { prefetch_column(w, c + TILE_C + j, nb) };
+            }
             for j in 0..width {
                 // SAFETY: column c+j exists; `wide` holds TILE_C columns.
                 unsafe { w.expand(c + j, &mut sc.wide[j * nb * QK..(j + 1) * nb * QK]) };

@@ -150,7 +150,9 @@ unsafe fn widen8(p: *const u16) -> __m256 {
 /// first key element in `k`, index of its first score)`; head `h`'s scores start at
 /// `h · ctx_len`. Each score is `Σ_d q[d]·k[d]` as one multiply-add chain over `d` in order.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
+// Not inlined: alone, its accumulators get the vector registers (inlined, constants
+// hoisted from the rest of the kernel pushed two of them onto the stack).
+#[inline(never)]
 fn score_units<const G: usize, const U: usize>(
     qs: &[&[f32]; G],
     k: &[u16],
@@ -160,6 +162,7 @@ fn score_units<const G: usize, const U: usize>(
     scores: &mut [f32],
 ) {
     let hd = qs[0].len();
+    assert!(qs.iter().all(|q| q.len() == hd));
     for &(key, at) in &units[..U] {
         assert!(
             key + (hd - 1) * bs + UNIT <= k.len(),
@@ -171,7 +174,8 @@ fn score_units<const G: usize, const U: usize>(
     for d in 0..hd {
         let mut qd = [_mm256_setzero_ps(); G];
         for h in 0..G {
-            qd[h] = _mm256_set1_ps(qs[h][d]);
+            // SAFETY: d < hd, every query's length (asserted above).
+            qd[h] = _mm256_set1_ps(unsafe { *qs[h].get_unchecked(d) });
         }
         for u in 0..U {
             // SAFETY: the unit's keys at row d are in range (asserted above).
@@ -196,7 +200,9 @@ fn score_units<const G: usize, const U: usize>(
 /// `scores[h · ctx_len..]`, its output at `out[h · head_dim..]`), each a chain over the
 /// positions in order.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
+// Not inlined: alone, its accumulators get the vector registers (inlined, constants
+// hoisted from the rest of the kernel pushed two of them onto the stack).
+#[inline(never)]
 fn values<const G: usize, const U: usize>(
     scores: &[f32],
     ctx_len: usize,
@@ -250,7 +256,9 @@ fn values<const G: usize, const U: usize>(
 /// # Safety
 /// AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-#[inline]
+// Not inlined: alone, its accumulators get the vector registers (inlined, constants
+// hoisted from the rest of the kernel pushed two of them onto the stack).
+#[inline(never)]
 unsafe fn softmax_numerators(scores: &mut [f32], scale: f32) -> f32 {
     let full = scores.len() / UNIT * UNIT;
     let p = scores.as_mut_ptr();
