@@ -11,11 +11,13 @@
 //!
 //! - [`dot`]: the fixed-order dot product and its SIMD variants.
 //! - [`matmul`]: `activations × weightsᵀ` over a whole ragged batch, split by output columns.
-//! - [`qmatmul`] and [`quant`]: 8-bit activations against Q4_1 / Q4_0 / Q8_0 weights.
+//! - [`qmatmul`] and [`quant`]: 8-bit activations against Q4_1 / Q4_0 / Q8_0 weights; on AVX2,
+//!   calls with several rows go to `qbatch`, which expands each weight column once for them.
 //! - [`kquant`] and [`kqmatmul`]: llama.cpp's k-quants (Q4_K, Q6_K) repacked, and their product.
 //! - [`norm`]: RMS normalisation.
 //! - [`rope`]: rotary position embeddings from a precomputed table.
-//! - [`attention`]: causal grouped-query attention reading KV blocks in place.
+//! - [`attention`]: causal grouped-query attention reading KV blocks in place (on AVX2 the query
+//!   heads sharing a KV head run together, each half float widened once).
 //! - [`activation`]: SiLU-gated linear unit.
 //! - [`exp`]: a vectorisable exponential for softmax and SiLU.
 

@@ -1,4 +1,4 @@
-//! Causal attention of one query head against a sequence's KV blocks, read in place.
+//! Causal attention of query heads against a sequence's KV blocks, read in place.
 //!
 //! Within a block, one KV head's keys are stored transposed (`[head_dim][slot]`) and its values
 //! as rows (`[slot][head_dim]`). Scores for a whole block are then `Σ_d q[d]·K[d][·]`, a
@@ -8,7 +8,9 @@
 //!
 //! Keys and values are stored as IEEE half floats (as llama.cpp's default cache): half the
 //! memory per token, so a KV budget holds twice the tokens (measured on a Zen 3, attention was
-//! not faster for reading half the bytes: it is not bound by DRAM there). They are widened
+//! not faster for reading half the bytes: it is not bound by DRAM there; widening them is what
+//! costs, which is why the AVX2 kernel in `grouped` widens each once for all the query heads
+//! that share it). They are widened
 //! to f32 exactly on load (F16C's `vcvtph2ps` where the CPU has it, the same conversion in
 //! software otherwise) and every product and sum stays f32, so every path gives the same bits.
 
