@@ -10,6 +10,7 @@ use sluice_models::kernels::attention::{attend, KvView};
 use sluice_models::kernels::dot::best_path;
 use sluice_models::kernels::qmatmul::{qmatmul, QPath, QWeights};
 use sluice_models::kernels::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs, QK};
+use sluice_models::kernels::testdata::{q4_1_raw, q8_0_raw, Rng};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -31,38 +32,12 @@ struct Args {
     seconds: f64,
 }
 
-/// A deterministic generator, so runs compare like with like.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-    fn f(&mut self) -> f32 {
-        self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
-    }
-}
-
 fn q4_1(n: usize, k: usize, rng: &mut Rng) -> Q4_1Matrix {
-    let mut raw = Vec::new();
-    for _ in 0..n * k / QK {
-        raw.extend_from_slice(&f16::from_f32(rng.f() * 0.1).to_le_bytes());
-        raw.extend_from_slice(&f16::from_f32(rng.f() * 0.5).to_le_bytes());
-        raw.extend((0..16).map(|_| rng.next() as u8));
-    }
-    Q4_1Matrix::from_q4_1(&raw, n, k).expect("valid Q4_1 blocks")
+    Q4_1Matrix::from_q4_1(&q4_1_raw(n, k, rng), n, k).expect("valid Q4_1 blocks")
 }
 
 fn q8_0(n: usize, k: usize, rng: &mut Rng) -> Q8_0Matrix {
-    let mut raw = Vec::new();
-    for _ in 0..n * k / QK {
-        raw.extend_from_slice(&f16::from_f32(rng.f() * 0.01).to_le_bytes());
-        raw.extend((0..32).map(|_| rng.next() as u8));
-    }
-    Q8_0Matrix::from_q8_0(&raw, n, k).expect("valid Q8_0 blocks")
+    Q8_0Matrix::from_q8_0(&q8_0_raw(n, k, rng, false), n, k).expect("valid Q8_0 blocks")
 }
 
 /// `best` of repeated runs of `f` over `seconds`.

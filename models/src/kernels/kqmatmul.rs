@@ -545,15 +545,15 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::kquant::testdata::*;
     use crate::kernels::qmatmul::{qmatmul, QWeights};
     use crate::kernels::quant::Q4_1Matrix;
+    use crate::kernels::testdata::*;
 
     fn acts(rows: usize, k: usize, rng: &mut Rng, extreme: bool) -> QuantActs {
         let x: Vec<f32> = (0..rows * k)
             .map(|i| {
                 if extreme {
-                    [1e30, -1e30, 0.0, 1e-30, 3.0, -3.0][(i + rng.next() as usize) % 6]
+                    [1e30, -1e30, 0.0, 1e-30, 3.0, -3.0][(i + rng.next_u32() as usize) % 6]
                 } else {
                     rng.f() * 4.0
                 }
@@ -717,7 +717,7 @@ mod tests {
         let q4_1 = Q4_1Matrix {
             n,
             k,
-            qs: (0..n * k / 2).map(|_| rng.next() as u8).collect(),
+            qs: (0..n * k / 2).map(|_| rng.next_u32() as u8).collect(),
             d: (0..n * k / QK).map(|_| rng.f() * 0.01).collect(),
             m: (0..n * k / QK).map(|_| rng.f() * 0.01).collect(),
         };

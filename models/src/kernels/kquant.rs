@@ -232,72 +232,13 @@ impl Q6KMatrix {
     }
 }
 
-/// Random ggml blocks for the tests of this module and of the kernels.
-#[cfg(test)]
-pub(crate) mod testdata {
-    use half::f16;
-
-    /// A small deterministic PRNG (64-bit LCG, high bits out).
-    pub(crate) struct Rng(pub(crate) u64);
-
-    impl Rng {
-        pub(crate) fn next(&mut self) -> u32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (self.0 >> 33) as u32
-        }
-
-        /// Uniform in `[-1, 1)`.
-        pub(crate) fn f(&mut self) -> f32 {
-            self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
-        }
-
-        fn bytes(&mut self, n: usize) -> impl Iterator<Item = u8> + '_ {
-            (0..n).map(|_| self.next() as u8)
-        }
-    }
-
-    /// `n × k` random Q4_K blocks: finite f16 scales, every other byte random.
-    pub(crate) fn q4_k_raw(n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
-        let mut raw = Vec::new();
-        for _ in 0..n * k / 256 {
-            raw.extend_from_slice(&f16::from_f32(rng.f() * 0.01).to_le_bytes());
-            raw.extend_from_slice(&f16::from_f32(rng.f() * 0.02).to_le_bytes());
-            let rest: Vec<u8> = rng.bytes(12 + 128).collect();
-            raw.extend(rest);
-        }
-        raw
-    }
-
-    /// `n × k` random Q6_K blocks. `extreme` uses only the largest quants and scales.
-    pub(crate) fn q6_k_raw(n: usize, k: usize, rng: &mut Rng, extreme: bool) -> Vec<u8> {
-        let mut raw = Vec::new();
-        for _ in 0..n * k / 256 {
-            let rest: Vec<u8> = if extreme {
-                let mut v: Vec<u8> = (0..192)
-                    .map(|_| [0x00, 0xFF][rng.next() as usize % 2])
-                    .collect();
-                v.extend((0..16).map(|_| [0x80u8, 0x7F][rng.next() as usize % 2]));
-                v
-            } else {
-                rng.bytes(128 + 64 + 16).collect()
-            };
-            raw.extend(rest);
-            raw.extend_from_slice(&f16::from_f32(rng.f() * 0.001).to_le_bytes());
-        }
-        raw
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType};
     use candle_core::Device;
 
-    use super::testdata::*;
     use super::*;
+    use crate::kernels::testdata::*;
 
     /// candle-core's own k-quant dequantization, an implementation independent of this one.
     fn candle_rows(dtype: GgmlDType, raw: &[u8], n: usize, k: usize) -> Vec<f32> {

@@ -20,6 +20,7 @@
 //!   heads sharing a KV head run together, each half float widened once).
 //! - [`activation`]: SiLU-gated linear unit.
 //! - [`exp`]: a vectorisable exponential for softmax and SiLU.
+//! - [`testdata`]: random quantized blocks for the tests and the kernel benchmark.
 
 pub mod activation;
 pub mod attention;
@@ -34,3 +35,4 @@ mod qbatch;
 pub mod qmatmul;
 pub mod quant;
 pub mod rope;
+pub mod testdata;

@@ -746,48 +746,8 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use half::f16;
-
     use super::*;
-
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (self.0 >> 33) as u32
-        }
-        fn f(&mut self) -> f32 {
-            self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
-        }
-    }
-
-    fn q4_1_raw(n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
-        let mut raw = Vec::new();
-        for _ in 0..n * k / QK {
-            raw.extend_from_slice(&f16::from_f32(rng.f() * 0.1).to_le_bytes());
-            raw.extend_from_slice(&f16::from_f32(rng.f() * 0.5).to_le_bytes());
-            raw.extend((0..16).map(|_| rng.next() as u8));
-        }
-        raw
-    }
-
-    fn q8_0_raw(n: usize, k: usize, rng: &mut Rng, extreme: bool) -> Vec<u8> {
-        let mut raw = Vec::new();
-        for _ in 0..n * k / QK {
-            raw.extend_from_slice(&f16::from_f32(rng.f() * 0.01).to_le_bytes());
-            raw.extend((0..32).map(|_| {
-                if extreme {
-                    [127u8, 129, 0][rng.next() as usize % 3]
-                } else {
-                    (rng.next() % 255) as u8 ^ 0x80
-                }
-            }));
-        }
-        raw
-    }
+    use crate::kernels::testdata::{q4_1_raw, q8_0_raw, Rng};
 
     fn acts(rows: usize, k: usize, rng: &mut Rng, extreme: bool) -> QuantActs {
         let x: Vec<f32> = (0..rows * k)
