@@ -19,7 +19,7 @@ use super::super::exp::exp;
 use super::{normalise, partial_scores, partial_values, F16c, KvView};
 
 /// Query heads handled in one pass over a KV head's blocks.
-pub(super) const MAX_HEADS: usize = 4;
+const MAX_HEADS: usize = 4;
 /// Slots (scores) or dimensions (values) in one 256-bit vector.
 const UNIT: usize = 8;
 
@@ -256,8 +256,8 @@ fn values<const G: usize, const U: usize>(
 /// # Safety
 /// AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-// Not inlined: alone, its accumulators get the vector registers (inlined, constants
-// hoisted from the rest of the kernel pushed two of them onto the stack).
+// Not inlined: inlined, its constants (`exp`'s coefficients and clamps) were hoisted into the
+// caller, where they took the registers the score and value loops need.
 #[inline(never)]
 unsafe fn softmax_numerators(scores: &mut [f32], scale: f32) -> f32 {
     let full = scores.len() / UNIT * UNIT;

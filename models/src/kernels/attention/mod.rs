@@ -10,9 +10,9 @@
 //! memory per token, so a KV budget holds twice the tokens (measured on a Zen 3, attention was
 //! not faster for reading half the bytes: it is not bound by DRAM there; widening them is what
 //! costs, which is why the AVX2 kernel in `grouped` widens each once for all the query heads
-//! that share it). They are widened
-//! to f32 exactly on load (F16C's `vcvtph2ps` where the CPU has it, the same conversion in
-//! software otherwise) and every product and sum stays f32, so every path gives the same bits.
+//! that share it). They are widened to f32 exactly on load (F16C's `vcvtph2ps` where the CPU
+//! has it, the same conversion in software otherwise) and every product and sum stays f32, so
+//! every path gives the same bits.
 
 use super::dot::{reduce8, DotPath};
 use super::exp::exp;
