@@ -26,12 +26,13 @@ release:
 
 ## Every test, against the real model: Rust tests (the autoscaler's Prometheus source against
 ## a real Prometheus, fetched into target/prometheus), then the `openai` client and schemathesis
-## against the real binary (pinned into target/pyvenv).
+## against the real binary (pinned into target/pyvenv). Examples are built (and linted), not
+## rebuilt as test harnesses: they hold no tests.
 test: model
 	scripts/fetch-prometheus.sh
 	$(CARGO) build --workspace --examples --bins
 	scripts/check-deploy.sh
-	$(CARGO) test --workspace --all-targets
+	$(CARGO) test --workspace --lib --bins --tests
 	scripts/python-tests.sh
 
 ## Release figures of the forward pass, with ratios to llama.cpp measured in the same run.
