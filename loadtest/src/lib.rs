@@ -14,7 +14,8 @@
 //!   [`sse`]: the SSE parser.
 //! - [`load`]: closed and open loops. [`metrics`]: vLLM's figure definitions and HdrHistogram
 //!   percentiles; [`timeline`]: throughput and in-flight over time. [`session`]: one invocation
-//!   end to end. [`report`]: table, JSON, JSONL; [`plot`]: SVG or PNG charts.
+//!   end to end; [`stop`]: Ctrl-C or SIGTERM ends it early, with a report of what ran.
+//!   [`report`]: table, JSON, JSONL; [`plot`]: SVG or PNG charts.
 
 pub mod calibrate;
 pub mod client;
@@ -30,6 +31,7 @@ pub mod report;
 pub mod schedule;
 pub mod session;
 pub mod sse;
+pub mod stop;
 pub mod timeline;
 pub mod tokenizer;
 

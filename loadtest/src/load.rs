@@ -16,6 +16,7 @@ use crate::dataset::Dataset;
 use crate::metrics::{self, Record};
 use crate::prompt::PromptMaker;
 use crate::schedule::{self, Arrival};
+use crate::stop::Stop;
 
 /// The shape of the offered load.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -62,6 +63,8 @@ pub struct Shared {
     pub maker: Arc<PromptMaker>,
     pub seed: u64,
     pub counters: Arc<Counters>,
+    /// Once set, nothing more is sent; requests in flight finish.
+    pub stop: Stop,
 }
 
 /// A finished run: per-request records and its duration (first scheduled send to last end).
@@ -181,7 +184,7 @@ async fn closed(
         set.spawn(async move {
             let mut out = Vec::new();
             loop {
-                if bounds.duration.is_some_and(|d| start.elapsed() >= d) {
+                if shared.stop.is_set() || bounds.duration.is_some_and(|d| start.elapsed() >= d) {
                     break;
                 }
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -222,7 +225,11 @@ async fn open(
             break;
         };
         let due = start + off;
-        tokio::time::sleep_until(due.into()).await;
+        tokio::select! {
+            biased;
+            _ = shared.stop.wait() => break,
+            _ = tokio::time::sleep_until(due.into()) => {}
+        }
         let (shared, sem) = (shared.clone(), sem.clone());
         set.spawn(async move {
             // Waiting for a slot counts: the clock started at `due`.

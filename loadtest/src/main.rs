@@ -1,11 +1,13 @@
 //! `sluice-loadtest`: parse flags, run, print the table, write files, and turn an error rate
-//! above `--max-error-rate` into exit status 3 (so CI can gate on it).
+//! above `--max-error-rate` into exit status 3 (so CI can gate on it). Ctrl-C or SIGTERM ends
+//! the run early with a full report of what ran (exit status as usual); a second one quits.
 
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser as _;
 use sluice_loadtest::config::{Args, Config};
+use sluice_loadtest::stop::Stop;
 use sluice_loadtest::{plot, session};
 
 fn main() -> ExitCode {
@@ -24,7 +26,11 @@ fn real_main() -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    let report = rt.block_on(session::execute(cfg))?;
+    let report = rt.block_on(async {
+        let stop = Stop::default();
+        stop.on_signals();
+        session::execute_until(cfg, stop).await
+    })?;
     print!("{}", report.render());
     if let Some(p) = &report.config.json {
         report.write_json(p)?;

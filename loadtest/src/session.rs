@@ -15,12 +15,20 @@ use crate::dataset::{self, Dataset, Input, Source};
 use crate::error::Result;
 use crate::load::{self, Bounds, Counters, Load, Shared};
 use crate::metrics::{Record, Summary};
-use crate::prompt::{Calibration, PromptMaker};
+use crate::prompt::PromptMaker;
 use crate::report::{Point, Report};
+use crate::stop::Stop;
 use crate::tokenizer::LocalTokenizer;
 
 /// Runs everything `cfg` asks for.
 pub async fn execute(cfg: Config) -> Result<Report> {
+    execute_until(cfg, Stop::default()).await
+}
+
+/// Runs what `cfg` asks for, or as much of it as runs before `stop` is set: after that no
+/// request is sent (a sweep runs no further point), those in flight finish, and the report
+/// covers what ran, with a note.
+pub async fn execute_until(cfg: Config, stop: Stop) -> Result<Report> {
     let mut target = Target {
         base: cfg.base_url.clone(),
         endpoint: cfg.endpoint,
@@ -51,6 +59,7 @@ pub async fn execute(cfg: Config) -> Result<Report> {
         maker: Arc::new(maker),
         seed: cfg.seed,
         counters: Arc::new(Counters::default()),
+        stop,
     };
 
     if cfg.warmup > 0 {
@@ -87,6 +96,9 @@ pub async fn execute(cfg: Config) -> Result<Report> {
             let sync = Load::Closed { concurrency: 1 };
             let recs = run_point(&mut shared, &cfg, "synchronous", sync, bounds, first).await;
             points.push(point("synchronous", None, recs, &cfg));
+            if shared.stop.is_set() {
+                return Ok(report(cfg, &shared, notes, points));
+            }
             let burst = Load::Burst {
                 max_concurrency: cfg.max_concurrency,
             };
@@ -100,6 +112,9 @@ pub async fn execute(cfg: Config) -> Result<Report> {
             )
             .await;
             points.push(point("throughput", None, recs, &cfg));
+            if shared.stop.is_set() {
+                return Ok(report(cfg, &shared, notes, points));
+            }
             let sync_rate = points[0].summary.request_throughput;
             let max_rate = points[1].summary.request_throughput;
             if max_rate <= sync_rate {
@@ -128,6 +143,9 @@ pub async fn execute(cfg: Config) -> Result<Report> {
                 )
                 .await;
                 points.push(point(&label, Some(rate), recs, &cfg));
+                if shared.stop.is_set() {
+                    break;
+                }
             }
             // Order the curve by offered load: synchronous, the rates, then max throughput.
             let tp = points.remove(1);
@@ -171,15 +189,26 @@ pub async fn execute(cfg: Config) -> Result<Report> {
         }
     }
 
-    let calibration: Calibration = shared.maker.calibration().clone();
-    Ok(Report {
+    Ok(report(cfg, &shared, notes, points))
+}
+
+/// The report of the points that ran; a note says so when a signal cut the run short.
+fn report(cfg: Config, shared: &Shared, mut notes: Vec<String>, points: Vec<Point>) -> Report {
+    if shared.stop.is_set() {
+        let sent: usize = points.iter().map(|p| p.records.len()).sum();
+        notes.push(format!(
+            "stopped early by a signal: nothing was sent after it; the {sent} requests sent \
+             before it finished and are counted"
+        ));
+    }
+    Report {
         config: cfg,
         model: shared.client.target().model.clone(),
         dataset: shared.dataset.describe(),
-        calibration,
+        calibration: shared.maker.calibration().clone(),
         notes,
         points,
-    })
+    }
 }
 
 fn point(label: &str, offered_rate: Option<f64>, run: load::RunResult, cfg: &Config) -> Point {

@@ -126,3 +126,114 @@ async fn max_error_rate_sets_exit_status_3() {
     assert_eq!(code, 1);
     assert!(stderr.contains("--rate"), "{stderr}");
 }
+
+/// Starts the binary with `args`, waits until the fake has seen `sent` requests, then sends
+/// `signals` SIGTERMs (a moment apart) and returns the exit status and stderr.
+async fn signalled_run(
+    args: Vec<String>,
+    seen: &fake::Seen,
+    sent: u64,
+    signals: usize,
+) -> (i32, String) {
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice-loadtest"))
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while seen.requests.load(std::sync::atomic::Ordering::Relaxed) < sent {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never started sending"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..signals {
+        let kill = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_ends_the_run_early_with_a_report_of_everything_sent() {
+    let sc = Scenario {
+        ttft: Duration::from_millis(50),
+        per_token: Duration::from_millis(20),
+        ..Scenario::default()
+    };
+    let (base, seen) = fake::start(sc).await;
+    let json = std::env::temp_dir().join(format!("lt-stop-{}.json", std::process::id()));
+    let args: Vec<String> = [
+        "--url",
+        &base,
+        "--rate",
+        "20",
+        "--arrival",
+        "constant",
+        "--duration",
+        "600",
+        "--output-len",
+        "10",
+        "--quiet",
+        "--json",
+        &json.display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (code, stderr) = signalled_run(args, &seen, 6, 1).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("stopping"), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    // Every request the server saw was waited for and counted, and none failed.
+    let sent = seen.requests.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(sent >= 6);
+    assert_eq!(v["completed"].as_u64(), Some(sent), "{v}");
+    assert_eq!(v["failed"].as_u64(), Some(0), "{v}");
+    let notes = v["notes"].to_string();
+    assert!(notes.contains("stopped early by a signal"), "{notes}");
+    // Far fewer than 600 s at 20/s: nothing was sent after the signal.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        seen.requests.load(std::sync::atomic::Ordering::Relaxed),
+        sent
+    );
+    std::fs::remove_file(&json).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_quits_without_waiting() {
+    // Answers take minutes: only the second signal can end this run.
+    let sc = Scenario {
+        ttft: Duration::from_secs(300),
+        ..Scenario::default()
+    };
+    let (base, seen) = fake::start(sc).await;
+    let args: Vec<String> = [
+        "--url",
+        &base,
+        "--rate",
+        "20",
+        "--duration",
+        "600",
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (code, stderr) = signalled_run(args, &seen, 2, 2).await;
+    assert_eq!(code, 130, "{stderr}");
+    assert!(stderr.contains("quitting without a report"), "{stderr}");
+}
