@@ -74,7 +74,6 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
     }
 }
 
-/// `GET url` on loopback with a plain socket: the body, if the status is 200.
 /// Sends signal `name` (`TERM`, `INT`) to `child`.
 fn signal(child: &Child, name: &str) {
     let status = Command::new("kill")
@@ -84,6 +83,7 @@ fn signal(child: &Child, name: &str) {
     assert!(status.success(), "kill -{name} {}", child.id());
 }
 
+/// `GET url` on loopback with a plain socket: the body, if the status is 200.
 fn get(url: &str) -> Option<String> {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://")?;

@@ -12,34 +12,27 @@ const ABORT_STATUS: i32 = 130;
 
 /// A flag every sending loop checks, set once and never cleared. Clones share it.
 #[derive(Debug, Clone)]
-pub struct Stop {
-    tx: Arc<watch::Sender<bool>>,
-    rx: watch::Receiver<bool>,
-}
+pub struct Stop(Arc<watch::Sender<bool>>);
 
 impl Default for Stop {
     fn default() -> Self {
-        let (tx, rx) = watch::channel(false);
-        Self {
-            tx: Arc::new(tx),
-            rx,
-        }
+        Self(Arc::new(watch::Sender::new(false)))
     }
 }
 
 impl Stop {
     /// Asks every loop sharing this flag to send nothing more.
     pub fn trigger(&self) {
-        self.tx.send_replace(true);
+        self.0.send_replace(true);
     }
 
     pub fn is_set(&self) -> bool {
-        *self.rx.borrow()
+        *self.0.borrow()
     }
 
     /// Resolves once the flag is set (at once if it already is).
     pub async fn wait(&self) {
-        let mut rx = self.rx.clone();
+        let mut rx = self.0.subscribe();
         // The sender lives in `self`, so the channel cannot close while this waits.
         let _ = rx.wait_for(|set| *set).await;
     }
