@@ -119,7 +119,8 @@ pub struct RoutingArgs {
     /// Polled load older than this counts as saturated (default: 5 poll intervals, at least 1s).
     #[arg(long, env = "SLUICE_STALE_AFTER")]
     pub stale_after: Option<String>,
-    /// How often each replica's health is checked.
+    /// How often each replica's health is checked; a check waits as long for its answer
+    /// (at least 1s, at most 5s).
     #[arg(long, env = "SLUICE_HEALTH_INTERVAL", default_value = "1s")]
     pub health_interval: String,
     /// The replicas' health-check path (sluice replicas also serve /ready).

@@ -5,7 +5,7 @@
 //!   the tasks that poll them.
 //! - [`load`]: parsing vLLM-named load series and turning them into a score.
 //! - [`health`]: passive outlier ejection and active health-check state.
-//! - [`policy`]: round-robin, least-load (two choices), prefix-affinity (bounded load).
+//! - [`policy`]: round-robin, least-load (the minimum, ties at random), prefix-affinity (bounded load).
 //! - [`affinity`]: affinity keys from prompt prefixes and sessions; rendezvous hashing.
 //! - [`dispatch`]: one request's attempts: pick, send, wait for the first byte, retry.
 //!

@@ -3,9 +3,13 @@
 //! gets it, and why (for `sluice_gateway_routing_decisions_total{policy,reason}`).
 //!
 //! - `round-robin`: in turn, ignoring load.
-//! - `least-load`: the power of two choices — two replicas drawn at random, the less loaded
-//!   wins. Nearly as good as scanning for the minimum, and it does not send every gateway's
-//!   next request to the same momentarily idle replica.
+//! - `least-load`: the least loaded replica; ties are broken at random. This scans every
+//!   candidate rather than sampling two (the power of two choices): with the handful of
+//!   replicas a model has, two choices misses the least loaded one a third of the time (of
+//!   three), and a replica whose batch just finished could sit idle while the others queued.
+//!   Herding is not the risk it is for a balancer working from polled figures alone: the
+//!   score counts this gateway's own requests in flight the moment they are sent, so each
+//!   gateway sends one request to an idle replica, not a burst, before it stops looking idle.
 //! - `prefix-affinity`: the replica that ranks first for the request's affinity key (its
 //!   `x-session-id`, else its prompt prefix; see `affinity`), unless its score is more than
 //!   `threshold` above the least loaded candidate's; then the next in rank that is within it
@@ -102,7 +106,7 @@ pub fn choose(
             Some((i, Reason::RoundRobin))
         }
         (Policy::LeastLoad, _) | (Policy::PrefixAffinity, None) => {
-            Some((two_choices(cands, rng), Reason::LeastLoad))
+            Some((least_loaded(cands, rng), Reason::LeastLoad))
         }
         (Policy::PrefixAffinity, Some(key)) => {
             let least = cands.iter().map(|c| c.score).fold(f64::INFINITY, f64::min);
@@ -127,26 +131,24 @@ pub fn choose(
     }
 }
 
-/// The power of two choices.
-fn two_choices(cands: &[Candidate<'_>], rng: &mut impl Rng) -> usize {
-    let (a, b) = match cands.len() {
-        1 => return 0,
-        2 => (0, 1),
-        n => {
-            let a = rng.random_range(0..n);
-            let mut b = rng.random_range(0..n - 1);
-            if b >= a {
-                b += 1;
+/// The candidate with the lowest score, a tie broken uniformly at random (reservoir
+/// sampling over the tied ones), so equally idle replicas share the load.
+fn least_loaded(cands: &[Candidate<'_>], rng: &mut impl Rng) -> usize {
+    let mut best = 0;
+    let mut ties = 1u32;
+    for (i, c) in cands.iter().enumerate().skip(1) {
+        let low = cands[best].score;
+        if c.score < low {
+            best = i;
+            ties = 1;
+        } else if c.score == low {
+            ties += 1;
+            if rng.random_range(0..ties) == 0 {
+                best = i;
             }
-            (a, b)
         }
-    };
-    let (sa, sb) = (cands[a].score, cands[b].score);
-    if sa < sb || (sa == sb && rng.random_bool(0.5)) {
-        a
-    } else {
-        b
     }
+    best
 }
 
 #[cfg(test)]
@@ -185,28 +187,31 @@ mod tests {
     }
 
     #[test]
-    fn two_choices_never_picks_the_most_loaded_of_three() {
-        let u = urls(3);
-        let c = cands(&u, &[1.0, 5.0, 3.0]);
+    fn least_load_takes_the_minimum_and_spreads_ties() {
+        let u = urls(4);
         let turn = AtomicUsize::new(0);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        let mut seen = [0; 3];
-        for _ in 0..300 {
-            seen[choose(Policy::LeastLoad, &c, None, 0.0, &turn, &mut rng)
+        let mut pick = |scores: &[f64]| {
+            let c = cands(&u[..scores.len()], scores);
+            choose(Policy::LeastLoad, &c, None, 0.0, &turn, &mut rng)
                 .unwrap()
-                .0] += 1;
+                .0
+        };
+        // Always the least loaded, wherever it sits.
+        for _ in 0..50 {
+            assert_eq!(pick(&[1.0, 5.0, 3.0]), 0);
+            assert_eq!(pick(&[4.0, 4.0, 0.5]), 2);
+            assert_eq!(pick(&[4.0, 2.0]), 1);
+        }
+        assert_eq!(pick(&[7.0]), 0);
+        // Ties at the minimum share the requests; the loaded one gets none.
+        let mut seen = [0; 4];
+        for _ in 0..3000 {
+            seen[pick(&[2.0, 9.0, 2.0, 2.0])] += 1;
         }
         assert_eq!(seen[1], 0, "{seen:?}");
-        assert!(seen[0] > seen[2], "{seen:?}");
-        // Two candidates: always the lighter.
-        let c2 = cands(&u[..2], &[4.0, 2.0]);
-        for _ in 0..20 {
-            assert_eq!(
-                choose(Policy::LeastLoad, &c2, None, 0.0, &turn, &mut rng)
-                    .unwrap()
-                    .0,
-                1
-            );
+        for i in [0, 2, 3] {
+            assert!((800..1200).contains(&seen[i]), "{seen:?}");
         }
     }
 

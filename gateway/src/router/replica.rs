@@ -194,9 +194,15 @@ impl Replica {
     }
 
     async fn check(&self, cfg: &RouterConfig, refresh_models: bool) {
+        // As patient as the interval, within Kubernetes' default probe timeout (1 s) and 5 s:
+        // checks run one after another, so a slow answer delays the next check rather than
+        // overlapping it, and a replica whose serving threads are busy computing (a CPU
+        // replica on a small machine) can take a few hundred milliseconds to answer while
+        // being perfectly healthy. A dead process refuses the connection at once whatever
+        // the timeout.
         let timeout = cfg
             .health_interval
-            .clamp(Duration::from_millis(200), Duration::from_secs(2));
+            .clamp(Duration::from_secs(1), Duration::from_secs(5));
         let ok = match self
             .backend
             .get(&cfg.health_path, timeout, MAX_SMALL_BODY)
