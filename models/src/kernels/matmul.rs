@@ -55,15 +55,37 @@ pub(crate) fn split_columns(
     n: usize,
     per_task: usize,
     out: &mut [f32],
-    task: impl Fn(usize, usize, OutPtr) + Sync,
+    task: impl Fn(usize, usize, OutPtr) + Sync + Send,
+) {
+    split_columns_with(
+        pool,
+        n,
+        per_task,
+        out,
+        || (),
+        |_, c0, c1, out| task(c0, c1, out),
+    );
+}
+
+/// [`split_columns`] with working memory: `init` makes one `S` per piece of work a thread
+/// takes (rayon hands out runs of ranges, not single ones), and the ranges of that run reuse
+/// it, so a kernel that needs scratch space does not allocate and clear it per range.
+pub(crate) fn split_columns_with<S>(
+    pool: &rayon::ThreadPool,
+    n: usize,
+    per_task: usize,
+    out: &mut [f32],
+    init: impl Fn() -> S + Sync + Send,
+    task: impl Fn(&mut S, usize, usize, OutPtr) + Sync + Send,
 ) {
     let tasks = n.div_ceil(per_task);
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let run = |t: usize| task(t * per_task, ((t + 1) * per_task).min(n), out_ptr);
+    let run = |s: &mut S, t: usize| task(s, t * per_task, ((t + 1) * per_task).min(n), out_ptr);
     if tasks == 1 || pool.current_num_threads() == 1 {
-        (0..tasks).for_each(run);
+        let mut s = init();
+        (0..tasks).for_each(|t| run(&mut s, t));
     } else {
-        pool.install(|| (0..tasks).into_par_iter().for_each(run));
+        pool.install(|| (0..tasks).into_par_iter().for_each_init(&init, run));
     }
 }
 

@@ -17,7 +17,7 @@
 use std::sync::OnceLock;
 
 use super::dot::reduce8;
-use super::matmul::{split_columns, walk_tiles, OutPtr};
+use super::matmul::{split_columns_with, walk_tiles, OutPtr};
 use super::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs, QK};
 
 /// Quantized weights a product can run on.
@@ -102,6 +102,11 @@ const COLS_PER_TASK: usize = 32;
 /// each weight column once for many rows; below it, the tiles here expand as they go.
 #[cfg(target_arch = "x86_64")]
 const BATCH_ROWS: usize = 3;
+/// Working memory a thread keeps across the column ranges it runs (the batched kernels').
+#[cfg(target_arch = "x86_64")]
+type Scratch = super::qbatch::Scratch;
+#[cfg(not(target_arch = "x86_64"))]
+type Scratch = ();
 
 /// Computes `out[r][c] = Σ x[r]·w[c]` for every activation row and weight row.
 pub fn qmatmul(
@@ -118,15 +123,30 @@ pub fn qmatmul(
     if rows == 0 || n == 0 {
         return;
     }
-    split_columns(pool, n, COLS_PER_TASK, out, |c0, c1, out_ptr| {
-        // SAFETY: shapes checked above; this task writes only columns c0..c1.
-        unsafe { columns(path, acts, w, c0, c1, out_ptr) };
-    });
+    split_columns_with(
+        pool,
+        n,
+        COLS_PER_TASK,
+        out,
+        Scratch::default,
+        |sc, c0, c1, out_ptr| {
+            // SAFETY: shapes checked above; this task writes only columns c0..c1.
+            unsafe { columns(path, acts, w, sc, c0, c1, out_ptr) };
+        },
+    );
 }
 
 /// # Safety
 /// Shapes as checked by `qmatmul`; only columns `c0..c1` of `out` are written.
-unsafe fn columns(path: QPath, a: &QuantActs, w: QWeights<'_>, c0: usize, c1: usize, out: OutPtr) {
+unsafe fn columns(
+    path: QPath,
+    a: &QuantActs,
+    w: QWeights<'_>,
+    #[allow(unused_variables)] sc: &mut Scratch,
+    c0: usize,
+    c1: usize,
+    out: OutPtr,
+) {
     let n = w.n();
     let store = |r: usize, c: usize, v: f32| {
         // SAFETY: r < rows, c < n: inside the output, in this task's columns.
@@ -137,8 +157,8 @@ unsafe fn columns(path: QPath, a: &QuantActs, w: QWeights<'_>, c0: usize, c1: us
         // SAFETY: AVX2 and FMA come with the path; the shapes and columns are the caller's.
         return unsafe {
             match w {
-                QWeights::Q4_1(m) => super::qbatch::q4_1_columns(a, m, c0, c1, out),
-                QWeights::Q8_0(m) => super::qbatch::q8_0_columns(a, m, c0, c1, out),
+                QWeights::Q4_1(m) => super::qbatch::q4_1_columns(a, m, sc, c0, c1, out),
+                QWeights::Q8_0(m) => super::qbatch::q8_0_columns(a, m, sc, c0, c1, out),
             }
         };
     }
