@@ -111,13 +111,18 @@ fn group<const G: usize, const U: usize>(
         *sum = unsafe { softmax_numerators(&mut scores[h * ctx_len..(h + 1) * ctx_len], scale) };
     }
 
-    // Values: 8·U output dimensions at a time, then eight, then the last few per head.
+    // Values: 8·U output dimensions at a time, then sixteen, then eight, then the last few
+    // per head. Each pass reads every position's values and broadcasts every weight, so a
+    // head dimension of 64 with U = 3 goes 24 + 24 + 16, not 24 + 24 + 8 + 8.
     let mut d0 = 0;
     while d0 < hd {
         let width = hd - d0;
         if width >= UNIT * U {
             values::<G, U>(scores, ctx_len, kv, kv_head, block_table, d0, out);
             d0 += UNIT * U;
+        } else if U > 2 && width >= 2 * UNIT {
+            values::<G, 2>(scores, ctx_len, kv, kv_head, block_table, d0, out);
+            d0 += 2 * UNIT;
         } else if width >= UNIT {
             values::<G, 1>(scores, ctx_len, kv, kv_head, block_table, d0, out);
             d0 += UNIT;
