@@ -245,9 +245,14 @@ unsafe fn columns<W: Source>(
     for rb in (0..a.rows).step_by(ROW_BLOCK) {
         let re = (rb + ROW_BLOCK).min(a.rows);
         for r in rb..re {
-            for b in 0..nb {
-                sc.dx[b * ROW_BLOCK + r - rb] = a.d[r * nb + b];
-                sc.sx[b * ROW_BLOCK + r - rb] = a.s[r * nb + b];
+            let (d, s) = (&a.d[r * nb..(r + 1) * nb], &a.s[r * nb..(r + 1) * nb]);
+            let blocks = sc
+                .dx
+                .chunks_exact_mut(ROW_BLOCK)
+                .zip(sc.sx.chunks_exact_mut(ROW_BLOCK));
+            for ((dx, sx), (&dv, &sv)) in blocks.zip(d.iter().zip(s)) {
+                dx[r - rb] = dv;
+                sx[r - rb] = sv;
             }
         }
         let mut c = c0;
@@ -260,10 +265,13 @@ unsafe fn columns<W: Source>(
             for j in 0..width {
                 // SAFETY: column c+j exists; `wide` holds TILE_C columns.
                 unsafe { w.expand(c + j, &mut sc.wide[j * nb * QK..(j + 1) * nb * QK]) };
-                for b in 0..nb {
-                    sc.dw[b * TILE_C + j] = w.d()[(c + j) * nb + b];
-                    if let Some(m) = w.mins() {
-                        sc.mw[b * TILE_C + j] = m[(c + j) * nb + b];
+                let column = (c + j) * nb..(c + j + 1) * nb;
+                for (pair, &d) in sc.dw.chunks_exact_mut(TILE_C).zip(&w.d()[column.clone()]) {
+                    pair[j] = d;
+                }
+                if let Some(m) = w.mins() {
+                    for (pair, &m) in sc.mw.chunks_exact_mut(TILE_C).zip(&m[column]) {
+                        pair[j] = m;
                     }
                 }
             }
