@@ -1,4 +1,5 @@
-//! AVX2 kernels for `x · wᵀ` when a call has several activation rows (batched decode, prefill).
+//! Kernels for `x · wᵀ` when a call has several activation rows (batched decode, prefill):
+//! AVX2, and AVX-512 VNNI on the same tiles.
 //!
 //! Same values as [`super::qmatmul::reference`], bit for bit; only the work is arranged for
 //! reuse. The single-row kernels in `qmatmul` expand each weight block and use it once or
@@ -11,8 +12,12 @@
 //! - the per-block scale products `d_w · d_x` are multiplied out once per tile into a table
 //!   that the inner loop broadcasts from (a load, not an arithmetic operation).
 //!
-//! What is left per 32-element block product is the floor for AVX2 without VNNI: `maddubs`,
-//! `madd`, a conversion and a multiply-add (Q8_0 adds a sign transfer, see `q8_0_columns`).
+//! What is left per 32-element block product is the integer product, a conversion and a
+//! multiply-add. The integer product is where the instruction sets differ ([`BlockDot`]):
+//! AVX2 needs `maddubs` then `madd` (two operations), VNNI's `vpdpbusd` does both in one, on
+//! 256-bit registers (AVX-512 VL), which keeps the tile and its fixed order unchanged. Q8_0
+//! adds a sign transfer (see `Q8_0Matrix::expand`); with VNNI it runs on `qmatmul`'s 512-bit
+//! tiles instead, which need no expansion for it and measured faster.
 
 // Tiles index several parallel arrays by the same row and column; index loops say that best.
 #![allow(clippy::needless_range_loop)]
@@ -30,6 +35,46 @@ const TILE_C: usize = 2;
 /// Rows that pass over one expanded column pair before the next pair: their activations
 /// (32 × k bytes) stay in L1/L2 beside the pair.
 const ROW_BLOCK: usize = 32;
+
+/// The integer part of a block product: eight lanes, each the exact sum of four
+/// `unsigned weight byte × signed activation byte` products (the lanes the fixed order
+/// scales), whatever instructions compute them.
+trait BlockDot {
+    /// # Safety
+    /// The CPU has the implementation's features (every caller enables them).
+    unsafe fn isum(w: __m256i, x: __m256i) -> __m256i;
+}
+
+/// AVX2: pairs to i16 (`maddubs`; weights ≤ 128 and activations ≤ 127 in magnitude keep
+/// every pair sum within i16, so nothing saturates), then pairs of those to i32.
+struct Maddubs;
+
+impl BlockDot for Maddubs {
+    #[inline(always)]
+    unsafe fn isum(w: __m256i, x: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+    }
+}
+
+/// AVX-512 VNNI (with VL): the four products and their sum in one instruction, with no
+/// intermediate i16 and so no saturation at all.
+struct Vnni;
+
+impl BlockDot for Vnni {
+    #[inline(always)]
+    unsafe fn isum(w: __m256i, x: __m256i) -> __m256i {
+        // SAFETY: AVX-512 VNNI and VL are enabled in every caller (`*_columns_vnni`).
+        unsafe { vnni_isum(w, x) }
+    }
+}
+
+/// `vpdpbusd` from zero. Its own function so that the intrinsic's features are named where
+/// it is called; inlined into the VNNI entry points, which enable the same features.
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn vnni_isum(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
+}
 
 /// What a tile needs to know about the weights besides the expanded bytes.
 trait Source {
@@ -172,7 +217,7 @@ pub(super) unsafe fn q4_1_columns(
     out: OutPtr,
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { columns(a, w, w.n, sc, c0, c1, out) }
+    unsafe { columns::<Maddubs, _>(a, w, w.n, sc, c0, c1, out) }
 }
 
 /// Columns `c0..c1` of `out = a · wᵀ` for Q8_0 weights. One operation more per block product
@@ -190,7 +235,24 @@ pub(super) unsafe fn q8_0_columns(
     out: OutPtr,
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { columns(a, w, w.n, sc, c0, c1, out) }
+    unsafe { columns::<Maddubs, _>(a, w, w.n, sc, c0, c1, out) }
+}
+
+/// [`q4_1_columns`] with VNNI's integer products.
+///
+/// # Safety
+/// As [`q4_1_columns`], and AVX-512 F, VL and VNNI.
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+pub(super) unsafe fn q4_1_columns_vnni(
+    a: &QuantActs,
+    w: &Q4_1Matrix,
+    sc: &mut Scratch,
+    c0: usize,
+    c1: usize,
+    out: OutPtr,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { columns::<Vnni, _>(a, w, w.n, sc, c0, c1, out) }
 }
 
 /// A task's working set, laid out so that a tile's per-block figures are a few contiguous
@@ -229,7 +291,7 @@ impl Scratch {
 /// # Safety
 /// As [`q4_1_columns`].
 #[inline(always)]
-unsafe fn columns<W: Source>(
+unsafe fn columns<D: BlockDot, W: Source>(
     a: &QuantActs,
     w: &W,
     n: usize,
@@ -283,7 +345,7 @@ unsafe fn columns<W: Source>(
                         match (height, width) {
                             // SAFETY: rows r..r+R and columns c..c+C exist and are expanded.
                             $(($R, $C) => unsafe {
-                                tile::<W, $R, $C>(a, r, r - rb, w, c, sc, n, out)
+                                tile::<D, W, $R, $C>(a, r, r - rb, w, c, sc, n, out)
                             },)*
                             _ => unreachable!("tile shape {height}×{width}"),
                         }
@@ -328,7 +390,7 @@ unsafe fn pair_and_rows(pairs: *const f32, rows: *const f32) -> (__m256, __m256)
 /// and the row block's figures, row `r` being the block's row `rr`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn tile<W: Source, const R: usize, const C: usize>(
+unsafe fn tile<D: BlockDot, W: Source, const R: usize, const C: usize>(
     a: &QuantActs,
     r: usize,
     rr: usize,
@@ -354,8 +416,8 @@ unsafe fn tile<W: Source, const R: usize, const C: usize>(
     // SAFETY: forwarded from the caller.
     let (even, odd) = unsafe {
         (
-            pass::<W, R, C>(a, r, w, c, &sc.wide, &sc.scales, 0),
-            pass::<W, R, C>(a, r, w, c, &sc.wide, &sc.scales, 1),
+            pass::<D, W, R, C>(a, r, w, c, &sc.wide, &sc.scales, 0),
+            pass::<D, W, R, C>(a, r, w, c, &sc.wide, &sc.scales, 1),
         )
     };
     let mut sums = [_mm256_setzero_ps(); 8];
@@ -479,7 +541,7 @@ unsafe fn reduce_4x2(v: [__m256; 8]) -> __m256 {
 /// # Safety
 /// As [`tile`]; `scales` holds the tile's table.
 #[inline(always)]
-unsafe fn pass<W: Source, const R: usize, const C: usize>(
+unsafe fn pass<D: BlockDot, W: Source, const R: usize, const C: usize>(
     a: &QuantActs,
     r: usize,
     w: &W,
@@ -492,7 +554,6 @@ unsafe fn pass<W: Source, const R: usize, const C: usize>(
     let nb = k / QK;
     assert!(wide.len() >= C * nb * QK && scales.len() >= nb * 8);
     assert!((r + R) * k <= a.q.len());
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); C]; R];
     let mut b = first;
     while b < nb {
@@ -508,8 +569,7 @@ unsafe fn pass<W: Source, const R: usize, const C: usize>(
             for j in 0..C {
                 // SAFETY: block b of column c+j exists; the table entry is inside `scales`.
                 unsafe {
-                    let p = _mm256_maddubs_epi16(wv[j], w.signed(c + j, b, x));
-                    let isum = _mm256_madd_epi16(p, ones);
+                    let isum = D::isum(wv[j], w.signed(c + j, b, x));
                     let scale = _mm256_broadcast_ss(scales.get_unchecked(b * 8 + j * 4 + i));
                     acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j]);
                 }
