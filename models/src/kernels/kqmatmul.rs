@@ -718,8 +718,12 @@ mod tests {
             n,
             k,
             qs: (0..n * k / 2).map(|_| rng.next_u32() as u8).collect(),
-            d: (0..n * k / QK).map(|_| rng.f() * 0.01).collect(),
-            m: (0..n * k / QK).map(|_| rng.f() * 0.01).collect(),
+            d: (0..n * k / QK)
+                .map(|_| half::f16::from_f32(rng.f() * 0.01))
+                .collect(),
+            m: (0..n * k / QK)
+                .map(|_| half::f16::from_f32(rng.f() * 0.01))
+                .collect(),
         };
         let mut wf = vec![0.0; n * k];
         for (c, row) in wf.chunks_exact_mut(k).enumerate() {

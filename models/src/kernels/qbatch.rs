@@ -24,6 +24,9 @@
 
 use std::arch::x86_64::*;
 
+use half::f16;
+
+use super::f16c;
 use super::matmul::OutPtr;
 use super::qmatmul::avx2::nibbles;
 use super::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs, QK};
@@ -81,10 +84,10 @@ trait Source {
     /// Elements per weight row.
     fn k(&self) -> usize;
     /// The per-block weight scales, `n × nb`.
-    fn d(&self) -> &[f32];
+    fn d(&self) -> &[f16];
     /// The per-block weight minimums whose `Σ m·s` term follows the integer products (Q4_1);
     /// `None` where nothing is added (Q8_0: not even zero, which would turn a −0 into +0).
-    fn mins(&self) -> Option<&[f32]>;
+    fn mins(&self) -> Option<&[f16]>;
     /// Writes column `c`'s blocks as 32 unsigned bytes each into `to` (`nb × 32` bytes): the
     /// first operand of `maddubs`.
     ///
@@ -121,11 +124,11 @@ impl Source for Q4_1Matrix {
         self.k
     }
 
-    fn d(&self) -> &[f32] {
+    fn d(&self) -> &[f16] {
         &self.d
     }
 
-    fn mins(&self) -> Option<&[f32]> {
+    fn mins(&self) -> Option<&[f16]> {
         Some(&self.m)
     }
 
@@ -160,11 +163,11 @@ impl Source for Q8_0Matrix {
         self.k
     }
 
-    fn d(&self) -> &[f32] {
+    fn d(&self) -> &[f16] {
         &self.d
     }
 
-    fn mins(&self) -> Option<&[f32]> {
+    fn mins(&self) -> Option<&[f16]> {
         None
     }
 
@@ -206,8 +209,9 @@ impl Source for Q8_0Matrix {
 /// Columns `c0..c1` of `out = a · wᵀ` for Q4_1 weights.
 ///
 /// # Safety
-/// AVX2 and FMA; shapes as `qmatmul` checks them; only columns `c0..c1` of `out` are written.
-#[target_feature(enable = "avx2,fma")]
+/// AVX2, FMA and F16C; shapes as `qmatmul` checks them; only columns `c0..c1` of `out` are
+/// written.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_1_columns(
     a: &QuantActs,
     w: &Q4_1Matrix,
@@ -225,7 +229,7 @@ pub(super) unsafe fn q4_1_columns(
 ///
 /// # Safety
 /// As [`q4_1_columns`].
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q8_0_columns(
     a: &QuantActs,
     w: &Q8_0Matrix,
@@ -242,7 +246,7 @@ pub(super) unsafe fn q8_0_columns(
 ///
 /// # Safety
 /// As [`q4_1_columns`], and AVX-512 F, VL and VNNI.
-#[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub(super) unsafe fn q4_1_columns_vnni(
     a: &QuantActs,
     w: &Q4_1Matrix,
@@ -328,12 +332,13 @@ unsafe fn columns<D: BlockDot, W: Source>(
                 // SAFETY: column c+j exists; `wide` holds TILE_C columns.
                 unsafe { w.expand(c + j, &mut sc.wide[j * nb * QK..(j + 1) * nb * QK]) };
                 let column = (c + j) * nb..(c + j + 1) * nb;
+                // SAFETY (both widenings): F16C is enabled in every caller.
                 for (pair, &d) in sc.dw.chunks_exact_mut(TILE_C).zip(&w.d()[column.clone()]) {
-                    pair[j] = d;
+                    pair[j] = unsafe { f16c::one(d) };
                 }
                 if let Some(m) = w.mins() {
                     for (pair, &m) in sc.mw.chunks_exact_mut(TILE_C).zip(&m[column]) {
-                        pair[j] = m;
+                        pair[j] = unsafe { f16c::one(m) };
                     }
                 }
             }

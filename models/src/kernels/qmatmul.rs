@@ -16,6 +16,8 @@
 
 use std::sync::OnceLock;
 
+use half::f16;
+
 use super::dot::reduce8;
 use super::matmul::{split_columns_with, walk_tiles, OutPtr};
 use super::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs, QK};
@@ -59,13 +61,17 @@ impl QPath {
         let mut paths = vec![QPath::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // F16C widens the weights' f16 scales; every AVX2 CPU has it, but it is its own flag.
+            let avx2 = std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c");
+            if avx2 {
                 paths.push(QPath::Avx2);
             }
-            if ["avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vnni"]
-                .iter()
-                .all(|f| avx512_feature(f))
-                && std::is_x86_feature_detected!("fma")
+            if avx2
+                && ["avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vnni"]
+                    .iter()
+                    .all(|f| avx512_feature(f))
             {
                 paths.push(QPath::Avx512Vnni);
             }
@@ -293,17 +299,17 @@ pub mod reference {
     /// `Σ_b m[b]·s[b]` in sixteen lanes, then the tail in order. Inlined so that callers
     /// compiled with FMA get the instruction, not a library call.
     #[inline(always)]
-    pub(super) fn offset_term(m: &[f32], s: &[f32]) -> f32 {
+    pub(super) fn offset_term(m: &[f16], s: &[f32]) -> f32 {
         let full = m.len() / 16 * 16;
         let mut lanes = [0f32; 16];
         for ch in (0..full).step_by(16) {
             for (l, lane) in lanes.iter_mut().enumerate() {
-                *lane = m[ch + l].mul_add(s[ch + l], *lane);
+                *lane = m[ch + l].to_f32().mul_add(s[ch + l], *lane);
             }
         }
         let mut t = reduce8(std::array::from_fn(|j| lanes[j] + lanes[j + 8]));
         for b in full..m.len() {
-            t = m[b].mul_add(s[b], t);
+            t = m[b].to_f32().mul_add(s[b], t);
         }
         t
     }
@@ -322,7 +328,7 @@ pub mod reference {
                     qs[e - 16] >> 4
                 })
             };
-            let scale = w.d[c * nb + b] * a.d[r * nb + b];
+            let scale = w.d[c * nb + b].to_f32() * a.d[r * nb + b];
             for (j, lane) in acc[b % 2].iter_mut().enumerate() {
                 let isum: i32 = (4 * j..4 * j + 4).map(|e| wq(e) * i32::from(x[e])).sum();
                 *lane = (isum as f32).mul_add(scale, *lane);
@@ -338,7 +344,7 @@ pub mod reference {
         for b in 0..nb {
             let wq = &w.qs[c * w.k + b * QK..c * w.k + (b + 1) * QK];
             let x = &a.q[r * w.k + b * QK..r * w.k + (b + 1) * QK];
-            let scale = w.d[c * nb + b] * a.d[r * nb + b];
+            let scale = w.d[c * nb + b].to_f32() * a.d[r * nb + b];
             for (j, lane) in acc[b % 2].iter_mut().enumerate() {
                 let isum: i32 = (4 * j..4 * j + 4)
                     .map(|e| i32::from(wq[e]) * i32::from(x[e]))
@@ -356,27 +362,29 @@ pub(super) mod avx2 {
 
     use super::*;
     use crate::kernels::dot::avx2::reduce;
+    use crate::kernels::f16c;
 
     /// The offset term as `reference::offset_term` defines it, its sixteen lanes in two
     /// registers (the compiler leaves the reference's lane array scalar, which cost as much as
     /// a short row's whole integer product).
     #[inline(always)]
-    pub(in crate::kernels) unsafe fn offset_term(m: &[f32], s: &[f32]) -> f32 {
+    pub(in crate::kernels) unsafe fn offset_term(m: &[f16], s: &[f32]) -> f32 {
         let nb = m.len().min(s.len());
         let full = nb / 16 * 16;
         let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for ch in (0..full).step_by(16) {
-            // SAFETY: ch + 16 <= nb, within both slices.
+            // SAFETY: ch + 16 <= nb, within both slices; F16C is enabled in every caller.
             unsafe {
                 let (m, s) = (m.as_ptr().add(ch), s.as_ptr().add(ch));
-                lo = _mm256_fmadd_ps(_mm256_loadu_ps(m), _mm256_loadu_ps(s), lo);
-                hi = _mm256_fmadd_ps(_mm256_loadu_ps(m.add(8)), _mm256_loadu_ps(s.add(8)), hi);
+                lo = _mm256_fmadd_ps(f16c::eight(m), _mm256_loadu_ps(s), lo);
+                hi = _mm256_fmadd_ps(f16c::eight(m.add(8)), _mm256_loadu_ps(s.add(8)), hi);
             }
         }
         // SAFETY: AVX is enabled in every caller.
         let mut t = unsafe { reduce(_mm256_add_ps(lo, hi)) };
         for b in full..nb {
-            t = m[b].mul_add(s[b], t);
+            // SAFETY: as above.
+            t = unsafe { f16c::one(m[b]) }.mul_add(s[b], t);
         }
         t
     }
@@ -420,10 +428,13 @@ pub(super) mod avx2 {
 
     /// `scales[i][j][t] = d_w[c+j][b0+t] · d_x[r+i][b0+t]` for the blocks `b0..b0+len`, the
     /// products the reference rounds to f32 before its multiply-add, eight at a time.
+    ///
+    /// # Safety
+    /// F16C and AVX (every caller's); `len <= SCALE_CHUNK`.
     #[inline(always)]
-    fn scale_table<const R: usize, const C: usize>(
+    unsafe fn scale_table<const R: usize, const C: usize>(
         dx: &[f32],
-        dw: &[f32],
+        dw: &[f16],
         nb: usize,
         r: usize,
         c: usize,
@@ -431,10 +442,12 @@ pub(super) mod avx2 {
         len: usize,
     ) -> [[[f32; SCALE_CHUNK]; C]; R] {
         let mut t = [[[0f32; SCALE_CHUNK]; C]; R];
-        for i in 0..R {
-            let x = &dx[(r + i) * nb + b0..(r + i) * nb + b0 + len];
-            for j in 0..C {
-                let w = &dw[(c + j) * nb + b0..(c + j) * nb + b0 + len];
+        for j in 0..C {
+            // SAFETY: F16C and AVX (the caller's); `len <= SCALE_CHUNK`.
+            let w: [f32; SCALE_CHUNK] =
+                unsafe { f16c::widen(&dw[(c + j) * nb + b0..(c + j) * nb + b0 + len]) };
+            for i in 0..R {
+                let x = &dx[(r + i) * nb + b0..(r + i) * nb + b0 + len];
                 for (o, (a, b)) in t[i][j].iter_mut().zip(w.iter().zip(x)) {
                     *o = a * b;
                 }
@@ -444,8 +457,8 @@ pub(super) mod avx2 {
     }
 
     /// # Safety
-    /// AVX2 and FMA; rows `r..r+R` and columns `c..c+C` exist.
-    #[target_feature(enable = "avx2,fma")]
+    /// AVX2, FMA and F16C; rows `r..r+R` and columns `c..c+C` exist.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn q4_1<const R: usize, const C: usize>(
         a: &QuantActs,
         r: usize,
@@ -460,7 +473,8 @@ pub(super) mod avx2 {
         // Chunks start at even blocks, so a block's parity (its accumulator) is kept.
         for b0 in (0..nb).step_by(SCALE_CHUNK) {
             let len = (nb - b0).min(SCALE_CHUNK);
-            let scales = scale_table::<R, C>(&a.d, &w.d, nb, r, c, b0, len);
+            // SAFETY: F16C and AVX are enabled here; len <= SCALE_CHUNK.
+            let scales = unsafe { scale_table::<R, C>(&a.d, &w.d, nb, r, c, b0, len) };
             // Block `b0 + t` into accumulator set `P` (its parity): a constant index, so the
             // accumulators stay in registers (an index computed at run time, `b % 2`, puts
             // them on the stack and every multiply-add waits on a store and a load).
@@ -511,8 +525,8 @@ pub(super) mod avx2 {
     }
 
     /// # Safety
-    /// AVX2 and FMA; rows `r..r+R` and columns `c..c+C` exist.
-    #[target_feature(enable = "avx2,fma")]
+    /// AVX2, FMA and F16C; rows `r..r+R` and columns `c..c+C` exist.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn q8_0<const R: usize, const C: usize>(
         a: &QuantActs,
         r: usize,
@@ -524,7 +538,8 @@ pub(super) mod avx2 {
         let mut acc = [[[_mm256_setzero_ps(); 2]; C]; R];
         for b0 in (0..nb).step_by(SCALE_CHUNK) {
             let len = (nb - b0).min(SCALE_CHUNK);
-            let scales = scale_table::<R, C>(&a.d, &w.d, nb, r, c, b0, len);
+            // SAFETY: F16C and AVX are enabled here; len <= SCALE_CHUNK.
+            let scales = unsafe { scale_table::<R, C>(&a.d, &w.d, nb, r, c, b0, len) };
             // As in `q4_1`: the accumulator set is a constant per call, kept in registers.
             let step = |t: usize, acc: &mut [[[__m256; 2]; C]; R], parity: usize| {
                 let b = b0 + t;
@@ -575,6 +590,7 @@ mod avx512 {
 
     use super::*;
     use crate::kernels::dot::avx2::reduce;
+    use crate::kernels::f16c;
 
     /// How far ahead of the block being read the kernels prefetch weights, as the AVX2 ones
     /// do (without it a single-row product read from memory ran at half the AVX2 kernel's
@@ -592,6 +608,18 @@ mod avx512 {
     #[inline(always)]
     unsafe fn pair(d0: f32, d1: f32) -> __m512 {
         _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1)
+    }
+
+    /// [`pair`] of the two f16 scales at `p`, widened.
+    ///
+    /// # Safety
+    /// F16C and AVX-512 F; two readable scales at `p`.
+    #[inline(always)]
+    unsafe fn pair_f16(p: *const f16) -> __m512 {
+        // SAFETY: the caller's guarantee.
+        let two = unsafe { f16c::two(p) };
+        let spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(two))
     }
 
     /// Two consecutive Q4_1 blocks' nibbles (32 bytes) expanded to 64 bytes in element order.
@@ -620,14 +648,14 @@ mod avx512 {
 
     /// The offset term in sixteen lanes, as `reference::offset_term` defines it.
     #[inline(always)]
-    unsafe fn offset_term(m: &[f32], s: &[f32]) -> f32 {
+    unsafe fn offset_term(m: &[f16], s: &[f32]) -> f32 {
         let full = m.len() / 16 * 16;
         let mut lanes = _mm512_setzero_ps();
         for ch in (0..full).step_by(16) {
             // SAFETY: ch + 16 <= len of both.
             let (mv, sv) = unsafe {
                 (
-                    _mm512_loadu_ps(m.as_ptr().add(ch)),
+                    _mm512_cvtph_ps(_mm256_loadu_si256(m.as_ptr().add(ch) as *const __m256i)),
                     _mm512_loadu_ps(s.as_ptr().add(ch)),
                 )
             };
@@ -639,7 +667,7 @@ mod avx512 {
         );
         let mut t = unsafe { reduce(halves) };
         for b in full..m.len() {
-            t = m[b].mul_add(s[b], t);
+            t = unsafe { f16c::one(m[b]) }.mul_add(s[b], t);
         }
         t
     }
@@ -652,8 +680,8 @@ mod avx512 {
     }
 
     /// # Safety
-    /// AVX-512 F/BW/DQ/VL/VNNI and FMA; rows `r..r+R` and columns `c..c+C` exist.
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma")]
+    /// AVX-512 F/BW/DQ/VL/VNNI, FMA and F16C; rows `r..r+R` and columns `c..c+C` exist.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma,f16c")]
     pub unsafe fn q4_1<const R: usize, const C: usize>(
         a: &QuantActs,
         r: usize,
@@ -670,7 +698,7 @@ mod avx512 {
                 let at = (c + j) * nb + b;
                 // SAFETY: blocks b and b+1 of column c+j exist.
                 wv[j] = unsafe { nibbles2(w.qs.as_ptr().add(at * 16)) };
-                dw[j] = unsafe { pair(w.d[at], w.d[at + 1]) };
+                dw[j] = unsafe { pair_f16(w.d.as_ptr().add(at)) };
                 if b.is_multiple_of(4) {
                     // One cache line in four blocks, as the AVX2 kernel asks for it.
                     prefetch(w.qs.as_ptr().wrapping_add(at * 16 + PREFETCH));
@@ -701,7 +729,8 @@ mod avx512 {
                         _mm256_loadu_si256(a.q.as_ptr().add((r + i) * k + b * QK) as *const __m256i)
                     };
                     let isum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, x);
-                    let scale = _mm256_set1_ps(w.d[(c + j) * nb + b] * a.d[(r + i) * nb + b]);
+                    let dw = unsafe { f16c::one(w.d[(c + j) * nb + b]) };
+                    let scale = _mm256_set1_ps(dw * a.d[(r + i) * nb + b]);
                     _mm256_fmadd_ps(
                         _mm256_cvtepi32_ps(isum),
                         scale,
@@ -717,8 +746,8 @@ mod avx512 {
     }
 
     /// # Safety
-    /// AVX-512 F/BW/DQ/VL/VNNI and FMA; rows `r..r+R` and columns `c..c+C` exist.
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma")]
+    /// AVX-512 F/BW/DQ/VL/VNNI, FMA and F16C; rows `r..r+R` and columns `c..c+C` exist.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma,f16c")]
     pub unsafe fn q8_0<const R: usize, const C: usize>(
         a: &QuantActs,
         r: usize,
@@ -737,7 +766,7 @@ mod avx512 {
                 let q = w.qs.as_ptr().wrapping_add((c + j) * k + b * QK);
                 // SAFETY: blocks b and b+1 of column c+j exist. `w + 128` as unsigned bytes.
                 wv[j] = unsafe { _mm512_xor_si512(_mm512_loadu_si512(q as *const _), bias) };
-                dw[j] = unsafe { pair(w.d[at], w.d[at + 1]) };
+                dw[j] = unsafe { pair_f16(w.d.as_ptr().add(at)) };
                 // Each block pair is a cache line.
                 prefetch(q.wrapping_add(PREFETCH) as *const u8);
             }
@@ -783,7 +812,8 @@ mod avx512 {
                         _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, x),
                     );
                     let isum = _mm256_dpbusd_epi32(start, wv, x);
-                    let scale = _mm256_set1_ps(w.d[(c + j) * nb + b] * a.d[(r + i) * nb + b]);
+                    let dw = unsafe { f16c::one(w.d[(c + j) * nb + b]) };
+                    let scale = _mm256_set1_ps(dw * a.d[(r + i) * nb + b]);
                     _mm256_fmadd_ps(
                         _mm256_cvtepi32_ps(isum),
                         scale,

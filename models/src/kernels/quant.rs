@@ -1,8 +1,11 @@
 //! Quantized weight formats as the kernels read them, and activations rounded to 8 bits.
 //!
 //! Weights stay in their GGUF block formats but are repacked at load into separate arrays per
-//! output column (scales as f32, quants contiguous), so a kernel streams one column's quants
-//! without parsing 20- or 34-byte structs. Activations are rounded per block of 32 to i8 with one
+//! output column (quants contiguous, scales beside them), so a kernel streams one column's
+//! quants without parsing 20- or 34-byte structs. Scales stay f16, as GGUF stores them: a
+//! single-stream decode step reads every weight once from memory, and f32 scales made Q4_1 a
+//! fifth larger (24 bytes per block instead of 20); the kernels widen them as they read
+//! ([`super::f16c`]), which gives the same f32 values the reference multiplies. Activations are rounded per block of 32 to i8 with one
 //! f32 scale, as llama.cpp does (`Q8_1`: the scale times the sum of quants is kept too, for the
 //! offset term of Q4_1).
 
@@ -22,8 +25,10 @@ pub struct Q4_1Matrix {
     /// `n × nb × 16` bytes: element `e < 16` of a block is the low nibble of byte `e`, element
     /// `e ≥ 16` the high nibble of byte `e − 16` (ggml's layout).
     pub qs: Vec<u8>,
-    pub d: Vec<f32>,
-    pub m: Vec<f32>,
+    /// `n × nb` block scales.
+    pub d: Vec<f16>,
+    /// `n × nb` block minimums.
+    pub m: Vec<f16>,
 }
 
 /// Q8_0 weights: `w = d·q` with `q ∈ −127..=127`, per block of 32.
@@ -33,7 +38,8 @@ pub struct Q8_0Matrix {
     pub k: usize,
     /// `n × k` quants, row-major.
     pub qs: Vec<i8>,
-    pub d: Vec<f32>,
+    /// `n × nb` block scales.
+    pub d: Vec<f16>,
 }
 
 fn check_len(raw: &[u8], n: usize, k: usize, block_bytes: usize, what: &str) -> Result<usize> {
@@ -53,8 +59,8 @@ fn check_len(raw: &[u8], n: usize, k: usize, block_bytes: usize, what: &str) -> 
     Ok(nb)
 }
 
-fn f16_at(raw: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([raw[at], raw[at + 1]]).to_f32()
+fn f16_at(raw: &[u8], at: usize) -> f16 {
+    f16::from_le_bytes([raw[at], raw[at + 1]])
 }
 
 impl Q4_1Matrix {
@@ -70,14 +76,22 @@ impl Q4_1Matrix {
         Ok(out)
     }
 
-    /// Repacks ggml `block_q4_0` data (`{f16 d; u8 qs[16]}`, `w = d·(q − 8)`).
+    /// Repacks ggml `block_q4_0` data (`{f16 d; u8 qs[16]}`, `w = d·(q − 8)`). The minimum
+    /// `−8d` is exact in f16 (a power of two times an f16) unless it overflows, which only a
+    /// scale beyond 8188 would do: such a file is refused rather than read wrong.
     pub fn from_q4_0(raw: &[u8], n: usize, k: usize) -> Result<Self> {
         let nb = check_len(raw, n, k, 18, "Q4_0")?;
         let mut out = Self::with_capacity(n, k, nb);
         for block in raw.chunks_exact(18) {
             let d = f16_at(block, 0);
+            let m = f16::from_f32(-8.0 * d.to_f32());
+            if d.is_finite() && !m.is_finite() {
+                return Err(ModelError::Unsupported(format!(
+                    "Q4_0: block scale {d} is too large to store its offset −8·d in f16"
+                )));
+            }
             out.d.push(d);
-            out.m.push(-8.0 * d);
+            out.m.push(m);
             out.qs.extend_from_slice(&block[2..18]);
         }
         Ok(out)
@@ -101,7 +115,7 @@ impl Q4_1Matrix {
     pub fn dequantize_row(&self, c: usize, out: &mut [f32]) {
         let nb = self.blocks_per_row();
         for b in 0..nb {
-            let (d, m) = (self.d[c * nb + b], self.m[c * nb + b]);
+            let (d, m) = (self.d[c * nb + b].to_f32(), self.m[c * nb + b].to_f32());
             let qs = &self.qs[(c * nb + b) * 16..(c * nb + b + 1) * 16];
             for e in 0..16 {
                 out[b * QK + e] = d * f32::from(qs[e] & 0x0F) + m;
@@ -112,7 +126,7 @@ impl Q4_1Matrix {
 
     /// Bytes the kernels stream per use of the whole matrix.
     pub fn bytes(&self) -> usize {
-        self.qs.len() + 4 * (self.d.len() + self.m.len())
+        self.qs.len() + 2 * (self.d.len() + self.m.len())
     }
 
     /// Stacks matrices with the same row length (fused projections).
@@ -150,12 +164,12 @@ impl Q8_0Matrix {
     pub fn dequantize_row(&self, c: usize, out: &mut [f32]) {
         let nb = self.blocks_per_row();
         for (i, o) in out[..self.k].iter_mut().enumerate() {
-            *o = self.d[c * nb + i / QK] * f32::from(self.qs[c * self.k + i]);
+            *o = self.d[c * nb + i / QK].to_f32() * f32::from(self.qs[c * self.k + i]);
         }
     }
 
     pub fn bytes(&self) -> usize {
-        self.qs.len() + 4 * self.d.len()
+        self.qs.len() + 2 * self.d.len()
     }
 
     pub fn stack(parts: &[Q8_0Matrix]) -> Self {
@@ -281,5 +295,8 @@ mod tests {
         assert_eq!(row[16], 0.5 * (3.0 - 8.0));
         assert_eq!(row[1], -4.0);
         assert!(Q4_1Matrix::from_q4_0(&raw, 1, 64).is_err());
+        // A scale whose −8·d overflows f16 is refused, not stored as an infinite offset.
+        raw[..2].copy_from_slice(&f16::from_f32(9000.0).to_le_bytes());
+        assert!(Q4_1Matrix::from_q4_0(&raw, 1, 32).is_err());
     }
 }
