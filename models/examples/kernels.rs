@@ -23,8 +23,9 @@ struct Args {
     /// Context lengths for the attention kernel (one query head, this model's head shape).
     #[arg(long, value_delimiter = ',', default_value = "512")]
     contexts: Vec<usize>,
-    /// Rotate through enough copies of each weight matrix (64 MiB) that every call reads its
-    /// weights from DRAM, as a forward step does, instead of from cache.
+    /// Rotate through enough copies of each weight matrix (64 MiB), and sequences of a 64 MiB
+    /// KV pool, that every call reads its weights or cache from DRAM, as a forward step does,
+    /// instead of from cache.
     #[arg(long)]
     cold: bool,
     /// Seconds to spend on each measurement (best of its repetitions is printed).
@@ -58,7 +59,16 @@ fn attention(args: &Args, rng: &mut Rng) {
     let (hd, kv_heads, bs) = (64, 3, 16);
     for &ctx in &args.contexts {
         let blocks = ctx.div_ceil(bs);
-        let len = blocks * kv_heads * bs * hd;
+        // With --cold, a pool of 64 MiB per K and V whose sequences' blocks are scattered
+        // through it, one sequence per call in turn, so that every call reads from DRAM as a
+        // batched decode step does; otherwise one sequence, cache resident.
+        let block_bytes = kv_heads * bs * hd * 2;
+        let pool_blocks = if args.cold {
+            ((64 << 20) / block_bytes).max(blocks)
+        } else {
+            blocks
+        };
+        let len = pool_blocks * kv_heads * bs * hd;
         let k: Vec<u16> = (0..len).map(|_| f16::from_f32(rng.f()).to_bits()).collect();
         let v: Vec<u16> = (0..len).map(|_| f16::from_f32(rng.f()).to_bits()).collect();
         let view = KvView {
@@ -68,19 +78,25 @@ fn attention(args: &Args, rng: &mut Rng) {
             kv_heads,
             head_dim: hd,
         };
-        let table: Vec<u32> = (0..blocks as u32).rev().collect();
+        let mut order: Vec<u32> = (0..pool_blocks as u32).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.next_u32() as usize % (i + 1));
+        }
+        let tables: Vec<&[u32]> = order.chunks_exact(blocks).collect();
         // One query head alone, and this model's three sharing a KV head.
         for heads in [1, 3] {
             let q: Vec<f32> = (0..heads * hd).map(|_| rng.f()).collect();
             let (mut scores, mut out) = (Vec::new(), vec![0f32; heads * hd]);
             let path = best_path();
+            let mut next = 0;
             let best = best_of(args.seconds, || {
+                next = (next + 1) % tables.len();
                 attend(
                     path,
                     &q,
                     &view,
                     1,
-                    &table,
+                    tables[next],
                     ctx,
                     0.125,
                     &mut scores,
