@@ -1,4 +1,5 @@
-//! Widening the weights' f16 block scales to f32 inside the SIMD kernels (F16C).
+//! Widening half floats to f32 inside the SIMD kernels (F16C): the weights' f16 block scales
+//! and the attention's half-float KV cache.
 //!
 //! The scales stay f16 in memory ([`super::quant`]), so every kernel that multiplies by them
 //! widens them first. `half::f16::to_f32` does the same but checks the CPU's features on every

@@ -13,7 +13,7 @@
 //! - [`matmul`]: `activations × weightsᵀ` over a whole ragged batch, split by output columns.
 //! - [`qmatmul`] and [`quant`]: 8-bit activations against Q4_1 / Q4_0 / Q8_0 weights; on AVX2,
 //!   calls with several rows go to `qbatch`, which expands each weight column once for them.
-//! - `f16c`: widening the weights' f16 block scales inside the x86 kernels.
+//! - `f16c`: widening half floats (weight scales, the KV cache) inside the x86 kernels.
 //! - [`kquant`] and [`kqmatmul`]: llama.cpp's k-quants (Q4_K, Q6_K) repacked, and their product.
 //! - [`norm`]: RMS normalisation.
 //! - [`rope`]: rotary position embeddings from a precomputed table.

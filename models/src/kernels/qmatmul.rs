@@ -108,6 +108,11 @@ const COLS_PER_TASK: usize = 32;
 /// each weight column once for many rows; below it, the tiles here expand as they go.
 #[cfg(target_arch = "x86_64")]
 const BATCH_ROWS_AVX2: usize = 3;
+/// How far ahead of the block being read the single-row kernels (AVX2 and AVX-512) prefetch
+/// weights: tasks cover a few KiB of columns each, too short for the hardware prefetcher to
+/// ramp up (without it the AVX-512 kernel read from memory at about half the AVX2 one's speed).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH: usize = 1024;
 /// The same for AVX-512 VNNI, whose own 4 × 4 tiles (two blocks per 512-bit register) hold
 /// their own longer: Q4_1 gains from `qbatch` from about eight rows (one expansion of a column
 /// for all rows instead of one per four), Q8_0, which needs no expansion, never did
@@ -408,10 +413,6 @@ pub(super) mod avx2 {
         }
     }
 
-    /// How far ahead of the block being read the Q4_1 kernel prefetches weights: tasks cover
-    /// a few KiB of columns each, too short for the hardware prefetcher to ramp up.
-    const PREFETCH: usize = 1024;
-
     /// Sixteen Q4_1 weights' nibbles expanded to 32 bytes in element order: the 16 bytes are
     /// broadcast to both halves by the load itself, then the upper half is shifted by four, so
     /// the expansion costs two vector operations.
@@ -592,11 +593,6 @@ mod avx512 {
     use crate::kernels::dot::avx2::reduce;
     use crate::kernels::f16c;
 
-    /// How far ahead of the block being read the kernels prefetch weights, as the AVX2 ones
-    /// do (without it a single-row product read from memory ran at half the AVX2 kernel's
-    /// speed: the hardware prefetcher does not ramp up within a task's few KiB).
-    const PREFETCH: usize = 1024;
-
     /// Asks for the cache line at `p` (a prefetch never faults, even past the end).
     #[inline(always)]
     fn prefetch(p: *const u8) {
@@ -667,6 +663,7 @@ mod avx512 {
         );
         let mut t = unsafe { reduce(halves) };
         for b in full..m.len() {
+            // SAFETY: F16C is enabled in every caller.
             t = unsafe { f16c::one(m[b]) }.mul_add(s[b], t);
         }
         t
@@ -729,6 +726,7 @@ mod avx512 {
                         _mm256_loadu_si256(a.q.as_ptr().add((r + i) * k + b * QK) as *const __m256i)
                     };
                     let isum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, x);
+                    // SAFETY: F16C is enabled here.
                     let dw = unsafe { f16c::one(w.d[(c + j) * nb + b]) };
                     let scale = _mm256_set1_ps(dw * a.d[(r + i) * nb + b]);
                     _mm256_fmadd_ps(
@@ -812,6 +810,7 @@ mod avx512 {
                         _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, x),
                     );
                     let isum = _mm256_dpbusd_epi32(start, wv, x);
+                    // SAFETY: F16C is enabled here.
                     let dw = unsafe { f16c::one(w.d[(c + j) * nb + b]) };
                     let scale = _mm256_set1_ps(dw * a.d[(r + i) * nb + b]);
                     _mm256_fmadd_ps(

@@ -5,9 +5,9 @@
 //! quants without parsing 20- or 34-byte structs. Scales stay f16, as GGUF stores them: a
 //! single-stream decode step reads every weight once from memory, and f32 scales made Q4_1 a
 //! fifth larger (24 bytes per block instead of 20); the kernels widen them as they read
-//! ([`super::f16c`]), which gives the same f32 values the reference multiplies. Activations are rounded per block of 32 to i8 with one
-//! f32 scale, as llama.cpp does (`Q8_1`: the scale times the sum of quants is kept too, for the
-//! offset term of Q4_1).
+//! (`kernels::f16c`), which gives the same f32 values the reference multiplies. Activations
+//! are rounded per block of 32 to i8 with one f32 scale, as llama.cpp does (`Q8_1`: the scale
+//! times the sum of quants is kept too, for the offset term of Q4_1).
 
 use half::f16;
 

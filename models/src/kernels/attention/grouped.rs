@@ -16,6 +16,7 @@ use std::arch::x86_64::*;
 
 use super::super::dot::avx2::reduce;
 use super::super::exp::exp;
+use super::super::f16c;
 use super::{normalise, partial_scores, partial_values, F16c, KvView};
 
 /// Query heads handled in one pass over a KV head's blocks.
@@ -169,11 +170,10 @@ fn group<const G: usize, const U: usize>(
 ///
 /// # Safety
 /// F16C; eight u16 readable at `p`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
+#[inline(always)]
 unsafe fn widen8(p: *const u16) -> __m256 {
-    // SAFETY: the caller's guarantee.
-    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    // SAFETY: the caller's guarantee; f16 is u16 bits.
+    unsafe { f16c::eight(p.cast()) }
 }
 
 /// Scores of `U` vectors of eight slots for `G` heads: `units[u] = (offset of the unit's

@@ -88,22 +88,9 @@ struct F16c;
 impl Widen for F16c {
     #[inline(always)]
     fn widen<const N: usize>(src: &[u16]) -> [f32; N] {
-        use std::arch::x86_64::{_mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
-        let src = &src[..N];
-        let mut out = [0f32; N];
-        let full = N / 8 * 8;
-        for i in (0..full).step_by(8) {
-            // SAFETY: eight u16 are readable at src[i..] and eight f32 writable at out[i..]
-            // (both hold N ≥ i + 8); the caller runs with F16C enabled (see the type's doc).
-            unsafe {
-                let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
-                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-            }
-        }
-        for i in full..N {
-            out[i] = Self::one(src[i]);
-        }
-        out
+        use half::slice::HalfBitsSliceExt;
+        // SAFETY: the caller runs with F16C and AVX enabled (see the type's doc); `N` values.
+        unsafe { super::f16c::widen::<N>(src[..N].reinterpret_cast()) }
     }
 }
 
