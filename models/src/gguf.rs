@@ -160,7 +160,7 @@ impl GgufFile {
         Ok(())
     }
 
-    fn read_qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
+    pub fn read_qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
         self.tensor_info(name)?;
         let info = &self.content.tensor_infos[name];
         info.read(
@@ -229,5 +229,27 @@ impl Matrix {
             data.extend_from_slice(&m.data);
         }
         Ok(Matrix { rows, cols, data })
+    }
+}
+
+impl crate::weights::WeightSource for GgufFile {
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn has_tensor(&self, name: &str) -> bool {
+        GgufFile::has_tensor(self, name)
+    }
+
+    fn tensor_dims(&self, name: &str) -> Result<Vec<usize>> {
+        GgufFile::tensor_dims(self, name)
+    }
+
+    fn read_qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
+        GgufFile::read_qtensor(self, name)
+    }
+
+    fn check_tensor_types(&self) -> Result<()> {
+        GgufFile::check_tensor_types(self)
     }
 }

@@ -15,6 +15,7 @@
 //! - [`kernels`]: batch-invariant CPU kernels (the only `unsafe` code).
 //! - [`model`]: [`Model`], the loaded bundle of all of the above.
 //! - [`device`]: `cpu` / `cuda:N`.
+//! - [`weights`]: [`WeightSource`], tensors by GGUF name from any model format.
 
 pub mod batch;
 pub mod chat_template;
@@ -31,6 +32,7 @@ pub mod logits;
 pub mod model;
 pub mod registry;
 pub mod tokenizer;
+pub mod weights;
 
 pub use batch::{Logits, SeqChunk, StepBatch};
 pub use config::LlamaConfig;
@@ -39,3 +41,4 @@ pub use error::{ModelError, Result};
 pub use kv::KvStore;
 pub use llama::Llama;
 pub use model::{Model, ModelOptions};
+pub use weights::WeightSource;
