@@ -1,34 +1,106 @@
 //! The engine's Prometheus metrics, named and bucketed as vLLM exports them (so dashboards,
 //! HPA adapters and the Gateway API inference extension's endpoint picker read them as they
-//! are), plus sluice's own step figures. Every series carries `model_name`.
+//! are), plus sluice's own step figures. Every series carries `model_name`. The names, labels
+//! and buckets are `sluice-metrics`', which the gateway and the autoscaler read them by; the
+//! help texts are here.
 
+use prometheus::core::Collector;
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
+use sluice_metrics::vllm;
 
-/// vLLM's time-to-first-token buckets (seconds).
-const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
-/// vLLM's inter-token latency buckets (seconds).
-const ITL_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
-];
-/// vLLM's request latency buckets (seconds): e2e, queue, prefill and decode time.
-const REQUEST_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
-];
+/// A series' name and help text.
+#[derive(Debug, Clone, Copy)]
+struct Spec {
+    name: &'static str,
+    help: &'static str,
+}
+
+const fn spec(name: &'static str, help: &'static str) -> Spec {
+    Spec { name, help }
+}
+
+const WAITING: Spec = spec(
+    vllm::NUM_REQUESTS_WAITING,
+    "Number of requests waiting to be processed.",
+);
+const RUNNING: Spec = spec(
+    vllm::NUM_REQUESTS_RUNNING,
+    "Number of requests in model execution batches.",
+);
+const KV_USAGE: Spec = spec(
+    vllm::KV_CACHE_USAGE_PERC,
+    "KV-cache usage. 1 means 100 percent usage.",
+);
+const SUCCESS: Spec = spec(
+    vllm::REQUEST_SUCCESS_TOTAL,
+    "Count of finished requests, by why they finished.",
+);
+const TTFT: Spec = spec(
+    vllm::TIME_TO_FIRST_TOKEN_SECONDS,
+    "Histogram of time to first token in seconds.",
+);
+const ITL: Spec = spec(
+    vllm::INTER_TOKEN_LATENCY_SECONDS,
+    "Histogram of inter-token latency in seconds.",
+);
+const E2E: Spec = spec(
+    vllm::E2E_REQUEST_LATENCY_SECONDS,
+    "Histogram of e2e request latency in seconds.",
+);
+const QUEUE_TIME: Spec = spec(
+    vllm::REQUEST_QUEUE_TIME_SECONDS,
+    "Histogram of time spent in WAITING phase for request.",
+);
+const PREFILL_TIME: Spec = spec(
+    vllm::REQUEST_PREFILL_TIME_SECONDS,
+    "Histogram of time spent in PREFILL phase for request.",
+);
+const DECODE_TIME: Spec = spec(
+    vllm::REQUEST_DECODE_TIME_SECONDS,
+    "Histogram of time spent in DECODE phase for request.",
+);
+const PROMPT_TOKENS: Spec = spec(
+    vllm::PROMPT_TOKENS_TOTAL,
+    "Number of prefill tokens processed.",
+);
+const GENERATION_TOKENS: Spec = spec(
+    vllm::GENERATION_TOKENS_TOTAL,
+    "Number of generation tokens processed.",
+);
+const PREEMPTIONS: Spec = spec(
+    vllm::NUM_PREEMPTIONS_TOTAL,
+    "Cumulative number of preemption from the engine.",
+);
+const PREFIX_QUERIES: Spec = spec(
+    vllm::PREFIX_CACHE_QUERIES_TOTAL,
+    "Prefix cache queries, in terms of number of queried tokens.",
+);
+const PREFIX_HITS: Spec = spec(
+    vllm::PREFIX_CACHE_HITS_TOTAL,
+    "Prefix cache hits, in terms of number of cached tokens.",
+);
+const STEP_SECONDS: Spec = spec(
+    "sluice_engine_step_seconds",
+    "Wall time of one engine iteration (schedule, forward, sample).",
+);
+const BATCH_TOKENS: Spec = spec(
+    "sluice_engine_batch_tokens",
+    "Tokens fed to one forward call.",
+);
+const BATCH_SEQUENCES: Spec = spec(
+    "sluice_engine_batch_sequences",
+    "Sequences in one forward call.",
+);
 
 /// Handles to every series, already bound to this engine's `model_name`.
 #[derive(Debug, Clone)]
 pub struct EngineMetrics {
     pub requests_waiting: IntGauge,
     pub requests_running: IntGauge,
-    pub kv_cache_usage: prometheus::Gauge,
+    pub kv_cache_usage: Gauge,
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
@@ -50,122 +122,37 @@ pub struct EngineMetrics {
 impl EngineMetrics {
     /// Creates the series and registers them in `registry`.
     pub fn register(registry: &Registry, model_name: &str) -> prometheus::Result<Self> {
-        let label = &["model_name"];
-        let gauge = |name: &str, help: &str| -> prometheus::Result<IntGauge> {
-            let v = IntGaugeVec::new(Opts::new(name, help), label)?;
-            registry.register(Box::new(v.clone()))?;
-            Ok(v.with_label_values(&[model_name]))
+        let r = Registrar {
+            registry,
+            model_name,
         };
-        let counter = |name: &str, help: &str| -> prometheus::Result<IntCounter> {
-            let v = IntCounterVec::new(Opts::new(name, help), label)?;
-            registry.register(Box::new(v.clone()))?;
-            Ok(v.with_label_values(&[model_name]))
-        };
-        let histogram = |name: &str, help: &str, b: Vec<f64>| -> prometheus::Result<Histogram> {
-            let v = HistogramVec::new(HistogramOpts::new(name, help).buckets(b), label)?;
-            registry.register(Box::new(v.clone()))?;
-            Ok(v.with_label_values(&[model_name]))
-        };
-        let kv = prometheus::GaugeVec::new(
-            Opts::new(
-                "vllm:kv_cache_usage_perc",
-                "KV-cache usage. 1 means 100 percent usage.",
-            ),
-            label,
-        )?;
-        registry.register(Box::new(kv.clone()))?;
-        let success = IntCounterVec::new(
-            Opts::new(
-                "vllm:request_success_total",
-                "Count of finished requests, by why they finished.",
-            ),
-            &["model_name", "finished_reason"],
-        )?;
-        registry.register(Box::new(success.clone()))?;
-        let powers = |max: f64| {
-            let mut b = vec![1.0];
-            while *b.last().expect("non-empty") < max {
-                b.push(b.last().expect("non-empty") * 2.0);
-            }
-            b
-        };
+        let success = r.register(IntCounterVec::new(
+            SUCCESS.opts(),
+            &[vllm::MODEL_NAME, vllm::FINISHED_REASON],
+        )?)?;
         Ok(Self {
-            requests_waiting: gauge(
-                "vllm:num_requests_waiting",
-                "Number of requests waiting to be processed.",
-            )?,
-            requests_running: gauge(
-                "vllm:num_requests_running",
-                "Number of requests in model execution batches.",
-            )?,
-            kv_cache_usage: kv.with_label_values(&[model_name]),
-            ttft: histogram(
-                "vllm:time_to_first_token_seconds",
-                "Histogram of time to first token in seconds.",
-                TTFT_BUCKETS.to_vec(),
-            )?,
-            itl: histogram(
-                "vllm:inter_token_latency_seconds",
-                "Histogram of inter-token latency in seconds.",
-                ITL_BUCKETS.to_vec(),
-            )?,
-            e2e: histogram(
-                "vllm:e2e_request_latency_seconds",
-                "Histogram of e2e request latency in seconds.",
-                REQUEST_BUCKETS.to_vec(),
-            )?,
-            queue_time: histogram(
-                "vllm:request_queue_time_seconds",
-                "Histogram of time spent in WAITING phase for request.",
-                REQUEST_BUCKETS.to_vec(),
-            )?,
-            prefill_time: histogram(
-                "vllm:request_prefill_time_seconds",
-                "Histogram of time spent in PREFILL phase for request.",
-                REQUEST_BUCKETS.to_vec(),
-            )?,
-            decode_time: histogram(
-                "vllm:request_decode_time_seconds",
-                "Histogram of time spent in DECODE phase for request.",
-                REQUEST_BUCKETS.to_vec(),
-            )?,
-            prompt_tokens: counter(
-                "vllm:prompt_tokens_total",
-                "Number of prefill tokens processed.",
-            )?,
-            generation_tokens: counter(
-                "vllm:generation_tokens_total",
-                "Number of generation tokens processed.",
-            )?,
-            preemptions: counter(
-                "vllm:num_preemptions_total",
-                "Cumulative number of preemption from the engine.",
-            )?,
-            prefix_queries: counter(
-                "vllm:prefix_cache_queries_total",
-                "Prefix cache queries, in terms of number of queried tokens.",
-            )?,
-            prefix_hits: counter(
-                "vllm:prefix_cache_hits_total",
-                "Prefix cache hits, in terms of number of cached tokens.",
-            )?,
+            requests_waiting: r.gauge(WAITING)?,
+            requests_running: r.gauge(RUNNING)?,
+            kv_cache_usage: r.float_gauge(KV_USAGE)?,
+            ttft: r.histogram(TTFT, vllm::TTFT_BUCKETS.to_vec())?,
+            itl: r.histogram(ITL, vllm::ITL_BUCKETS.to_vec())?,
+            e2e: r.histogram(E2E, vllm::REQUEST_LATENCY_BUCKETS.to_vec())?,
+            queue_time: r.histogram(QUEUE_TIME, vllm::REQUEST_LATENCY_BUCKETS.to_vec())?,
+            prefill_time: r.histogram(PREFILL_TIME, vllm::REQUEST_LATENCY_BUCKETS.to_vec())?,
+            decode_time: r.histogram(DECODE_TIME, vllm::REQUEST_LATENCY_BUCKETS.to_vec())?,
+            prompt_tokens: r.counter(PROMPT_TOKENS)?,
+            generation_tokens: r.counter(GENERATION_TOKENS)?,
+            preemptions: r.counter(PREEMPTIONS)?,
+            prefix_queries: r.counter(PREFIX_QUERIES)?,
+            prefix_hits: r.counter(PREFIX_HITS)?,
             success,
             model_name: model_name.to_string(),
-            step_seconds: histogram(
-                "sluice_engine_step_seconds",
-                "Wall time of one engine iteration (schedule, forward, sample).",
+            step_seconds: r.histogram(
+                STEP_SECONDS,
                 prometheus::exponential_buckets(0.001, 2.0, 15)?,
             )?,
-            batch_tokens: histogram(
-                "sluice_engine_batch_tokens",
-                "Tokens fed to one forward call.",
-                powers(8192.0),
-            )?,
-            batch_sequences: histogram(
-                "sluice_engine_batch_sequences",
-                "Sequences in one forward call.",
-                powers(1024.0),
-            )?,
+            batch_tokens: r.histogram(BATCH_TOKENS, powers_of_two(8192.0))?,
+            batch_sequences: r.histogram(BATCH_SEQUENCES, powers_of_two(1024.0))?,
         })
     }
 
@@ -182,4 +169,55 @@ impl EngineMetrics {
             .with_label_values(&[self.model_name.as_str(), reason])
             .get()
     }
+}
+
+impl Spec {
+    fn opts(self) -> Opts {
+        Opts::new(self.name, self.help)
+    }
+}
+
+/// Registers series labelled by `model_name` and returns each bound to this engine's model.
+struct Registrar<'a> {
+    registry: &'a Registry,
+    model_name: &'a str,
+}
+
+impl Registrar<'_> {
+    const LABELS: &'static [&'static str] = &[vllm::MODEL_NAME];
+
+    fn register<C: Collector + Clone + 'static>(&self, c: C) -> prometheus::Result<C> {
+        self.registry.register(Box::new(c.clone()))?;
+        Ok(c)
+    }
+
+    fn gauge(&self, s: Spec) -> prometheus::Result<IntGauge> {
+        let v = self.register(IntGaugeVec::new(s.opts(), Self::LABELS)?)?;
+        Ok(v.with_label_values(&[self.model_name]))
+    }
+
+    fn float_gauge(&self, s: Spec) -> prometheus::Result<Gauge> {
+        let v = self.register(GaugeVec::new(s.opts(), Self::LABELS)?)?;
+        Ok(v.with_label_values(&[self.model_name]))
+    }
+
+    fn counter(&self, s: Spec) -> prometheus::Result<IntCounter> {
+        let v = self.register(IntCounterVec::new(s.opts(), Self::LABELS)?)?;
+        Ok(v.with_label_values(&[self.model_name]))
+    }
+
+    fn histogram(&self, s: Spec, buckets: Vec<f64>) -> prometheus::Result<Histogram> {
+        let opts = HistogramOpts::new(s.name, s.help).buckets(buckets);
+        let v = self.register(HistogramVec::new(opts, Self::LABELS)?)?;
+        Ok(v.with_label_values(&[self.model_name]))
+    }
+}
+
+/// 1, 2, 4, … up to the first power of two at or above `max`.
+fn powers_of_two(max: f64) -> Vec<f64> {
+    let mut b = vec![1.0];
+    while *b.last().expect("non-empty") < max {
+        b.push(b.last().expect("non-empty") * 2.0);
+    }
+    b
 }

@@ -1,8 +1,10 @@
 //! The gateway's own Prometheus series (`sluice_gateway_*`), registered next to the engine's.
+//! The two the autoscaler reads are named in `sluice-metrics`.
 
 use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
+use sluice_metrics::gateway;
 
 /// Latency buckets as the client sees it (seconds), matching vLLM's request buckets at the top
 /// and finer below a second where the gateway's own cost shows.
@@ -41,7 +43,7 @@ impl GatewayMetrics {
         )?;
         let queue_depth = IntGaugeVec::new(
             Opts::new(
-                "sluice_gateway_queue_depth",
+                gateway::QUEUE_DEPTH,
                 "Requests waiting in the admission queue, by priority.",
             ),
             &["priority"],
@@ -151,7 +153,7 @@ impl RouterMetrics {
         )?;
         let eligible = IntGaugeVec::new(
             Opts::new(
-                "sluice_gateway_replica_eligible",
+                gateway::REPLICA_ELIGIBLE,
                 "1 while a replica may be picked: its health check passes and it is not ejected.",
             ),
             &["replica"],

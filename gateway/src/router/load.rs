@@ -7,70 +7,26 @@
 //! next request will wait for blocks or preempt someone). A replica whose metrics went stale
 //! — its poll failed or hangs — scores [`SATURATED`]: the gateway cannot tell its load, so it
 //! is the last choice. A replica that exports none of these names (llama.cpp's server exports
-//! `llamacpp:` ones, mapped below; a plain OpenAI server none) is scored by in-flight alone.
+//! `llamacpp:` ones, which `sluice-metrics` maps; a plain OpenAI server none) is scored by
+//! in-flight alone.
 
 use std::time::{Duration, Instant};
+
+use sluice_metrics::ReplicaLoad;
 
 /// The score of a replica whose load is unknown because its metrics are stale.
 pub const SATURATED: f64 = 1e9;
 /// How much a full KV cache adds to the score, in requests.
 const KV_WEIGHT: f64 = 4.0;
 
-/// The load figures one poll found. Each is summed over label sets (one per model), except
-/// KV use, which takes the fullest cache.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Polled {
-    pub waiting: Option<f64>,
-    pub running: Option<f64>,
-    /// 0..1
-    pub kv_usage: Option<f64>,
-}
+/// The load figures one poll found (`sluice-metrics` reads them, as the autoscaler does):
+/// waiting and running summed over label sets (one per model), KV use the fullest cache.
+pub type Polled = ReplicaLoad;
 
-impl Polled {
-    pub fn is_empty(&self) -> bool {
-        self.waiting.is_none() && self.running.is_none() && self.kv_usage.is_none()
-    }
-}
-
-/// Reads the load series from Prometheus text. Unknown lines are ignored; malformed values
-/// are skipped, never fatal.
+/// Reads the load series from Prometheus text. Lines that do not parse are skipped, never
+/// fatal.
 pub fn parse_metrics(text: &str) -> Polled {
-    let mut p = Polled::default();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (name_labels, rest) = match line.find('}') {
-            Some(i) => (&line[..=i], &line[i + 1..]),
-            None => match line.find(char::is_whitespace) {
-                Some(i) => (&line[..i], &line[i..]),
-                None => continue,
-            },
-        };
-        let name = name_labels.split('{').next().unwrap_or("");
-        let Some(value) = rest
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|v| v.is_finite())
-        else {
-            continue;
-        };
-        let add = |slot: &mut Option<f64>| *slot = Some(slot.unwrap_or(0.0) + value);
-        match name {
-            "vllm:num_requests_waiting" | "llamacpp:requests_deferred" => add(&mut p.waiting),
-            "vllm:num_requests_running" | "llamacpp:requests_processing" => add(&mut p.running),
-            // Older vLLM releases named it after the GPU.
-            "vllm:kv_cache_usage_perc"
-            | "vllm:gpu_cache_usage_perc"
-            | "llamacpp:kv_cache_usage_ratio" => {
-                p.kv_usage = Some(p.kv_usage.unwrap_or(0.0).max(value.clamp(0.0, 1.0)))
-            }
-            _ => {}
-        }
-    }
-    p
+    ReplicaLoad::from_text(text)
 }
 
 /// What the gateway knows of a replica's metrics.
