@@ -86,6 +86,32 @@ fn legend(color: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
     move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
 }
 
+/// Ticks per axis: few enough that labels never run into each other on a half-width panel.
+const TICKS: usize = 6;
+
+/// The unit for a time axis whose values run up to `max_ms`: ms while they stay within 10 s,
+/// else seconds. Returns the unit's name and its size in ms.
+fn time_unit(max_ms: f64) -> (&'static str, f64) {
+    if max_ms > 10_000.0 {
+        ("s", 1e3)
+    } else {
+        ("ms", 1.0)
+    }
+}
+
+/// Tick labels for an axis from 0 to `max`: whole numbers from 20 up, else as many decimals as
+/// the tick spacing needs.
+fn tick_format(max: f64) -> impl Fn(&f64) -> String {
+    let decimals = if max >= 20.0 {
+        0
+    } else if max >= 2.0 {
+        1
+    } else {
+        2
+    };
+    move |v| format!("{v:.decimals$}")
+}
+
 /// Upper end of an axis holding `values` (never empty or zero-width).
 fn axis_max(values: impl IntoIterator<Item = f64>) -> f64 {
     let m = values
