@@ -80,10 +80,7 @@ pub fn vllm_keys(p: &Point) -> Map<String, Value> {
     m.insert("error_types".into(), json!(s.error_types));
     m.insert("output_token_source".into(), json!(s.token_sources));
     m.insert("itl_exact_requests".into(), json!(s.itl_exact_requests));
-    m.insert(
-        "retried_stale_connection".into(),
-        json!(s.retried_stale),
-    );
+    m.insert("retried_stale_connection".into(), json!(s.retried_stale));
     m
 }
 

@@ -45,10 +45,7 @@ async fn requests_on_connections_closed_at_reuse_are_retried_not_failed() {
     assert!(dropped >= 4, "the fake dropped {dropped} requests");
     assert_eq!(s.retried_stale, dropped, "one retry per dropped request");
     let records = &r.points[0].records;
-    assert_eq!(
-        records.iter().filter(|r| r.retried).count() as u64,
-        dropped
-    );
+    assert_eq!(records.iter().filter(|r| r.retried).count() as u64, dropped);
     assert!(records.iter().all(|r| r.ok && r.output_tokens == 4));
     assert_eq!(r.to_json()["retried_stale_connection"], dropped);
     let table = r.render();

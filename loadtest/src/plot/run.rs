@@ -62,7 +62,7 @@ where
         .map_err(perr)?;
     chart
         .configure_mesh()
-        .x_desc(unit)
+        .x_desc(format!("latency ({unit})"))
         .y_desc("fraction")
         .x_labels(TICKS)
         .y_labels(TICKS)
@@ -115,7 +115,10 @@ where
     );
     let mut chart = ChartBuilder::on(area)
         .caption(
-            format!("throughput over time ({:.2} s buckets)", tl.bucket_s),
+            format!(
+                "throughput over time ({} buckets)",
+                bucket_name(tl.bucket_s)
+            ),
             (FAMILY, 20),
         )
         .margin(15)
@@ -168,6 +171,17 @@ where
         .border_style(BLACK)
         .draw()
         .map_err(perr)
+}
+
+/// A bucket width as a person says it: `2.5 s`, `280 ms`, `4.2 ms`.
+fn bucket_name(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.1} s")
+    } else if s >= 0.01 {
+        format!("{:.0} ms", s * 1e3)
+    } else {
+        format!("{:.1} ms", s * 1e3)
+    }
 }
 
 fn in_flight<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, tl: &Timeline) -> Result<()>

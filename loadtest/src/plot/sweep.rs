@@ -45,7 +45,10 @@ where
     let (unit, size) = time_unit(axis_max(
         pts.iter().flat_map(|s| lines.iter().map(move |l| (l.1)(s))),
     ));
-    let ymax = axis_max(pts.iter().flat_map(|s| lines.iter().map(move |l| (l.1)(s) / size)));
+    let ymax = axis_max(
+        pts.iter()
+            .flat_map(|s| lines.iter().map(move |l| (l.1)(s) / size)),
+    );
     let mut chart = ChartBuilder::on(area)
         .caption(title, (FAMILY, 20))
         .margin(15)
@@ -56,7 +59,7 @@ where
     chart
         .configure_mesh()
         .x_desc("achieved requests/s")
-        .y_desc(unit)
+        .y_desc(format!("latency ({unit})"))
         .x_labels(TICKS)
         .y_labels(TICKS)
         .x_label_formatter(&tick_format(xmax))
