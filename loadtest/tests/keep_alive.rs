@@ -35,7 +35,7 @@ async fn requests_on_connections_closed_at_reuse_are_retried_not_failed() {
     // pooled connection meets the race, deterministically.
     let (base, seen) = closing::start(Closing {
         per_connection: 1,
-        idle_close: None,
+        ..Closing::never()
     })
     .await;
     let r = run(&base, &["--concurrency", "4", "--requests", "16"]).await;
@@ -61,7 +61,7 @@ async fn requests_on_connections_closed_at_reuse_are_retried_not_failed() {
 async fn non_streamed_requests_are_retried_too() {
     let (base, seen) = closing::start(Closing {
         per_connection: 2,
-        idle_close: None,
+        ..Closing::never()
     })
     .await;
     let r = run(
@@ -80,8 +80,8 @@ async fn connections_closed_while_idle_cost_no_requests() {
     // The fake closes a connection idle for 30 ms; an open loop at 20/s leaves ~50 ms gaps, so
     // most reuses find the connection closing or closed.
     let (base, seen) = closing::start(Closing {
-        per_connection: u64::MAX,
         idle_close: Some(Duration::from_millis(30)),
+        ..Closing::never()
     })
     .await;
     let r = run(
@@ -95,11 +95,33 @@ async fn connections_closed_while_idle_cost_no_requests() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_on_connections_past_the_server_keep_alive_are_retried() {
+    // The fake's keep-alive is 20 ms and it notices only when the next request arrives; an
+    // open loop at 10/s leaves every connection idle ~100 ms between requests.
+    let (base, seen) = closing::start(Closing {
+        stale_after: Some(Duration::from_millis(20)),
+        ..Closing::never()
+    })
+    .await;
+    let r = run(
+        &base,
+        &["--rate", "10", "--arrival", "constant", "--requests", "10"],
+    )
+    .await;
+    let s = &r.points[0].summary;
+    assert_eq!((s.completed, s.failed), (10, 0), "errors: {:?}", s.errors);
+    let dropped = seen.dropped.load(Ordering::Relaxed);
+    // Every other request: a dropped one's retry leaves the pool empty for the next.
+    assert!(dropped >= 4, "the fake dropped {dropped} requests");
+    assert_eq!(s.retried_stale, dropped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_drops_every_request_still_fails_them() {
     // A fresh connection that never answers is the server's failure, retried by nobody.
     let (base, _) = closing::start(Closing {
         per_connection: 0,
-        idle_close: None,
+        ..Closing::never()
     })
     .await;
     let r = run(

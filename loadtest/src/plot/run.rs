@@ -98,17 +98,7 @@ where
 {
     let n = tl.tokens_per_s.len();
     let xmax = tl.bucket_s * n as f64;
-    let steps = |v: &[f64]| -> Vec<(f64, f64)> {
-        v.iter()
-            .enumerate()
-            .flat_map(|(i, &y)| {
-                [
-                    (i as f64 * tl.bucket_s, y),
-                    ((i + 1) as f64 * tl.bucket_s, y),
-                ]
-            })
-            .collect()
-    };
+    let steps = |v: &[f64]| buckets(v, tl.bucket_s);
     let (ymax, y2max) = (
         axis_max(tl.tokens_per_s.iter().copied()),
         axis_max(tl.requests_per_s.iter().copied()),
@@ -171,6 +161,14 @@ where
         .border_style(BLACK)
         .draw()
         .map_err(perr)
+}
+
+/// Per-bucket values as a step line: each value held across its bucket.
+fn buckets(v: &[f64], width: f64) -> Vec<(f64, f64)> {
+    v.iter()
+        .enumerate()
+        .flat_map(|(i, &y)| [(i as f64 * width, y), ((i + 1) as f64 * width, y)])
+        .collect()
 }
 
 /// A bucket width as a person says it: `2.5 s`, `280 ms`, `4.2 ms`.

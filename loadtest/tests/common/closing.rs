@@ -1,8 +1,10 @@
 //! A hand-written HTTP/1.1 fake that ends keep-alive connections the way llama.cpp's server
-//! does under load: after answering `per_connection` requests it reads the next request and
-//! closes the connection without a byte of answer, and with `idle_close` it closes a connection
-//! that has waited that long for its next request. The first makes the client's reuse race
-//! deterministic; the second leaves it to timing.
+//! does under load. After answering `per_connection` requests it reads the next request and
+//! closes the connection without a byte of answer. With `stale_after` it does the same to a
+//! request that arrives on a connection idle for longer than that: its keep-alive timeout ran
+//! out just as the client reused the connection. Both make the client's reuse race
+//! deterministic. With `idle_close` it closes a connection that has waited that long for its
+//! next request, which leaves the race to timing.
 
 #![allow(dead_code)] // Each test binary uses a different part of it.
 
@@ -19,8 +21,21 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct Closing {
     /// Requests answered per connection; the next one is read and dropped unanswered.
     pub per_connection: u64,
+    /// Drop, unanswered, a request that arrives after the connection sat idle this long.
+    pub stale_after: Option<Duration>,
     /// Close a connection that has waited this long for its next request.
     pub idle_close: Option<Duration>,
+}
+
+impl Closing {
+    /// Answers every request, closes nothing early.
+    pub fn never() -> Self {
+        Self {
+            per_connection: u64::MAX,
+            stale_after: None,
+            idle_close: None,
+        }
+    }
 }
 
 /// What the fake did.
@@ -61,6 +76,7 @@ struct Request {
 async fn serve(tcp: TcpStream, closing: Closing, seen: Arc<Seen>) {
     let mut conn = BufReader::new(tcp);
     let mut answered = 0;
+    let mut idle_since = tokio::time::Instant::now();
     loop {
         let next = read_request(&mut conn);
         let req = match closing.idle_close {
@@ -73,7 +89,10 @@ async fn serve(tcp: TcpStream, closing: Closing, seen: Arc<Seen>) {
         let Some(req) = req else {
             return;
         };
-        if answered == closing.per_connection {
+        let stale = closing
+            .stale_after
+            .is_some_and(|d| answered > 0 && idle_since.elapsed() > d);
+        if answered == closing.per_connection || stale {
             seen.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -82,6 +101,7 @@ async fn serve(tcp: TcpStream, closing: Closing, seen: Arc<Seen>) {
         }
         answered += 1;
         seen.answered.fetch_add(1, Ordering::Relaxed);
+        idle_since = tokio::time::Instant::now();
     }
 }
 
@@ -125,9 +145,14 @@ fn response(status: &str, content_type: &str, body: &str) -> Vec<u8> {
 /// A chat or completions answer of `max_tokens` one-token chunks (streamed or whole), or the
 /// model list.
 fn answer(req: &Request) -> Vec<u8> {
-    if req.method == "GET" && req.path == "/v1/models" {
-        let v = json!({"object": "list", "data": [{"id": "closing-model"}]});
-        return response("200 OK", "application/json", &v.to_string());
+    match (req.method.as_str(), req.path.as_str()) {
+        ("GET", "/v1/models") => {
+            let v = json!({"object": "list", "data": [{"id": "closing-model"}]});
+            return response("200 OK", "application/json", &v.to_string());
+        }
+        ("GET", "/health") => return response("200 OK", "application/json", "{}"),
+        ("GET", "/metrics") => return response("200 OK", "text/plain", ""),
+        _ => {}
     }
     if !req.path.ends_with("completions") {
         return response("404 Not Found", "text/plain", "");
