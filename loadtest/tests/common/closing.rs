@@ -96,11 +96,12 @@ async fn serve(tcp: TcpStream, closing: Closing, seen: Arc<Seen>) {
             seen.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        // Counted before the client can see the answer, so a test reads a settled count.
+        seen.answered.fetch_add(1, Ordering::Relaxed);
         if conn.get_mut().write_all(&answer(&req)).await.is_err() {
             return;
         }
         answered += 1;
-        seen.answered.fetch_add(1, Ordering::Relaxed);
         idle_since = tokio::time::Instant::now();
     }
 }
