@@ -36,11 +36,13 @@ async fn rate(base: &str, extra: &[&str]) -> (f64, u64, u64, f64) {
 fn per_chunk_overhead(chunks: usize) -> Duration {
     let mut stream = Vec::new();
     for i in 1..=chunks {
-        stream.push(format!(
-            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\
-             \"delta\":{{\"content\":\" tok\"}}}}],\"usage\":{{\"prompt_tokens\":16,\
-             \"completion_tokens\":{i}}}}}\n\n"
-        ));
+        let chunk = serde_json::json!({
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": " tok"}}],
+            "usage": {"prompt_tokens": 16, "completion_tokens": i},
+        });
+        stream.push(format!("data: {chunk}\n\n"));
     }
     let t0 = Instant::now();
     let mut obs = Observed::default();

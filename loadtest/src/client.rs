@@ -4,22 +4,34 @@
 //!
 //! `https://` targets go through rustls (ring, the system's root certificates); `http://` ones
 //! never touch TLS, so a plain-HTTP run costs no handshakes and needs no certificates.
+//!
+//! Keep-alive: a pooled connection idle longer than [`POOL_IDLE`] is not reused, which keeps
+//! clear of common servers' keep-alive timeouts; a request that still meets a connection the
+//! server has just closed (no byte of answer, see [`crate::conn`]) is sent once more on a new
+//! connection and marked [`Observed::retried`], not counted as failed.
 
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
-use hyper::{Method, Request, Uri};
+use hyper::{Method, Request, Response, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 
+use crate::conn::{self, Tracking};
 use crate::error::{Error, Result};
 use crate::sse;
+
+/// How long a pooled connection may sit idle and still be reused: under the keep-alive timeouts
+/// of llama.cpp's server, uvicorn (vLLM) and Node (5 s each), so the client lets a connection go
+/// before the server is about to close it.
+pub const POOL_IDLE: Duration = Duration::from_secs(3);
 
 /// Which OpenAI API to drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -142,6 +154,10 @@ pub struct Usage {
 pub struct Observed {
     /// When the request actually left (after any wait for a concurrency slot).
     pub sent: Duration,
+    /// The first attempt met a keep-alive connection the server had closed (no byte of answer)
+    /// and the request was sent again on a new connection; the timings still run from the
+    /// scheduled time, so they include the lost attempt.
+    pub retried: bool,
     /// When each chunk with content arrived.
     pub chunks: Vec<Duration>,
     /// Tokens each content chunk carried, where per-chunk usage said (vLLM's
@@ -302,25 +318,33 @@ fn on_event(
     }
 }
 
+type Http = HyperClient<Tracking<HttpsConnector<HttpConnector>>, Full<Bytes>>;
+type Exchanged = std::result::Result<Response<Incoming>, hyper_util::client::legacy::Error>;
+
 /// The pooled client for one target.
 #[derive(Debug, Clone)]
 pub struct Client {
-    http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http: Http,
+    /// Without a pool: every request on a new connection, for the retry after a stale one.
+    fresh: Http,
     target: std::sync::Arc<Target>,
     uri: Uri,
 }
 
 impl Client {
-    /// A client with a connection pool that keeps every idle connection (a closed loop of `N`
-    /// reuses its `N` connections instead of reconnecting).
+    /// A client with a connection pool that keeps every idle connection for up to
+    /// [`POOL_IDLE`] (a closed loop of `N` reuses its `N` connections instead of reconnecting).
     pub fn new(target: Target) -> Result<Self> {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
         conn.enforce_http(false);
-        let conn = tls_connector(&target.base)?.wrap_connector(conn);
+        let conn = Tracking(tls_connector(&target.base)?.wrap_connector(conn));
         let http = HyperClient::builder(TokioExecutor::new())
             .pool_max_idle_per_host(usize::MAX)
-            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_idle_timeout(POOL_IDLE)
+            .build(conn.clone());
+        let fresh = HyperClient::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
             .build(conn);
         let path = match target.endpoint {
             Endpoint::Chat => "/v1/chat/completions",
@@ -334,6 +358,7 @@ impl Client {
         )?;
         Ok(Self {
             http,
+            fresh,
             target: std::sync::Arc::new(target),
             uri,
         })
@@ -356,6 +381,20 @@ impl Client {
             b = b.header(k, v);
         }
         b.body(Full::new(body)).expect("valid request parts")
+    }
+
+    /// Sends a request, and once more on a new connection if the first attempt was lost to a
+    /// stale keep-alive connection ([`conn::is_stale`]). Returns the outcome (the second
+    /// attempt's, if there was one) and whether there was a second attempt.
+    async fn exchange(&self, method: Method, uri: &Uri, body: Bytes) -> (Exchanged, bool) {
+        let req = self.request(method.clone(), uri.clone(), body.clone());
+        match self.http.request(req).await {
+            Err(e) if conn::is_stale(&e) => {
+                let again = self.request(method, uri.clone(), body);
+                (self.fresh.request(again).await, true)
+            }
+            first => (first, false),
+        }
     }
 
     /// The JSON body for one request.
@@ -396,8 +435,9 @@ impl Client {
     }
 
     async fn send_inner(&self, body: Bytes, scheduled: Instant, obs: &mut Observed) {
-        let req = self.request(Method::POST, self.uri.clone(), body);
-        let resp = match self.http.request(req).await {
+        let (resp, retried) = self.exchange(Method::POST, &self.uri, body).await;
+        obs.retried = retried;
+        let resp = match resp {
             Ok(r) => r,
             Err(e) => {
                 obs.failure = Some(if e.is_connect() {
@@ -455,9 +495,9 @@ impl Client {
         };
         let uri: Uri = url.parse().map_err(|e| setup(format!("{e}")))?;
         let resp = self
-            .http
-            .request(self.request(Method::GET, uri, Bytes::new()))
+            .exchange(Method::GET, &uri, Bytes::new())
             .await
+            .0
             .map_err(|e| setup(format!("{e:?}")))?;
         let status = resp.status();
         let bytes = resp
@@ -489,9 +529,9 @@ impl Client {
         }))
         .expect("serialisable");
         let resp = self
-            .http
-            .request(self.request(Method::POST, uri, body.into()))
+            .exchange(Method::POST, &uri, body.into())
             .await
+            .0
             .map_err(|e| format!("{e:?}"))?;
         let status = resp.status();
         let bytes = resp

@@ -228,12 +228,9 @@ fn invalid(flag: &'static str, reason: impl Into<String>) -> Error {
     }
 }
 
-impl Config {
-    /// Checks and types the raw arguments.
-    pub fn from_args(a: Args) -> Result<Self> {
-        let base_url = crate::client::normalize_base(&a.url)?;
-        let mut headers = Vec::new();
-        for h in &a.headers {
+fn parse_headers(raw: &[String]) -> Result<Vec<(HeaderName, HeaderValue)>> {
+    raw.iter()
+        .map(|h| {
             let (k, v) = h
                 .split_once(':')
                 .ok_or_else(|| invalid("--header", format!("`{h}` is not K:V")))?;
@@ -241,115 +238,142 @@ impl Config {
                 .map_err(|e| invalid("--header", format!("`{k}`: {e}")))?;
             let v = HeaderValue::try_from(v.trim())
                 .map_err(|e| invalid("--header", format!("`{v}`: {e}")))?;
-            headers.push((k, v));
-        }
-        if !positive(a.timeout) {
-            return Err(invalid("--timeout", "must be positive"));
-        }
-        if !positive(a.burstiness) {
-            return Err(invalid("--burstiness", "must be positive"));
-        }
-        let arrival = match a.arrival {
-            ArrivalKind::Poisson => Arrival::Poisson,
-            ArrivalKind::Constant => Arrival::Constant,
-            ArrivalKind::Gamma => Arrival::Gamma {
+            Ok((k, v))
+        })
+        .collect()
+}
+
+/// The arrival process and its name for the JSON.
+fn arrival_of(a: &Args) -> Result<(Arrival, &'static str)> {
+    if !positive(a.burstiness) {
+        return Err(invalid("--burstiness", "must be positive"));
+    }
+    Ok(match a.arrival {
+        ArrivalKind::Poisson => (Arrival::Poisson, "poisson"),
+        ArrivalKind::Constant => (Arrival::Constant, "constant"),
+        ArrivalKind::Gamma => (
+            Arrival::Gamma {
                 shape: a.burstiness,
             },
-        };
-        let arrival_name = match a.arrival {
-            ArrivalKind::Poisson => "poisson",
-            ArrivalKind::Constant => "constant",
-            ArrivalKind::Gamma => "gamma",
-        };
-        let mode = if a.sweep {
-            if a.sweep_steps == 0 {
-                return Err(invalid("--sweep-steps", "must be at least 1"));
-            }
-            Mode::Sweep {
-                steps: a.sweep_steps,
-            }
-        } else if a.trace.is_some() {
-            if !positive(a.time_scale) {
-                return Err(invalid("--time-scale", "must be positive"));
-            }
-            Mode::Trace {
-                time_scale: a.time_scale,
-            }
-        } else if let Some(r) = a.rate {
-            if r.is_infinite() && r > 0.0 {
-                Mode::Burst
-            } else if r > 0.0 {
-                Mode::Open {
-                    rate: r,
-                    arrival: arrival_name,
-                    burstiness: a.burstiness,
-                }
-            } else {
-                return Err(invalid("--rate", "must be positive (or inf)"));
-            }
-        } else {
-            let c = a.concurrency.unwrap_or(1);
-            if c == 0 {
-                return Err(invalid("--concurrency", "must be at least 1"));
-            }
-            Mode::Closed { concurrency: c }
-        };
-        if a.max_concurrency == Some(0) {
-            return Err(invalid("--max-concurrency", "must be at least 1"));
+            "gamma",
+        ),
+    })
+}
+
+fn mode_of(a: &Args, arrival_name: &'static str) -> Result<Mode> {
+    if a.sweep {
+        if a.sweep_steps == 0 {
+            return Err(invalid("--sweep-steps", "must be at least 1"));
         }
-        if a.duration.is_some_and(|d| !positive(d)) {
-            return Err(invalid("--duration", "must be positive"));
+        return Ok(Mode::Sweep {
+            steps: a.sweep_steps,
+        });
+    }
+    if a.trace.is_some() {
+        if !positive(a.time_scale) {
+            return Err(invalid("--time-scale", "must be positive"));
         }
-        if !positive(a.token_scale) {
-            return Err(invalid("--token-scale", "must be positive"));
-        }
-        let requests = match (a.requests, a.duration) {
-            (None, None) if a.trace.is_none() => Some(100),
-            (r, _) => r,
-        };
-        if requests == Some(0) {
-            return Err(invalid("--requests", "must be at least 1"));
-        }
-        if matches!(mode, Mode::Sweep { .. }) && requests.is_none() {
-            return Err(invalid(
-                "--sweep",
-                "needs --requests (each point sends that many)",
-            ));
-        }
-        let source = if let Some(t) = &a.trace {
-            Source::Trace(t.clone())
-        } else if a.dataset == "random" {
-            Source::Random
-        } else if let Some(f) = a.dataset.strip_prefix("sharegpt:") {
-            Source::ShareGpt(PathBuf::from(f))
-        } else {
-            return Err(invalid(
-                "--dataset",
-                format!("`{}`: want random or sharegpt:FILE", a.dataset),
-            ));
-        };
+        return Ok(Mode::Trace {
+            time_scale: a.time_scale,
+        });
+    }
+    match a.rate {
+        Some(r) if r.is_infinite() && r > 0.0 => Ok(Mode::Burst),
+        Some(r) if r > 0.0 => Ok(Mode::Open {
+            rate: r,
+            arrival: arrival_name,
+            burstiness: a.burstiness,
+        }),
+        Some(_) => Err(invalid("--rate", "must be positive (or inf)")),
+        None => match a.concurrency.unwrap_or(1) {
+            0 => Err(invalid("--concurrency", "must be at least 1")),
+            c => Ok(Mode::Closed { concurrency: c }),
+        },
+    }
+}
+
+/// `--requests`, defaulted to 100 where nothing else bounds the run, and checked against `mode`.
+fn requests_of(a: &Args, mode: Mode) -> Result<Option<usize>> {
+    let requests = match (a.requests, a.duration) {
+        (None, None) if a.trace.is_none() => Some(100),
+        (r, _) => r,
+    };
+    if requests == Some(0) {
+        return Err(invalid("--requests", "must be at least 1"));
+    }
+    if matches!(mode, Mode::Sweep { .. }) && requests.is_none() {
+        return Err(invalid(
+            "--sweep",
+            "needs --requests (each point sends that many)",
+        ));
+    }
+    if matches!(mode, Mode::Burst) && requests.is_none() {
+        return Err(invalid(
+            "--rate inf",
+            "needs --requests (everything is due at once; a duration bounds nothing)",
+        ));
+    }
+    Ok(requests)
+}
+
+fn source_of(a: &Args) -> Result<Source> {
+    if let Some(t) = &a.trace {
+        Ok(Source::Trace(t.clone()))
+    } else if a.dataset == "random" {
+        Ok(Source::Random)
+    } else if let Some(f) = a.dataset.strip_prefix("sharegpt:") {
+        Ok(Source::ShareGpt(PathBuf::from(f)))
+    } else {
+        Err(invalid(
+            "--dataset",
+            format!("`{}`: want random or sharegpt:FILE", a.dataset),
+        ))
+    }
+}
+
+/// The checks of single values that no other setting depends on.
+fn check_values(a: &Args) -> Result<()> {
+    if !positive(a.timeout) {
+        return Err(invalid("--timeout", "must be positive"));
+    }
+    if a.max_concurrency == Some(0) {
+        return Err(invalid("--max-concurrency", "must be at least 1"));
+    }
+    if a.duration.is_some_and(|d| !positive(d)) {
+        return Err(invalid("--duration", "must be positive"));
+    }
+    if !positive(a.token_scale) {
+        return Err(invalid("--token-scale", "must be positive"));
+    }
+    if a.max_error_rate.is_some_and(|r| !(0.0..=1.0).contains(&r)) {
+        return Err(invalid("--max-error-rate", "must be between 0 and 1"));
+    }
+    if a.plot
+        .as_ref()
+        .is_some_and(|p| crate::plot::Format::of(p).is_none())
+    {
+        return Err(invalid("--plot", "the file name must end in .svg or .png"));
+    }
+    if a.input_len == 0 || a.output_len == Some(0) {
+        return Err(invalid("--input-len/--output-len", "must be at least 1"));
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Checks and types the raw arguments.
+    pub fn from_args(a: Args) -> Result<Self> {
+        let base_url = crate::client::normalize_base(&a.url)?;
+        let headers = parse_headers(&a.headers)?;
+        let (arrival, arrival_name) = arrival_of(&a)?;
+        let mode = mode_of(&a, arrival_name)?;
+        let requests = requests_of(&a, mode)?;
+        let source = source_of(&a)?;
         let slo = match &a.slo {
             Some(s) => s.parse()?,
             None => Slo::default(),
         };
-        if a.max_error_rate.is_some_and(|r| !(0.0..=1.0).contains(&r)) {
-            return Err(invalid("--max-error-rate", "must be between 0 and 1"));
-        }
-        if a.plot
-            .as_ref()
-            .is_some_and(|p| crate::plot::Format::of(p).is_none())
-        {
-            return Err(invalid("--plot", "the file name must end in .svg or .png"));
-        }
-        if matches!(mode, Mode::Burst) && requests.is_none() {
-            return Err(invalid(
-                "--rate inf",
-                "needs --requests (everything is due at once; a duration bounds nothing)",
-            ));
-        }
-        if a.input_len == 0 || a.output_len == Some(0) {
-            return Err(invalid("--input-len/--output-len", "must be at least 1"));
-        }
+        check_values(&a)?;
         Ok(Self {
             base_url,
             endpoint: a.endpoint,

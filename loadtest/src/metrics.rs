@@ -9,7 +9,9 @@
 //! - **E2E**: scheduled send → end of the response.
 //!
 //! Everything is measured from the *scheduled* time, so time a request spent waiting for a
-//! concurrency slot or for a late client counts against the server, not hidden.
+//! concurrency slot or for a late client counts against the server, not hidden. That holds for a
+//! request retried after a stale keep-alive connection too: its figures include the lost
+//! attempt (a fraction of a millisecond) and the new connection's handshake.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -40,6 +42,9 @@ pub struct Record {
     /// How late the request actually left (waiting for a concurrency slot), ms.
     pub send_delay_ms: f64,
     pub ok: bool,
+    /// Sent a second time, on a new connection, after the first attempt met a keep-alive
+    /// connection the server had closed (see [`crate::conn`]).
+    pub retried: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -134,6 +139,7 @@ pub fn record(
         scheduled_s: scheduled.as_secs_f64(),
         send_delay_ms: ms(obs.sent),
         ok: obs.failure.is_none(),
+        retried: obs.retried,
         error: obs.failure.as_ref().map(|f| f.label()),
         error_message: obs.failure.as_ref().map(|f| f.message()),
         error_type: obs
@@ -277,6 +283,8 @@ pub struct Summary {
     /// Requests whose ITL used exact per-chunk token counts.
     pub itl_exact_requests: u64,
     pub max_in_flight: u64,
+    /// Requests sent again on a new connection after a stale keep-alive one; not failures.
+    pub retried_stale: u64,
 }
 
 impl Summary {
@@ -330,6 +338,7 @@ impl Summary {
                 .map(|s| s.1)
                 .max()
                 .unwrap_or(0),
+            retried_stale: records.iter().filter(|r| r.retried).count() as u64,
         }
     }
 

@@ -45,6 +45,14 @@ fn stat_keys(m: &mut Map<String, Value>, name: &str, s: &Stats) {
     m.insert(format!("max_{name}_ms"), json!(s.max));
 }
 
+/// `key:count` pairs, space-separated.
+fn counts(m: &std::collections::BTreeMap<String, u64>) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k}:{v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A summary as vLLM bench's flat JSON keys.
 pub fn vllm_keys(p: &Point) -> Map<String, Value> {
     let s = &p.summary;
@@ -72,6 +80,7 @@ pub fn vllm_keys(p: &Point) -> Map<String, Value> {
     m.insert("error_types".into(), json!(s.error_types));
     m.insert("output_token_source".into(), json!(s.token_sources));
     m.insert("itl_exact_requests".into(), json!(s.itl_exact_requests));
+    m.insert("retried_stale_connection".into(), json!(s.retried_stale));
     m
 }
 
@@ -107,11 +116,10 @@ impl Report {
 
     /// The human report: header lines, then one table (a column per point).
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        out.push_str(&format!(
+        let mut out = format!(
             "model: {}  endpoint: {:?}  stream: {}\n",
             self.model, self.config.endpoint, self.config.stream
-        ));
+        );
         out.push_str(&format!("dataset: {}\n", self.dataset));
         out.push_str(&format!("prompt lengths: {}\n", self.calibration));
         for n in &self.notes {
@@ -123,47 +131,61 @@ impl Report {
         let mut header = vec![Cell::new("")];
         header.extend(self.points.iter().map(|p| Cell::new(&p.label)));
         t.set_header(header);
-        let row = |t: &mut Table, name: &str, f: &dyn Fn(&Summary) -> String| {
-            let mut r = vec![Cell::new(name)];
-            r.extend(
-                self.points
-                    .iter()
-                    .map(|p| Cell::new(f(&p.summary)).set_alignment(CellAlignment::Right)),
-            );
-            t.add_row(r);
-        };
-        row(&mut t, "completed / failed", &|s| {
+        self.throughput_rows(&mut t);
+        self.latency_rows(&mut t);
+        self.count_rows(&mut t);
+        out.push_str(&t.to_string());
+        out.push('\n');
+        out
+    }
+
+    /// One table row: `name`, then `f` of each point's summary.
+    fn row(&self, t: &mut Table, name: &str, f: impl Fn(&Summary) -> String) {
+        let mut r = vec![Cell::new(name)];
+        r.extend(
+            self.points
+                .iter()
+                .map(|p| Cell::new(f(&p.summary)).set_alignment(CellAlignment::Right)),
+        );
+        t.add_row(r);
+    }
+
+    fn any(&self, f: impl Fn(&Summary) -> bool) -> bool {
+        self.points.iter().any(|p| f(&p.summary))
+    }
+
+    fn throughput_rows(&self, t: &mut Table) {
+        self.row(t, "completed / failed", |s| {
             format!("{} / {}", s.completed, s.failed)
         });
-        row(&mut t, "duration (s)", &|s| format!("{:.2}", s.duration));
-        row(&mut t, "request throughput (req/s)", &|s| {
+        self.row(t, "duration (s)", |s| format!("{:.2}", s.duration));
+        self.row(t, "request throughput (req/s)", |s| {
             format!("{:.2}", s.request_throughput)
         });
-        row(&mut t, "output throughput (tok/s)", &|s| {
+        self.row(t, "output throughput (tok/s)", |s| {
             format!("{:.1}", s.output_throughput)
         });
-        row(&mut t, "total token throughput (tok/s)", &|s| {
+        self.row(t, "total token throughput (tok/s)", |s| {
             format!("{:.1}", s.total_token_throughput)
         });
-        if self
-            .points
-            .iter()
-            .any(|p| p.summary.request_goodput.is_some())
-        {
-            row(&mut t, "request goodput (req/s)", &|s| {
+        if self.any(|s| s.request_goodput.is_some()) {
+            self.row(t, "request goodput (req/s)", |s| {
                 s.request_goodput.map_or("-".into(), |g| format!("{g:.2}"))
             });
         }
-        row(&mut t, "input / output tokens", &|s| {
+        self.row(t, "input / output tokens", |s| {
             format!("{} / {}", s.total_input_tokens, s.total_output_tokens)
         });
+    }
+
+    fn latency_rows(&self, t: &mut Table) {
         for (name, get) in [
             ("TTFT", (|s: &Summary| s.ttft) as fn(&Summary) -> Stats),
             ("TPOT", |s: &Summary| s.tpot),
             ("ITL", |s: &Summary| s.itl),
             ("E2E", |s: &Summary| s.e2el),
         ] {
-            row(&mut t, &format!("{name} mean ± std (ms)"), &|s| {
+            self.row(t, &format!("{name} mean ± std (ms)"), |s| {
                 let v = get(s);
                 if v.count == 0 {
                     "-".into()
@@ -171,7 +193,7 @@ impl Report {
                     format!("{:.2} ± {:.2}", v.mean, v.std)
                 }
             });
-            row(&mut t, &format!("{name} p50/p90/p95/p99 (ms)"), &|s| {
+            self.row(t, &format!("{name} p50/p90/p95/p99 (ms)"), |s| {
                 let v = get(s);
                 if v.count == 0 {
                     "-".into()
@@ -180,44 +202,29 @@ impl Report {
                 }
             });
         }
-        row(&mut t, "output tokens counted by", &|s| {
-            s.token_sources
-                .iter()
-                .map(|(k, v)| format!("{k}:{v}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        });
-        row(&mut t, "ITL tokens per chunk exact", &|s| {
+    }
+
+    fn count_rows(&self, t: &mut Table) {
+        self.row(t, "output tokens counted by", |s| counts(&s.token_sources));
+        self.row(t, "ITL tokens per chunk exact", |s| {
             format!("{} req", s.itl_exact_requests)
         });
-        row(&mut t, "max in flight", &|s| s.max_in_flight.to_string());
-        row(&mut t, "errors", &|s| {
+        self.row(t, "max in flight", |s| s.max_in_flight.to_string());
+        self.row(t, "errors", |s| {
             if s.errors.is_empty() {
                 "none".into()
             } else {
-                s.errors
-                    .iter()
-                    .map(|(k, v)| format!("{k}:{v}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
+                counts(&s.errors)
             }
         });
-        if self
-            .points
-            .iter()
-            .any(|p| !p.summary.error_types.is_empty())
-        {
-            row(&mut t, "errors by server type", &|s| {
-                s.error_types
-                    .iter()
-                    .map(|(k, v)| format!("{k}:{v}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
+        if self.any(|s| !s.error_types.is_empty()) {
+            self.row(t, "errors by server type", |s| counts(&s.error_types));
+        }
+        if self.any(|s| s.retried_stale > 0) {
+            self.row(t, "retried after a stale keep-alive connection", |s| {
+                format!("{} req (not failures)", s.retried_stale)
             });
         }
-        out.push_str(&t.to_string());
-        out.push('\n');
-        out
     }
 
     /// Writes `--json`.

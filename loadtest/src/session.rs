@@ -29,22 +29,8 @@ pub async fn execute(cfg: Config) -> Result<Report> {
 /// request is sent (a sweep runs no further point), those in flight finish, and the report
 /// covers what ran, with a note.
 pub async fn execute_until(cfg: Config, stop: Stop) -> Result<Report> {
-    let mut target = Target {
-        base: cfg.base_url.clone(),
-        endpoint: cfg.endpoint,
-        model: cfg.model.clone().unwrap_or_default(),
-        stream: cfg.stream,
-        ignore_eos: cfg.ignore_eos,
-        api_key: cfg.api_key.clone(),
-        headers: cfg.headers.clone(),
-        timeout: Duration::from_secs_f64(cfg.timeout_s),
-    };
-    if cfg.model.is_none() {
-        target.model = Client::new(target.clone())?.first_model().await?;
-    }
-    let client = Client::new(target)?;
+    let client = connect(&cfg).await?;
     let mut notes = Vec::new();
-
     let (maker, counter) = prompt_lengths(&cfg, &client, &mut notes).await?;
     let dataset = load_dataset(&cfg, counter.as_ref(), &mut notes).await?;
     if dataset.is_empty() {
@@ -61,135 +47,147 @@ pub async fn execute_until(cfg: Config, stop: Stop) -> Result<Report> {
         counters: Arc::new(Counters::default()),
         stop,
     };
+    warm_up(&mut shared, &cfg).await;
+    let points = match cfg.mode {
+        Mode::Sweep { steps } => sweep(&mut shared, &cfg, steps, &mut notes).await,
+        mode => {
+            let (load, label, rate) = single_load(&cfg, mode);
+            let bounds = measured_bounds(&cfg);
+            let recs = run_point(&mut shared, &cfg, &label, load, bounds, cfg.warmup).await;
+            vec![point(&label, rate, recs, &cfg)]
+        }
+    };
+    Ok(report(cfg, &shared, notes, points))
+}
 
-    if cfg.warmup > 0 {
-        let c = match cfg.mode {
-            Mode::Closed { concurrency } => concurrency,
-            _ => cfg.max_concurrency.unwrap_or(8),
-        };
-        let bounds = Bounds {
-            requests: Some(cfg.warmup),
-            duration: None,
-        };
-        run_point(
-            &mut shared,
-            &cfg,
-            "warmup",
-            Load::Closed { concurrency: c },
-            bounds,
-            0,
-        )
-        .await;
+/// The client for `cfg`'s target, with the model `/v1/models` names first when none was given.
+async fn connect(cfg: &Config) -> Result<Client> {
+    let mut target = Target {
+        base: cfg.base_url.clone(),
+        endpoint: cfg.endpoint,
+        model: cfg.model.clone().unwrap_or_default(),
+        stream: cfg.stream,
+        ignore_eos: cfg.ignore_eos,
+        api_key: cfg.api_key.clone(),
+        headers: cfg.headers.clone(),
+        timeout: Duration::from_secs_f64(cfg.timeout_s),
+    };
+    if cfg.model.is_none() {
+        target.model = Client::new(target.clone())?.first_model().await?;
     }
+    Client::new(target)
+}
 
+/// `--warmup N`: a closed loop whose records are dropped.
+async fn warm_up(shared: &mut Shared, cfg: &Config) {
+    if cfg.warmup == 0 {
+        return;
+    }
+    let concurrency = match cfg.mode {
+        Mode::Closed { concurrency } => concurrency,
+        _ => cfg.max_concurrency.unwrap_or(8),
+    };
     let bounds = Bounds {
+        requests: Some(cfg.warmup),
+        duration: None,
+    };
+    let load = Load::Closed { concurrency };
+    run_point(shared, cfg, "warmup", load, bounds, 0).await;
+}
+
+fn measured_bounds(cfg: &Config) -> Bounds {
+    Bounds {
         requests: cfg.requests,
         duration: cfg.duration(),
-    };
+    }
+}
+
+/// The load, label and offered rate of a mode that is not a sweep.
+fn single_load(cfg: &Config, mode: Mode) -> (Load, String, Option<f64>) {
+    let max_concurrency = cfg.max_concurrency;
+    match mode {
+        Mode::Closed { concurrency } => (
+            Load::Closed { concurrency },
+            format!("concurrency {concurrency}"),
+            None,
+        ),
+        Mode::Open { rate, .. } => (
+            Load::Open {
+                rate,
+                arrival: cfg.arrival,
+                max_concurrency,
+            },
+            format!("rate {rate}/s"),
+            Some(rate),
+        ),
+        Mode::Burst => (Load::Burst { max_concurrency }, "rate inf".into(), None),
+        Mode::Trace { time_scale } => (
+            Load::Trace {
+                time_scale,
+                max_concurrency,
+            },
+            format!("trace ÷{time_scale}"),
+            None,
+        ),
+        Mode::Sweep { .. } => unreachable!("a sweep runs several loads"),
+    }
+}
+
+/// A sweep: synchronous, max throughput, then `steps` open-loop rates between the two, in the
+/// order of offered load. Stops after the point during which `stop` was set.
+async fn sweep(
+    shared: &mut Shared,
+    cfg: &Config,
+    steps: usize,
+    notes: &mut Vec<String>,
+) -> Vec<Point> {
+    let bounds = measured_bounds(cfg);
+    let n = cfg.requests.unwrap_or(100);
+    // Random prompts are fresh per point (no prefix-cache help); lists are replayed.
+    let stride = if shared.dataset.len().is_none() { n } else { 0 };
     let first = cfg.warmup;
-    let mut points = Vec::new();
-    match cfg.mode {
-        Mode::Sweep { steps } => {
-            let n = cfg.requests.unwrap_or(100);
-            // Random prompts are fresh per point (no prefix-cache help); lists are replayed.
-            let stride = if shared.dataset.len().is_none() { n } else { 0 };
-            let sync = Load::Closed { concurrency: 1 };
-            let recs = run_point(&mut shared, &cfg, "synchronous", sync, bounds, first).await;
-            points.push(point("synchronous", None, recs, &cfg));
-            if shared.stop.is_set() {
-                return Ok(report(cfg, &shared, notes, points));
-            }
-            let burst = Load::Burst {
-                max_concurrency: cfg.max_concurrency,
-            };
-            let recs = run_point(
-                &mut shared,
-                &cfg,
-                "throughput",
-                burst,
-                bounds,
-                first + stride,
-            )
-            .await;
-            points.push(point("throughput", None, recs, &cfg));
-            if shared.stop.is_set() {
-                return Ok(report(cfg, &shared, notes, points));
-            }
-            let sync_rate = points[0].summary.request_throughput;
-            let max_rate = points[1].summary.request_throughput;
-            if max_rate <= sync_rate {
-                notes.push(format!(
-                    "sweep: max-throughput run ({max_rate:.2} req/s) was not faster than the \
-                     synchronous one ({sync_rate:.2} req/s); rates span the two the other way \
-                     round (more requests per point give a steadier curve)"
-                ));
-            }
-            let (lo, hi) = (sync_rate.min(max_rate), sync_rate.max(max_rate));
-            for i in 1..=steps {
-                let rate = lo + (hi - lo) * i as f64 / (steps + 1) as f64;
-                let label = format!("{i}: {rate:.2}/s");
-                let load = Load::Open {
-                    rate: rate.max(1e-3),
-                    arrival: cfg.arrival,
-                    max_concurrency: cfg.max_concurrency,
-                };
-                let recs = run_point(
-                    &mut shared,
-                    &cfg,
-                    &label,
-                    load,
-                    bounds,
-                    first + (i + 1) * stride,
-                )
-                .await;
-                points.push(point(&label, Some(rate), recs, &cfg));
-                if shared.stop.is_set() {
-                    break;
-                }
-            }
-            // Order the curve by offered load: synchronous, the rates, then max throughput.
-            let tp = points.remove(1);
-            points.push(tp);
-        }
-        mode => {
-            let (load, label, rate) = match mode {
-                Mode::Closed { concurrency } => (
-                    Load::Closed { concurrency },
-                    format!("concurrency {concurrency}"),
-                    None,
-                ),
-                Mode::Open { rate, .. } => (
-                    Load::Open {
-                        rate,
-                        arrival: cfg.arrival,
-                        max_concurrency: cfg.max_concurrency,
-                    },
-                    format!("rate {rate}/s"),
-                    Some(rate),
-                ),
-                Mode::Burst => (
-                    Load::Burst {
-                        max_concurrency: cfg.max_concurrency,
-                    },
-                    "rate inf".to_string(),
-                    None,
-                ),
-                Mode::Trace { time_scale } => (
-                    Load::Trace {
-                        time_scale,
-                        max_concurrency: cfg.max_concurrency,
-                    },
-                    format!("trace ÷{time_scale}"),
-                    None,
-                ),
-                Mode::Sweep { .. } => unreachable!(),
-            };
-            let recs = run_point(&mut shared, &cfg, &label, load, bounds, first).await;
-            points.push(point(&label, rate, recs, &cfg));
+    let sync = Load::Closed { concurrency: 1 };
+    let recs = run_point(shared, cfg, "synchronous", sync, bounds, first).await;
+    let mut points = vec![point("synchronous", None, recs, cfg)];
+    if shared.stop.is_set() {
+        return points;
+    }
+    let burst = Load::Burst {
+        max_concurrency: cfg.max_concurrency,
+    };
+    let recs = run_point(shared, cfg, "throughput", burst, bounds, first + stride).await;
+    let throughput = point("throughput", None, recs, cfg);
+    if shared.stop.is_set() {
+        points.push(throughput);
+        return points;
+    }
+    let sync_rate = points[0].summary.request_throughput;
+    let max_rate = throughput.summary.request_throughput;
+    if max_rate <= sync_rate {
+        notes.push(format!(
+            "sweep: max-throughput run ({max_rate:.2} req/s) was not faster than the \
+             synchronous one ({sync_rate:.2} req/s); rates span the two the other way \
+             round (more requests per point give a steadier curve)"
+        ));
+    }
+    let (lo, hi) = (sync_rate.min(max_rate), sync_rate.max(max_rate));
+    for i in 1..=steps {
+        let rate = lo + (hi - lo) * i as f64 / (steps + 1) as f64;
+        let label = format!("{i}: {rate:.2}/s");
+        let load = Load::Open {
+            rate: rate.max(1e-3),
+            arrival: cfg.arrival,
+            max_concurrency: cfg.max_concurrency,
+        };
+        let at = first + (i + 1) * stride;
+        let recs = run_point(shared, cfg, &label, load, bounds, at).await;
+        points.push(point(&label, Some(rate), recs, cfg));
+        if shared.stop.is_set() {
+            break;
         }
     }
-
-    Ok(report(cfg, &shared, notes, points))
+    points.push(throughput);
+    points
 }
 
 /// The report of the points that ran; a note says so when a signal cut the run short.

@@ -99,6 +99,7 @@ mod tests {
             scheduled_s,
             send_delay_ms: 0.0,
             ok: true,
+            retried: false,
             error: None,
             error_message: None,
             error_type: None,

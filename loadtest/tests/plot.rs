@@ -1,6 +1,7 @@
 //! `--plot` output, decoded rather than only found: a PNG with the right signature and size,
 //! axes and text in black and the series in colour; an SVG with text laid out by the embedded
-//! font; for a sweep, the latency-against-rate panels.
+//! font; for a sweep, the latency-against-rate panels; tick labels whole and in a unit a person
+//! reads at a glance.
 
 mod common;
 
@@ -105,5 +106,50 @@ async fn png_and_svg_plots_of_a_run_and_a_sweep() {
     plot::draw(&sweep, &svg).unwrap();
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.contains("TTFT against achieved rate") && text.contains("ITL p99"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The text of every `<text>` element of an SVG.
+fn texts(svg: &str) -> Vec<String> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|t| {
+            let t = &t[t.find('>')? + 1..];
+            Some(t[..t.find("</text>")?].trim().to_string())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_ticks_are_whole_and_switch_to_seconds() {
+    let sc = Scenario {
+        ttft: Duration::from_millis(2),
+        per_token: Duration::from_millis(1),
+        ..Scenario::default()
+    };
+    let (base, _) = fake::start(sc).await;
+    let mut r = run(&base, &["--concurrency", "4", "--requests", "16"]).await;
+    // A slow server's figures: TTFT 1.2-1.4 s, E2E 12-14 s, as llama.cpp's on a CPU.
+    for (i, rec) in r.points[0].records.iter_mut().enumerate() {
+        rec.ttft_ms = Some(1_200.0 + 12.5 * i as f64);
+        rec.e2el_ms = 12_000.0 + 125.0 * i as f64;
+    }
+    let dir = std::env::temp_dir().join(format!("lt-ticks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("slow.svg");
+    plot::draw(&r, &svg).unwrap();
+    plot::draw(&r, &dir.join("slow.png")).unwrap();
+    let t = texts(&std::fs::read_to_string(&svg).unwrap());
+    assert!(
+        t.iter().any(|s| s == "latency (s)"),
+        "the E2E axis in seconds: {t:?}"
+    );
+    for tick in ["0", "5", "10", "15"] {
+        assert!(t.iter().any(|s| s == tick), "tick {tick} missing: {t:?}");
+    }
+    assert!(
+        !t.iter().any(|s| s.contains("000.0") || s == "12000"),
+        "no ms-scale or .0 labels: {t:?}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

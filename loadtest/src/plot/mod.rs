@@ -86,6 +86,44 @@ fn legend(color: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
     move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
 }
 
+/// Ticks per axis: few enough that labels never run into each other on a half-width panel.
+const TICKS: usize = 6;
+
+/// The unit for a time axis whose values run up to `max_ms`: ms while they stay within 10 s,
+/// else seconds. Returns the unit's name and its size in ms.
+fn time_unit(max_ms: f64) -> (&'static str, f64) {
+    if max_ms > 10_000.0 {
+        ("s", 1e3)
+    } else {
+        ("ms", 1.0)
+    }
+}
+
+/// Tick labels for an axis from 0 to `max`: as many decimals as the tick spacing needs, so
+/// whole numbers wherever the ticks are whole.
+fn tick_format(max: f64) -> impl Fn(&f64) -> String {
+    let decimals = (-tick_step(max).log10() - 1e-9).ceil().max(0.0) as usize;
+    move |v| format!("{v:.decimals$}")
+}
+
+/// The spacing plotters gives at most [`TICKS`] ticks over 0..`max`: the smallest 1, 2 or 5
+/// times a power of ten that leaves no more than that many.
+fn tick_step(max: f64) -> f64 {
+    if !(max > 0.0 && max.is_finite()) {
+        return 1.0;
+    }
+    let mut power = (max / TICKS as f64).log10().floor() - 1.0;
+    loop {
+        for m in [1.0, 2.0, 5.0] {
+            let step = m * 10f64.powf(power);
+            if ((max / step).floor() as usize) < TICKS {
+                return step;
+            }
+        }
+        power += 1.0;
+    }
+}
+
 /// Upper end of an axis holding `values` (never empty or zero-width).
 fn axis_max(values: impl IntoIterator<Item = f64>) -> f64 {
     let m = values
@@ -96,5 +134,24 @@ fn axis_max(values: impl IntoIterator<Item = f64>) -> f64 {
         m * 1.08
     } else {
         1.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_labels_carry_only_the_decimals_their_spacing_needs() {
+        assert_eq!(tick_step(15_120.0), 5_000.0);
+        assert_eq!(tick_format(15_120.0)(&10_000.0), "10000");
+        assert_eq!(tick_step(15.12), 5.0);
+        assert_eq!(tick_format(15.12)(&5.0), "5");
+        assert_eq!(tick_step(2.16), 0.5);
+        assert_eq!(tick_format(2.16)(&1.5), "1.5");
+        assert_eq!(tick_format(1.0)(&0.2), "0.2");
+        assert_eq!(tick_format(0.054)(&0.01), "0.01");
+        assert_eq!(time_unit(9_000.0), ("ms", 1.0));
+        assert_eq!(time_unit(14_000.0), ("s", 1e3));
     }
 }

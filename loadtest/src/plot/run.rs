@@ -5,7 +5,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::{axis_max, legend, perr, FAMILY};
+use super::{axis_max, legend, perr, tick_format, time_unit, FAMILY, TICKS};
 use crate::error::Result;
 use crate::metrics::Record;
 use crate::report::Report;
@@ -51,7 +51,8 @@ fn cdf<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    let xmax = axis_max(series.iter().flat_map(|s| s.1.iter().copied()));
+    let (unit, size) = time_unit(axis_max(series.iter().flat_map(|s| s.1.iter().copied())));
+    let xmax = axis_max(series.iter().flat_map(|s| s.1.iter().map(|v| v / size)));
     let mut chart = ChartBuilder::on(area)
         .caption(title, (FAMILY, 20))
         .margin(15)
@@ -61,15 +62,20 @@ where
         .map_err(perr)?;
     chart
         .configure_mesh()
-        .x_desc("ms")
+        .x_desc(format!("latency ({unit})"))
         .y_desc("fraction")
+        .x_labels(TICKS)
+        .y_labels(TICKS)
+        .x_label_formatter(&tick_format(xmax))
+        .y_label_formatter(&tick_format(1.0))
         .label_style((FAMILY, 13))
         .draw()
         .map_err(perr)?;
-    for (name, mut v, color) in series {
+    for (name, v, color) in series {
         if v.is_empty() {
             continue;
         }
+        let mut v: Vec<f64> = v.iter().map(|x| x / size).collect();
         v.sort_by(f64::total_cmp);
         let n = v.len() as f64;
         // A step per sample: the fraction at or below each value.
@@ -92,39 +98,42 @@ where
 {
     let n = tl.tokens_per_s.len();
     let xmax = tl.bucket_s * n as f64;
-    let steps = |v: &[f64]| -> Vec<(f64, f64)> {
-        v.iter()
-            .enumerate()
-            .flat_map(|(i, &y)| {
-                [
-                    (i as f64 * tl.bucket_s, y),
-                    ((i + 1) as f64 * tl.bucket_s, y),
-                ]
-            })
-            .collect()
-    };
+    let steps = |v: &[f64]| buckets(v, tl.bucket_s);
+    let (ymax, y2max) = (
+        axis_max(tl.tokens_per_s.iter().copied()),
+        axis_max(tl.requests_per_s.iter().copied()),
+    );
     let mut chart = ChartBuilder::on(area)
         .caption(
-            format!("throughput over time ({:.2} s buckets)", tl.bucket_s),
+            format!(
+                "throughput over time ({} buckets)",
+                bucket_name(tl.bucket_s)
+            ),
             (FAMILY, 20),
         )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
         .right_y_label_area_size(60)
-        .build_cartesian_2d(0.0..xmax, 0.0..axis_max(tl.tokens_per_s.iter().copied()))
+        .build_cartesian_2d(0.0..xmax, 0.0..ymax)
         .map_err(perr)?
-        .set_secondary_coord(0.0..xmax, 0.0..axis_max(tl.requests_per_s.iter().copied()));
+        .set_secondary_coord(0.0..xmax, 0.0..y2max);
     chart
         .configure_mesh()
         .x_desc("s since start")
         .y_desc("output tokens/s")
+        .x_labels(TICKS)
+        .y_labels(TICKS)
+        .x_label_formatter(&tick_format(xmax))
+        .y_label_formatter(&tick_format(ymax))
         .label_style((FAMILY, 13))
         .draw()
         .map_err(perr)?;
     chart
         .configure_secondary_axes()
         .y_desc("requests/s")
+        .y_labels(TICKS)
+        .y_label_formatter(&tick_format(y2max))
         .label_style((FAMILY, 13))
         .draw()
         .map_err(perr)?;
@@ -154,6 +163,25 @@ where
         .map_err(perr)
 }
 
+/// Per-bucket values as a step line: each value held across its bucket.
+fn buckets(v: &[f64], width: f64) -> Vec<(f64, f64)> {
+    v.iter()
+        .enumerate()
+        .flat_map(|(i, &y)| [(i as f64 * width, y), ((i + 1) as f64 * width, y)])
+        .collect()
+}
+
+/// A bucket width as a person says it: `2.5 s`, `280 ms`, `4.2 ms`.
+fn bucket_name(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.1} s")
+    } else if s >= 0.01 {
+        format!("{:.0} ms", s * 1e3)
+    } else {
+        format!("{:.1} ms", s * 1e3)
+    }
+}
+
 fn in_flight<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, tl: &Timeline) -> Result<()>
 where
     DB::ErrorType: 'static,
@@ -171,6 +199,11 @@ where
         .configure_mesh()
         .x_desc("s since start")
         .y_desc("in flight")
+        .x_labels(TICKS)
+        // Whole requests: at most one tick per request, so no tick falls between two.
+        .y_labels((ymax.floor() as usize + 1).clamp(2, TICKS))
+        .x_label_formatter(&tick_format(xmax))
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .label_style((FAMILY, 13))
         .draw()
         .map_err(perr)?;

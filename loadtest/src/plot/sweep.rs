@@ -6,7 +6,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::{axis_max, legend, perr, FAMILY};
+use super::{axis_max, legend, perr, tick_format, time_unit, FAMILY, TICKS};
 use crate::error::Result;
 use crate::metrics::Summary;
 use crate::report::Report;
@@ -42,7 +42,13 @@ where
     DB::ErrorType: 'static,
 {
     let xmax = axis_max(pts.iter().map(|s| s.request_throughput));
-    let ymax = axis_max(pts.iter().flat_map(|s| lines.iter().map(move |l| (l.1)(s))));
+    let (unit, size) = time_unit(axis_max(
+        pts.iter().flat_map(|s| lines.iter().map(move |l| (l.1)(s))),
+    ));
+    let ymax = axis_max(
+        pts.iter()
+            .flat_map(|s| lines.iter().map(move |l| (l.1)(s) / size)),
+    );
     let mut chart = ChartBuilder::on(area)
         .caption(title, (FAMILY, 20))
         .margin(15)
@@ -53,12 +59,19 @@ where
     chart
         .configure_mesh()
         .x_desc("achieved requests/s")
-        .y_desc("ms")
+        .y_desc(format!("latency ({unit})"))
+        .x_labels(TICKS)
+        .y_labels(TICKS)
+        .x_label_formatter(&tick_format(xmax))
+        .y_label_formatter(&tick_format(ymax))
         .label_style((FAMILY, 13))
         .draw()
         .map_err(perr)?;
     for &(name, f, color) in lines {
-        let data: Vec<(f64, f64)> = pts.iter().map(|s| (s.request_throughput, f(s))).collect();
+        let data: Vec<(f64, f64)> = pts
+            .iter()
+            .map(|s| (s.request_throughput, f(s) / size))
+            .collect();
         chart
             .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))
             .map_err(perr)?

@@ -1,2 +1,3 @@
 //! Shared harness for the integration tests.
+pub mod closing;
 pub mod fake;
