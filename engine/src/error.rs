@@ -3,6 +3,8 @@
 
 use thiserror::Error;
 
+use crate::request::Invalid;
+
 /// Why `EngineHandle::submit` refused a request. Each is decided before the request is queued,
 /// so a refused request costs the engine nothing.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -23,9 +25,9 @@ pub enum SubmitError {
     /// The engine is draining or has stopped.
     #[error("the engine is shutting down")]
     ShuttingDown,
-    /// A parameter is out of range or inconsistent; the message names it.
+    /// A field is out of range or inconsistent; the error names it.
     #[error("{0}")]
-    InvalidRequest(String),
+    InvalidRequest(Invalid),
 }
 
 impl SubmitError {
@@ -37,6 +39,12 @@ impl SubmitError {
             Self::ShuttingDown => "shutting_down",
             Self::InvalidRequest(_) => "invalid_request",
         }
+    }
+}
+
+impl From<Invalid> for SubmitError {
+    fn from(e: Invalid) -> Self {
+        Self::InvalidRequest(e)
     }
 }
 

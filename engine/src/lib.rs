@@ -34,4 +34,4 @@ pub use engine::{Engine, EngineHandle, EventStream, Load};
 pub use error::{EngineError, SubmitError};
 pub use event::{Delta, Event, Finish, FinishReason, MatchedStop, TokenLogprob, Usage};
 pub use metrics::EngineMetrics;
-pub use request::{Request, SamplingParams, MAX_TOP_LOGPROBS};
+pub use request::{Field, Invalid, Request, SamplingParams, MAX_N, MAX_STOP, MAX_TOP_LOGPROBS};

@@ -98,6 +98,235 @@ impl SamplingParams {
     }
 }
 
+/// Most choices per request.
+pub const MAX_N: usize = 16;
+/// Most stop strings per request.
+pub const MAX_STOP: usize = 8;
+
+/// A request field the engine checks, named in [`Invalid`] so that a caller can report it under
+/// its own API's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Field {
+    Prompt,
+    Temperature,
+    TopP,
+    MinP,
+    PresencePenalty,
+    FrequencyPenalty,
+    RepetitionPenalty,
+    LogitBias,
+    N,
+    /// `SamplingParams::logprobs`: the alternatives returned per token.
+    Logprobs,
+    MaxTokens,
+    MinTokens,
+    Stop,
+    StopTokenIds,
+}
+
+impl Field {
+    /// The name used in the engine's messages (OpenAI's chat names).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Prompt => "prompt",
+            Self::Temperature => "temperature",
+            Self::TopP => "top_p",
+            Self::MinP => "min_p",
+            Self::PresencePenalty => "presence_penalty",
+            Self::FrequencyPenalty => "frequency_penalty",
+            Self::RepetitionPenalty => "repetition_penalty",
+            Self::LogitBias => "logit_bias",
+            Self::N => "n",
+            Self::Logprobs => "top_logprobs",
+            Self::MaxTokens => "max_tokens",
+            Self::MinTokens => "min_tokens",
+            Self::Stop => "stop",
+            Self::StopTokenIds => "stop_token_ids",
+        }
+    }
+}
+
+/// A field out of its range: the field, the offending value (empty when the field as a whole
+/// is at fault) and the rule it breaks, e.g. `temperature 2.5 must be in [0, 2]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    field: Field,
+    value: String,
+    rule: String,
+    message: String,
+}
+
+impl Invalid {
+    fn new(field: Field, value: impl ToString, rule: impl Into<String>) -> Self {
+        let (value, rule) = (value.to_string(), rule.into());
+        let message = match value.as_str() {
+            "" => format!("{} {rule}", field.name()),
+            v => format!("{} {v} {rule}", field.name()),
+        };
+        Self {
+            field,
+            value,
+            rule,
+            message,
+        }
+    }
+
+    pub fn field(&self) -> Field {
+        self.field
+    }
+
+    /// The offending value as written in the message; empty when the field as a whole is at
+    /// fault (an empty stop string, an empty prompt).
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+
+    /// What the value breaks, e.g. `must be in [0, 2]`.
+    pub fn rule(&self) -> &str {
+        &self.rule
+    }
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Invalid {}
+
+/// Reads as its message.
+impl std::ops::Deref for Invalid {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.message
+    }
+}
+
+/// `x` within `lo..=hi` (`lo` excluded when `lo_open`), finite.
+fn in_range(field: Field, x: f32, lo: f32, hi: f32, lo_open: bool) -> Result<(), Invalid> {
+    let above = if lo_open { x > lo } else { x >= lo };
+    if x.is_finite() && above && x <= hi {
+        return Ok(());
+    }
+    let l = if lo_open { "(" } else { "[" };
+    Err(Invalid::new(field, x, format!("must be in {l}{lo}, {hi}]")))
+}
+
+/// A token id within the vocabulary, when it is known.
+fn in_vocab(field: Field, id: u32, vocab: Option<usize>) -> Result<(), Invalid> {
+    match vocab {
+        Some(n) if id as usize >= n => Err(Invalid::new(
+            field,
+            format!("token {id}"),
+            format!("is outside the vocabulary of {n}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl SamplingParams {
+    /// Checks every sampling field against its range: OpenAI's ranges where OpenAI has the
+    /// field, vLLM's otherwise. Token ids are checked against `vocab` when it is known (a
+    /// routing gateway does not know a remote model's vocabulary).
+    pub fn check(&self, vocab: Option<usize>) -> Result<(), Invalid> {
+        in_range(Field::Temperature, self.temperature, 0.0, 2.0, false)?;
+        in_range(Field::TopP, self.top_p, 0.0, 1.0, true)?;
+        in_range(Field::MinP, self.min_p, 0.0, 1.0, false)?;
+        in_range(
+            Field::PresencePenalty,
+            self.presence_penalty,
+            -2.0,
+            2.0,
+            false,
+        )?;
+        in_range(
+            Field::FrequencyPenalty,
+            self.frequency_penalty,
+            -2.0,
+            2.0,
+            false,
+        )?;
+        in_range(
+            Field::RepetitionPenalty,
+            self.repetition_penalty,
+            0.0,
+            10.0,
+            true,
+        )?;
+        self.check_counts()?;
+        self.check_stops(vocab)?;
+        self.check_logit_bias(vocab)
+    }
+
+    fn check_counts(&self) -> Result<(), Invalid> {
+        if !(1..=MAX_N).contains(&self.n) {
+            return Err(Invalid::new(
+                Field::N,
+                self.n,
+                format!("must be in 1..={MAX_N}"),
+            ));
+        }
+        if let Some(k) = self.logprobs.filter(|&k| k > MAX_TOP_LOGPROBS) {
+            let rule = format!("must be at most {MAX_TOP_LOGPROBS}");
+            return Err(Invalid::new(Field::Logprobs, k, rule));
+        }
+        match self.max_tokens {
+            Some(0) => Err(Invalid::new(Field::MaxTokens, 0, "must be at least 1")),
+            Some(m) if self.min_tokens > m => Err(Invalid::new(
+                Field::MinTokens,
+                self.min_tokens,
+                format!("exceeds max_tokens {m}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_stops(&self, vocab: Option<usize>) -> Result<(), Invalid> {
+        if self.stop.len() > MAX_STOP {
+            let rule = format!("strings: at most {MAX_STOP} are allowed");
+            return Err(Invalid::new(Field::Stop, self.stop.len(), rule));
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(Invalid::new(Field::Stop, "", "strings must not be empty"));
+        }
+        for &t in &self.stop_token_ids {
+            in_vocab(Field::StopTokenIds, t, vocab)?;
+        }
+        Ok(())
+    }
+
+    fn check_logit_bias(&self, vocab: Option<usize>) -> Result<(), Invalid> {
+        for (&t, &b) in &self.logit_bias {
+            in_vocab(Field::LogitBias, t, vocab)?;
+            if !(-100.0..=100.0).contains(&b) {
+                let rule = format!("for token {t} must be in [-100, 100]");
+                return Err(Invalid::new(Field::LogitBias, b, rule));
+            }
+        }
+        Ok(())
+    }
+
+    /// The context-length rule: the completion tokens a prompt of `prompt_tokens` may have
+    /// (`max_tokens`, or whatever the context leaves), or why it does not fit.
+    pub fn budget(&self, prompt_tokens: usize, max_model_len: usize) -> Result<usize, SubmitError> {
+        let overflow = |max_tokens| SubmitError::ContextLength {
+            max_model_len,
+            prompt_tokens,
+            max_tokens,
+        };
+        if prompt_tokens >= max_model_len {
+            return Err(overflow(self.max_tokens.unwrap_or(1)));
+        }
+        match self.max_tokens {
+            Some(m) if prompt_tokens + m > max_model_len => Err(overflow(m)),
+            Some(m) => Ok(m),
+            None => Ok(max_model_len - prompt_tokens),
+        }
+    }
+}
+
 /// Limits a request is checked against.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
@@ -109,104 +338,30 @@ pub(crate) struct Limits {
 impl Request {
     /// Checks the request and returns its completion budget.
     pub(crate) fn validate(&self, limits: &Limits) -> Result<usize, SubmitError> {
-        let invalid = |m: String| Err(SubmitError::InvalidRequest(m));
-        let p = &self.sampling;
+        let vocab = limits.vocab_size;
         if self.prompt.is_empty() {
-            return invalid("the prompt is empty: at least one token is needed".into());
+            let rule = "is empty: at least one token is needed";
+            return Err(Invalid::new(Field::Prompt, "", rule).into());
         }
-        if let Some(bad) = self
-            .prompt
-            .iter()
-            .find(|&&t| t as usize >= limits.vocab_size)
-        {
-            return invalid(format!(
-                "prompt token {bad} is outside the vocabulary of {}",
-                limits.vocab_size
-            ));
+        if let Some(&bad) = self.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(in_vocab(Field::Prompt, bad, Some(vocab))
+                .unwrap_err()
+                .into());
         }
-        if !(p.temperature.is_finite() && p.temperature >= 0.0) {
-            return invalid(format!("temperature {} must be ≥ 0", p.temperature));
+        self.sampling.check(Some(vocab))?;
+        let n = self.sampling.n;
+        if n > limits.max_n {
+            let rule = format!("must be in 1..={}", limits.max_n);
+            return Err(Invalid::new(Field::N, n, rule).into());
         }
-        if !(p.top_p > 0.0 && p.top_p <= 1.0) {
-            return invalid(format!("top_p {} must be in (0, 1]", p.top_p));
+        let budget = self
+            .sampling
+            .budget(self.prompt.len(), limits.max_model_len)?;
+        if self.sampling.min_tokens > budget {
+            let rule = format!("exceeds max_tokens {budget}");
+            return Err(Invalid::new(Field::MinTokens, self.sampling.min_tokens, rule).into());
         }
-        if !(0.0..=1.0).contains(&p.min_p) {
-            return invalid(format!("min_p {} must be in [0, 1]", p.min_p));
-        }
-        for (name, v) in [
-            ("presence_penalty", p.presence_penalty),
-            ("frequency_penalty", p.frequency_penalty),
-        ] {
-            if !(-2.0..=2.0).contains(&v) {
-                return invalid(format!("{name} {v} must be in [-2, 2]"));
-            }
-        }
-        if !(p.repetition_penalty.is_finite() && p.repetition_penalty > 0.0) {
-            return invalid(format!(
-                "repetition_penalty {} must be > 0",
-                p.repetition_penalty
-            ));
-        }
-        for (&t, &b) in &p.logit_bias {
-            if t as usize >= limits.vocab_size {
-                return invalid(format!(
-                    "logit_bias token {t} is outside the vocabulary of {}",
-                    limits.vocab_size
-                ));
-            }
-            if !(-100.0..=100.0).contains(&b) {
-                return invalid(format!(
-                    "logit_bias {b} for token {t} must be in [-100, 100]"
-                ));
-            }
-        }
-        if p.n == 0 || p.n > limits.max_n {
-            return invalid(format!("n {} must be in 1..={}", p.n, limits.max_n));
-        }
-        if let Some(k) = p.logprobs {
-            if k > MAX_TOP_LOGPROBS {
-                return invalid(format!(
-                    "top_logprobs {k} must be at most {MAX_TOP_LOGPROBS}"
-                ));
-            }
-        }
-        if let Some(bad) = p
-            .stop_token_ids
-            .iter()
-            .find(|&&t| t as usize >= limits.vocab_size)
-        {
-            return invalid(format!("stop token {bad} is outside the vocabulary"));
-        }
-        if p.stop.iter().any(String::is_empty) {
-            return invalid("stop strings must not be empty".into());
-        }
-        let prompt = self.prompt.len();
-        if prompt >= limits.max_model_len {
-            return Err(SubmitError::ContextLength {
-                max_model_len: limits.max_model_len,
-                prompt_tokens: prompt,
-                max_tokens: p.max_tokens.unwrap_or(1),
-            });
-        }
-        let max_tokens = match p.max_tokens {
-            Some(0) => return invalid("max_tokens must be at least 1".into()),
-            Some(m) if prompt + m > limits.max_model_len => {
-                return Err(SubmitError::ContextLength {
-                    max_model_len: limits.max_model_len,
-                    prompt_tokens: prompt,
-                    max_tokens: m,
-                })
-            }
-            Some(m) => m,
-            None => limits.max_model_len - prompt,
-        };
-        if p.min_tokens > max_tokens {
-            return invalid(format!(
-                "min_tokens {} exceeds max_tokens {max_tokens}",
-                p.min_tokens
-            ));
-        }
-        Ok(max_tokens)
+        Ok(budget)
     }
 }
 
@@ -254,6 +409,93 @@ mod tests {
         assert!(matches!(
             req(50, SamplingParams::default()).validate(&LIMITS),
             Err(SubmitError::ContextLength { .. })
+        ));
+    }
+
+    #[test]
+    fn the_failing_field_is_reported_and_ranges_are_openai_s() {
+        let cases: Vec<(SamplingParams, Field)> = vec![
+            (
+                SamplingParams {
+                    temperature: 2.5,
+                    ..Default::default()
+                },
+                Field::Temperature,
+            ),
+            (
+                SamplingParams {
+                    repetition_penalty: 10.5,
+                    ..Default::default()
+                },
+                Field::RepetitionPenalty,
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: f32::NAN,
+                    ..Default::default()
+                },
+                Field::FrequencyPenalty,
+            ),
+            (
+                SamplingParams {
+                    n: MAX_N + 1,
+                    ..Default::default()
+                },
+                Field::N,
+            ),
+            (
+                SamplingParams {
+                    stop: vec!["x".into(); MAX_STOP + 1],
+                    ..Default::default()
+                },
+                Field::Stop,
+            ),
+            (
+                SamplingParams {
+                    stop_token_ids: vec![100],
+                    ..Default::default()
+                },
+                Field::StopTokenIds,
+            ),
+        ];
+        for (params, field) in cases {
+            let e = params.check(Some(100)).unwrap_err();
+            assert_eq!(e.field(), field, "{e}");
+            assert!(e.starts_with(field.name()), "{e}");
+        }
+        let e = SamplingParams {
+            temperature: 2.5,
+            ..Default::default()
+        }
+        .check(None)
+        .unwrap_err();
+        assert_eq!((e.value(), e.rule()), ("2.5", "must be in [0, 2]"));
+        // The vocabulary is checked only when known.
+        let ids = SamplingParams {
+            stop_token_ids: vec![100],
+            logit_bias: HashMap::from([(100, 1.0)]),
+            ..Default::default()
+        };
+        assert!(ids.check(None).is_ok());
+        assert!(SamplingParams::default().check(Some(100)).is_ok());
+        match req(3, SamplingParams::greedy(0)).validate(&LIMITS) {
+            Err(SubmitError::InvalidRequest(e)) => assert_eq!(e.field(), Field::MaxTokens),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_budget_is_the_context_length_rule() {
+        let p = SamplingParams::default();
+        assert_eq!(p.budget(10, 50), Ok(40));
+        assert_eq!(SamplingParams::greedy(40).budget(10, 50), Ok(40));
+        assert!(matches!(
+            SamplingParams::greedy(41).budget(10, 50),
+            Err(SubmitError::ContextLength { max_tokens: 41, .. })
+        ));
+        assert!(matches!(
+            p.budget(50, 50),
+            Err(SubmitError::ContextLength { max_tokens: 1, .. })
         ));
     }
 

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::backend::remote::{RemoteOptions, ReplicaUrl};
 use crate::discovery::Source;
 use crate::router::health::EjectionPolicy;
 use crate::router::policy::Policy;
+use crate::router::remote::{RemoteOptions, ReplicaUrl};
 use crate::router::RouterConfig;
 
 /// A routing-only gateway's default `--max-in-flight`.
@@ -167,11 +167,8 @@ pub struct RoutingConfig {
 }
 
 impl RoutingArgs {
-    /// `None` when neither --upstream nor --discover is given.
-    pub fn validate(&self) -> Result<Option<RoutingConfig>, String> {
-        if self.upstreams.is_empty() && self.discover.is_empty() {
-            return Ok(None);
-        }
+    /// `--upstream` as one static source, and each `--discover`.
+    fn sources(&self) -> Result<Vec<Source>, String> {
         let mut sources = Vec::new();
         if !self.upstreams.is_empty() {
             let urls = self
@@ -184,25 +181,11 @@ impl RoutingArgs {
         for d in &self.discover {
             sources.push(Source::parse(d).map_err(|e| e.to_string())?);
         }
-        let poll_interval = parse_duration("poll-interval", &self.poll_interval)?;
-        let health_interval = parse_duration("health-interval", &self.health_interval)?;
-        let discover_interval = parse_duration("discover-interval", &self.discover_interval)?;
-        for (flag, d) in [
-            ("poll-interval", poll_interval),
-            ("health-interval", health_interval),
-            ("discover-interval", discover_interval),
-        ] {
-            if d < Duration::from_millis(10) {
-                return Err(format!("--{flag} must be at least 10ms"));
-            }
-        }
-        let stale_after = match &self.stale_after {
-            Some(s) => parse_duration("stale-after", s)?,
-            None => (poll_interval * 5).max(Duration::from_secs(1)),
-        };
-        if stale_after <= poll_interval {
-            return Err("--stale-after must be longer than --poll-interval".into());
-        }
+        Ok(sources)
+    }
+
+    /// The flags that are plain numbers or paths.
+    fn check_limits(&self) -> Result<(), String> {
         if !self.health_path.starts_with('/') {
             return Err(format!(
                 "--health-path: '{}' must start with /",
@@ -223,6 +206,35 @@ impl RoutingArgs {
         }
         if self.affinity_prefix_bytes == 0 {
             return Err("--affinity-prefix-bytes must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// `None` when neither --upstream nor --discover is given.
+    pub fn validate(&self) -> Result<Option<RoutingConfig>, String> {
+        if self.upstreams.is_empty() && self.discover.is_empty() {
+            return Ok(None);
+        }
+        let sources = self.sources()?;
+        self.check_limits()?;
+        let poll_interval = parse_duration("poll-interval", &self.poll_interval)?;
+        let health_interval = parse_duration("health-interval", &self.health_interval)?;
+        let discover_interval = parse_duration("discover-interval", &self.discover_interval)?;
+        for (flag, d) in [
+            ("poll-interval", poll_interval),
+            ("health-interval", health_interval),
+            ("discover-interval", discover_interval),
+        ] {
+            if d < Duration::from_millis(10) {
+                return Err(format!("--{flag} must be at least 10ms"));
+            }
+        }
+        let stale_after = match &self.stale_after {
+            Some(s) => parse_duration("stale-after", s)?,
+            None => (poll_interval * 5).max(Duration::from_secs(1)),
+        };
+        if stale_after <= poll_interval {
+            return Err("--stale-after must be longer than --poll-interval".into());
         }
         let ejection = EjectionPolicy {
             eject_after: self.eject_after,

@@ -7,12 +7,13 @@ use std::time::Duration;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sluice_engine::SubmitError;
+use sluice_engine::{Field, Invalid, SubmitError};
 
-use crate::backend::remote::RemoteError;
-use crate::router::dispatch::RouteError;
-
+use crate::admission::AdmissionError;
 use crate::api::types::{ErrorBody, ErrorDetail};
+use crate::rate_limit::RateLimited;
+use crate::router::dispatch::RouteError;
+use crate::router::remote::RemoteError;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
@@ -186,27 +187,74 @@ impl From<RouteError> for ApiError {
     }
 }
 
-/// The engine's refusals, with the request's prompt field named for context errors.
-pub fn from_submit(e: SubmitError, prompt_param: &str) -> ApiError {
-    match e {
-        SubmitError::ContextLength { .. } => ApiError::BadRequest {
-            message: format!("{e}. Please reduce the length of the prompt or of max_tokens."),
-            param: Some(prompt_param.to_string()),
-            code: Some("context_length_exceeded"),
-        },
-        SubmitError::QueueFull { .. } => ApiError::TooManyRequests {
+/// The tenant's rate limit: come back when the bucket has refilled.
+impl From<RateLimited> for ApiError {
+    fn from(e: RateLimited) -> Self {
+        ApiError::TooManyRequests {
             message: e.to_string(),
-            retry_after: Some(Duration::from_secs(1)),
-            reason: "queue_full",
-        },
-        SubmitError::ShuttingDown => {
-            ApiError::Unavailable("The server is shutting down; retry on another replica".into())
+            retry_after: e.retry_after,
+            reason: e.metric_label(),
         }
-        SubmitError::InvalidRequest(m) => ApiError::BadRequest {
-            message: m,
-            param: None,
-            code: None,
-        },
+    }
+}
+
+/// The admission queue's refusals.
+impl From<AdmissionError> for ApiError {
+    fn from(e: AdmissionError) -> Self {
+        ApiError::TooManyRequests {
+            message: e.to_string(),
+            retry_after: Some(e.retry_after().unwrap_or(Duration::from_secs(1))),
+            reason: e.metric_label(),
+        }
+    }
+}
+
+/// The OpenAI names of the request fields whose name depends on the endpoint: the prompt
+/// (`messages` or `prompt`) and the log-probability count (`top_logprobs` or `logprobs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    pub prompt: &'static str,
+    pub logprobs: &'static str,
+}
+
+impl Params {
+    /// The OpenAI parameter an engine field is sent as.
+    pub fn name(&self, field: Field) -> &'static str {
+        match field {
+            Field::Prompt => self.prompt,
+            Field::Logprobs => self.logprobs,
+            f => f.name(),
+        }
+    }
+
+    /// An engine range error, naming the OpenAI parameter.
+    pub fn invalid(&self, e: &Invalid) -> ApiError {
+        let param = self.name(e.field());
+        let message = match e.value() {
+            "" => format!("'{param}' {}", e.rule()),
+            v => format!("{v} is not a valid value for '{param}': it {}", e.rule()),
+        };
+        ApiError::bad(message, param)
+    }
+
+    /// The engine's refusals at submission.
+    pub fn submit_error(&self, e: SubmitError) -> ApiError {
+        match e {
+            SubmitError::ContextLength { .. } => ApiError::BadRequest {
+                message: format!("{e}. Please reduce the length of the prompt or of max_tokens."),
+                param: Some(self.prompt.to_string()),
+                code: Some("context_length_exceeded"),
+            },
+            SubmitError::QueueFull { .. } => ApiError::TooManyRequests {
+                message: e.to_string(),
+                retry_after: Some(Duration::from_secs(1)),
+                reason: "queue_full",
+            },
+            SubmitError::ShuttingDown => ApiError::Unavailable(
+                "The server is shutting down; retry on another replica".into(),
+            ),
+            SubmitError::InvalidRequest(invalid) => self.invalid(&invalid),
+        }
     }
 }
 
@@ -256,5 +304,44 @@ mod tests {
         }
         .into_response();
         assert_eq!(resp.headers()[header::RETRY_AFTER], "2");
+    }
+
+    #[test]
+    fn engine_range_errors_name_the_openai_parameter() {
+        let chat = Params {
+            prompt: "messages",
+            logprobs: "top_logprobs",
+        };
+        let text = Params {
+            prompt: "prompt",
+            logprobs: "logprobs",
+        };
+        let too_many = sluice_engine::SamplingParams {
+            logprobs: Some(21),
+            ..Default::default()
+        };
+        let e = too_many.check(None).unwrap_err();
+        assert_eq!(e.field(), Field::Logprobs);
+        for (params, name) in [(chat, "top_logprobs"), (text, "logprobs")] {
+            let ApiError::BadRequest { message, param, .. } = params.invalid(&e) else {
+                panic!("not a 400");
+            };
+            assert_eq!(param.as_deref(), Some(name));
+            assert!(message.contains(&format!("'{name}'")), "{message}");
+        }
+        let hot = sluice_engine::SamplingParams {
+            temperature: 2.5,
+            ..Default::default()
+        };
+        let ApiError::BadRequest { message, param, .. } =
+            chat.invalid(&hot.check(None).unwrap_err())
+        else {
+            panic!("not a 400");
+        };
+        assert_eq!(param.as_deref(), Some("temperature"));
+        assert_eq!(
+            message,
+            "2.5 is not a valid value for 'temperature': it must be in [0, 2]"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! `sluice-gateway`: what the `sluice` binary serves — the OpenAI-compatible HTTP API, API
-//! keys and tenants, rate limits, the admission queue, and the backend seam to engines.
+//! keys and tenants, rate limits, the admission queue, and where a generation runs (the local
+//! engine or a replica).
 //!
 //! Only [`api`] and [`error`] speak HTTP. The policy modules take plain values (a header
 //! string, an `Instant`, a tenant) and return typed errors whose messages are written for an
@@ -16,10 +17,11 @@
 //! - [`admission`]: the queue in front of saturated backends — priority classes, weighted fair
 //!   share between tenants, per-tenant concurrency caps, shedding, queue timeouts, and removal
 //!   of requests whose client left.
-//! - [`backend`]: the `Backend` trait and `LocalBackend` (an in-process engine), and
-//!   `RemoteBackend` (a replica over HTTP, one pooled hyper client each).
-//! - [`router`]: remote replicas' load, health and models; the routing policies
-//!   (round-robin, least-load, prefix-affinity); retries before the first byte.
+//! - [`backend`]: where a generation runs, a `Target`: `LocalBackend` (an in-process engine)
+//!   or the router.
+//! - [`router`]: remote replicas' clients (`router::remote`, one pooled hyper client each),
+//!   load, health and models; the routing policies (round-robin, least-load, prefix-affinity);
+//!   retries before the first byte.
 //! - [`discovery`]: where replicas come from — a static list, DNS, a file, Kubernetes
 //!   EndpointSlices — fed into the router as they change.
 //! - [`server`]: the socket, header timeout and the SIGTERM drain.

@@ -84,7 +84,8 @@ fn init_logging() {
         .init();
 }
 
-async fn serve(cfg: ServeConfig) -> Result<()> {
+/// The tenants of `--api-keys`, or an open gateway (with a warning).
+fn tenants(cfg: &ServeConfig) -> Result<Tenants> {
     let tenants = match &cfg.api_keys {
         Some(p) => Tenants::from_file(p)?,
         None => Tenants::open(),
@@ -98,6 +99,69 @@ async fn serve(cfg: ServeConfig) -> Result<()> {
             );
         }
     }
+    Ok(tenants)
+}
+
+/// The handlers' shared state; the local model is set once it has loaded.
+fn app_state(
+    cfg: &ServeConfig,
+    tenants: Tenants,
+    served: Option<String>,
+    router: Option<Arc<Router>>,
+    registry: prometheus::Registry,
+    metrics: GatewayMetrics,
+) -> AppState {
+    AppState {
+        backend: OnceLock::new(),
+        served_model: served,
+        router,
+        limiter: RateLimiter::new(&tenants),
+        tenants,
+        admission: Admission::new(AdmissionConfig {
+            max_in_flight: cfg.max_in_flight,
+            max_queue: cfg.max_queue,
+            queue_timeout: cfg.queue_timeout,
+        }),
+        metrics,
+        registry,
+        draining: AtomicBool::new(false),
+        in_flight: Arc::default(),
+        limits: HttpLimits {
+            max_body_bytes: cfg.max_body_bytes,
+            body_timeout: cfg.body_timeout,
+            request_timeout: cfg.request_timeout,
+        },
+        log_prompts: cfg.log_prompts,
+    }
+}
+
+/// Starts every discovery source feeding the router.
+fn start_discovery(
+    cfg: &ServeConfig,
+    router: Option<&Arc<Router>>,
+    addr: std::net::SocketAddr,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut sources = Vec::new();
+    if let (Some(router), Some(routing)) = (router, &cfg.routing) {
+        tracing::info!(
+            %addr,
+            policy = routing.router.policy.label(),
+            sources = routing.sources.len(),
+            "routing to remote replicas"
+        );
+        for source in routing.sources.clone() {
+            sources.extend(discovery::spawn(
+                source,
+                router.clone(),
+                routing.discover_interval,
+            ));
+        }
+    }
+    sources
+}
+
+async fn serve(cfg: ServeConfig) -> Result<()> {
+    let tenants = tenants(&cfg)?;
     let location = cfg
         .model
         .as_deref()
@@ -114,28 +178,14 @@ async fn serve(cfg: ServeConfig) -> Result<()> {
         .routing
         .as_ref()
         .map(|r| Router::new(r.router.clone(), metrics.router.clone()));
-    let state = Arc::new(AppState {
-        backend: OnceLock::new(),
-        served_model: served.clone(),
-        router: router.clone(),
-        limiter: RateLimiter::new(&tenants),
+    let state = Arc::new(app_state(
+        &cfg,
         tenants,
-        admission: Admission::new(AdmissionConfig {
-            max_in_flight: cfg.max_in_flight,
-            max_queue: cfg.max_queue,
-            queue_timeout: cfg.queue_timeout,
-        }),
+        served.clone(),
+        router.clone(),
+        registry.clone(),
         metrics,
-        registry: registry.clone(),
-        draining: AtomicBool::new(false),
-        in_flight: Arc::default(),
-        limits: HttpLimits {
-            max_body_bytes: cfg.max_body_bytes,
-            body_timeout: cfg.body_timeout,
-            request_timeout: cfg.request_timeout,
-        },
-        log_prompts: cfg.log_prompts,
-    });
+    ));
     let listener = tokio::net::TcpListener::bind(cfg.addr)
         .await
         .with_context(|| format!("binding {}", cfg.addr))?;
@@ -143,22 +193,7 @@ async fn serve(cfg: ServeConfig) -> Result<()> {
     // Tests and scripts read this line for the port.
     println!("sluice listening on http://{addr}");
 
-    let mut sources = Vec::new();
-    if let (Some(router), Some(routing)) = (&router, &cfg.routing) {
-        tracing::info!(
-            %addr,
-            policy = routing.router.policy.label(),
-            sources = routing.sources.len(),
-            "routing to remote replicas"
-        );
-        for source in routing.sources.clone() {
-            sources.extend(discovery::spawn(
-                source,
-                router.clone(),
-                routing.discover_interval,
-            ));
-        }
-    }
+    let sources = start_discovery(&cfg, router.as_ref(), addr);
 
     // Load in the background: /health answers at once, /ready once the model is in.
     if let (Some(location), Some(served)) = (location, served) {

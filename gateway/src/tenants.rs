@@ -258,10 +258,50 @@ impl Tenants {
     }
 
     fn validate(raw: RawFile, path: &Path) -> Result<Tenants, TenantsError> {
+        let (tenants, by_name) = Self::validate_tenants(raw.tenants, path)?;
+        if raw.keys.is_empty() {
+            return Err(TenantsError::NoKeys {
+                path: path.to_path_buf(),
+            });
+        }
+        let mut keys = Vec::with_capacity(raw.keys.len());
+        // Duplicate detection at load time may use a map: it runs once, on the operator's file,
+        // not on anything a client sends.
+        let mut seen: HashMap<[u8; 32], usize> = HashMap::new();
+        for (i, k) in raw.keys.into_iter().enumerate() {
+            let entry = i + 1;
+            let Some(&(_, tenant)) = by_name.get(&k.tenant) else {
+                return Err(TenantsError::UnknownTenant {
+                    path: path.to_path_buf(),
+                    entry,
+                    tenant: k.tenant,
+                });
+            };
+            let digest = Self::key_digest(k.key, k.sha256, &k.tenant, entry, path)?;
+            if let Some(&first) = seen.get(&digest) {
+                return Err(TenantsError::DuplicateKey {
+                    path: path.to_path_buf(),
+                    first,
+                    second: entry,
+                    tenant: k.tenant,
+                });
+            }
+            seen.insert(digest, entry);
+            keys.push(StoredKey { digest, tenant });
+        }
+        Ok(Tenants { tenants, keys })
+    }
+
+    /// The `[[tenants]]` entries, and each name's entry number and index.
+    #[allow(clippy::type_complexity)]
+    fn validate_tenants(
+        raw: Vec<RawTenant>,
+        path: &Path,
+    ) -> Result<(Vec<Arc<Tenant>>, HashMap<String, (usize, u32)>), TenantsError> {
         let path = || path.to_path_buf();
-        let mut tenants = Vec::with_capacity(raw.tenants.len());
+        let mut tenants = Vec::with_capacity(raw.len());
         let mut by_name: HashMap<String, (usize, u32)> = HashMap::new();
-        for (i, t) in raw.tenants.into_iter().enumerate() {
+        for (i, t) in raw.into_iter().enumerate() {
             let entry = i + 1;
             if t.name.trim().is_empty() {
                 return Err(TenantsError::EmptyTenantName {
@@ -309,73 +349,49 @@ impl Tenants {
                 max_concurrent: t.max_concurrent,
             }));
         }
+        Ok((tenants, by_name))
+    }
 
-        if raw.keys.is_empty() {
-            return Err(TenantsError::NoKeys { path: path() });
-        }
-        let mut keys = Vec::with_capacity(raw.keys.len());
-        // Duplicate detection at load time may use a map: it runs once, on the operator's file,
-        // not on anything a client sends.
-        let mut seen: HashMap<[u8; 32], usize> = HashMap::new();
-        for (i, k) in raw.keys.into_iter().enumerate() {
-            let entry = i + 1;
-            let Some(&(_, tenant)) = by_name.get(&k.tenant) else {
-                return Err(TenantsError::UnknownTenant {
-                    path: path(),
-                    entry,
-                    tenant: k.tenant,
-                });
-            };
-            let digest = match (k.key, k.sha256) {
-                (Some(_), Some(_)) => {
-                    return Err(TenantsError::KeyAndDigest {
+    /// A `[[keys]]` entry's digest: of its key, or as given.
+    fn key_digest(
+        key: Option<String>,
+        sha256_hex: Option<String>,
+        tenant: &str,
+        entry: usize,
+        path: &Path,
+    ) -> Result<[u8; 32], TenantsError> {
+        let path = || path.to_path_buf();
+        let tenant = || tenant.to_string();
+        match (key, sha256_hex) {
+            (Some(_), Some(_)) => Err(TenantsError::KeyAndDigest {
+                path: path(),
+                entry,
+                tenant: tenant(),
+            }),
+            (None, None) => Err(TenantsError::NoKeyOrDigest {
+                path: path(),
+                entry,
+                tenant: tenant(),
+            }),
+            (Some(key), None) if key.is_empty() => Err(TenantsError::EmptyKey {
+                path: path(),
+                entry,
+                tenant: tenant(),
+            }),
+            (Some(key), None) => Ok(sha256(&key)),
+            (None, Some(hex_digest)) => {
+                let mut digest = [0u8; 32];
+                hex::decode_to_slice(hex_digest.trim(), &mut digest).map_err(|source| {
+                    TenantsError::BadDigest {
                         path: path(),
                         entry,
-                        tenant: k.tenant,
-                    })
-                }
-                (None, None) => {
-                    return Err(TenantsError::NoKeyOrDigest {
-                        path: path(),
-                        entry,
-                        tenant: k.tenant,
-                    })
-                }
-                (Some(key), None) => {
-                    if key.is_empty() {
-                        return Err(TenantsError::EmptyKey {
-                            path: path(),
-                            entry,
-                            tenant: k.tenant,
-                        });
+                        tenant: tenant(),
+                        source,
                     }
-                    sha256(&key)
-                }
-                (None, Some(hex_digest)) => {
-                    let mut digest = [0u8; 32];
-                    hex::decode_to_slice(hex_digest.trim(), &mut digest).map_err(|source| {
-                        TenantsError::BadDigest {
-                            path: path(),
-                            entry,
-                            tenant: k.tenant.clone(),
-                            source,
-                        }
-                    })?;
-                    digest
-                }
-            };
-            if let Some(&first) = seen.get(&digest) {
-                return Err(TenantsError::DuplicateKey {
-                    path: path(),
-                    first,
-                    second: entry,
-                    tenant: k.tenant,
-                });
+                })?;
+                Ok(digest)
             }
-            seen.insert(digest, entry);
-            keys.push(StoredKey { digest, tenant });
         }
-        Ok(Tenants { tenants, keys })
     }
 
     /// Whether the gateway runs without keys (every request is [`ANONYMOUS`]).

@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::routing::{get, metric, post, send};
-use sluice_gateway::backend::remote::ReplicaUrl;
 use sluice_gateway::router::affinity;
+use sluice_gateway::router::remote::ReplicaUrl;
 
 const MODEL: &str = "smollm2-135m-instruct";
 

@@ -12,9 +12,9 @@ use std::time::Duration;
 use common::fake_upstream::{self, Fake};
 use common::routing::*;
 use sluice_gateway::api::HttpLimits;
-use sluice_gateway::backend::remote::ReplicaUrl;
 use sluice_gateway::discovery::Source;
 use sluice_gateway::router::policy::Policy;
+use sluice_gateway::router::remote::ReplicaUrl;
 use sluice_gateway::router::RouterConfig;
 
 struct Fakes {

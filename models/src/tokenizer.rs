@@ -434,6 +434,19 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// Encodes a prompt the model reads as given (a completion's prompt, `/tokenize`): BOS
+    /// first when the model wants it ([`Tokenizer::add_bos`]), then the text with control
+    /// tokens read as plain text, so that a user's text can neither forge turn markers nor add a
+    /// second BOS. Chat prompts are different: their template writes BOS and the markers.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let text_ids = self.encode(text, false)?;
+        let bos = self.bos.filter(|_| self.add_bos);
+        let mut ids = Vec::with_capacity(text_ids.len() + 1);
+        ids.extend(bos);
+        ids.extend(text_ids);
+        Ok(ids)
+    }
+
     /// Turns ids back into text; bytes that do not form valid UTF-8 (a character cut between
     /// tokens) become U+FFFD. With `skip_special`, control tokens are left out.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
@@ -607,6 +620,23 @@ mod tests {
         assert_eq!(tok.encode("<|user|>", false).unwrap(), vec![25]);
         assert_eq!(tok.decode(&[14, 0], false).unwrap(), "hello<|end|>");
         assert_eq!(tok.decode(&[14, 0], true).unwrap(), "hello");
+    }
+
+    #[test]
+    fn encode_prompt_adds_bos_once_and_reads_control_text_as_text() {
+        let mut md = tiny_metadata("smollm");
+        md.insert("tokenizer.ggml.bos_token_id".into(), Value::U32(0));
+        md.insert("tokenizer.ggml.add_bos_token".into(), Value::Bool(true));
+        let tok = Tokenizer::from_gguf_metadata(&md).unwrap();
+        assert_eq!(tok.encode_prompt("hello").unwrap(), vec![0, 14]);
+        // The BOS token's text in the prompt is text, not a second BOS.
+        let ids = tok.encode_prompt("<|end|>hello").unwrap();
+        assert_eq!(ids.iter().filter(|&&t| t == 0).count(), 1, "{ids:?}");
+        assert_eq!(ids[0], 0);
+        // A model that does not want BOS gets none.
+        md.insert("tokenizer.ggml.add_bos_token".into(), Value::Bool(false));
+        let tok = Tokenizer::from_gguf_metadata(&md).unwrap();
+        assert_eq!(tok.encode_prompt("hello").unwrap(), vec![14]);
     }
 
     #[test]

@@ -1,22 +1,25 @@
 //! Engine events → OpenAI responses: one JSON body, or SSE chunks ending in `data: [DONE]`.
+//! What differs between chat and completions is a [`Render`]; the loops over events are
+//! written once.
 //!
 //! Choices are numbered prompt-major (`prompt · n + choice`), as OpenAI numbers completions of
 //! several prompts. Dropping the response (the client left) drops the engine streams, which
-//! aborts the sequences within one engine step.
+//! aborts the sequences within one engine step, and the request's scope with its gate.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::response::sse::{Event as SseEvent, Sse};
+use axum::body::{Body, Bytes};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, StreamExt};
-use serde::Serialize;
-use sluice_engine::{Event, EventStream, FinishReason, TokenLogprob, Usage};
+use futures_util::stream::{self, BoxStream, StreamExt};
+use sluice_engine::{Delta, Event, EventStream, FinishReason, TokenLogprob, Usage};
 use sluice_models::tokenizer::Tokenizer;
+use sluice_models::Model;
 
 use crate::api::scope::RequestScope;
+use crate::api::sse;
 use crate::api::types::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
     ChatLogprobs, ChatTokenLogprob, Completion, CompletionChoice, CompletionLogprobs,
@@ -24,27 +27,249 @@ use crate::api::types::{
 };
 use crate::error::ApiError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Chat,
-    Completion,
-}
-
-/// Everything needed to answer one accepted request.
-#[derive(Debug)]
-pub struct Generation {
-    pub kind: Kind,
+/// What every response of one request repeats.
+#[derive(Debug, Clone)]
+pub struct Head {
     pub id: String,
     pub created: u64,
     pub model: String,
-    /// One stream per prompt.
-    pub streams: Vec<EventStream>,
-    pub n: usize,
     pub logprobs: bool,
     pub include_usage: bool,
-    pub deadline: Option<Duration>,
-    pub tokenizer: std::sync::Arc<sluice_models::Model>,
-    pub scope: RequestScope,
+    /// For turning log-probability token ids into text.
+    pub tokenizer: Arc<Model>,
+}
+
+impl Head {
+    fn tok(&self) -> &Tokenizer {
+        self.tokenizer.tokenizer()
+    }
+
+    /// `"usage": null` on every chunk when usage is asked for, absent otherwise.
+    fn usage_field(&self) -> Option<Option<UsageOut>> {
+        self.include_usage.then_some(None)
+    }
+}
+
+/// One endpoint's response shapes. The stream's chunks differ only in their choices, so an
+/// endpoint writes those and the chunk around them; the rest is shared.
+pub trait Render: Send + Sized + 'static {
+    /// A choice within a streamed chunk.
+    type Choice;
+
+    fn new(head: Head, choices: usize) -> Self;
+    fn head(&self) -> &Head;
+    /// One SSE chunk holding `choices`.
+    fn chunk(&self, choices: Vec<Self::Choice>, usage: Option<Option<UsageOut>>) -> Bytes;
+    /// The choice carrying new text of choice `i`.
+    fn delta_choice(&mut self, i: usize, d: Delta) -> Self::Choice;
+    /// The choice that finishes choice `i`.
+    fn finish_choice(i: usize, reason: &'static str) -> Self::Choice;
+    /// The whole answer as one JSON body.
+    fn body(self, choices: Vec<Acc>, usage: UsageOut) -> Response;
+
+    /// Chunks before any token.
+    fn opening(&self, _choices: usize) -> Option<Bytes> {
+        None
+    }
+
+    fn delta(&mut self, i: usize, d: Delta) -> Bytes {
+        let choice = self.delta_choice(i, d);
+        self.chunk(vec![choice], self.head().usage_field())
+    }
+
+    fn finish(&self, i: usize, reason: &'static str) -> Bytes {
+        self.chunk(
+            vec![Self::finish_choice(i, reason)],
+            self.head().usage_field(),
+        )
+    }
+
+    /// The last chunk before `[DONE]`, with the request's usage, when it was asked for.
+    fn usage(&self, u: UsageOut) -> Option<Bytes> {
+        self.head()
+            .include_usage
+            .then(|| self.chunk(Vec::new(), Some(Some(u))))
+    }
+}
+
+/// `/v1/chat/completions`' shapes.
+#[derive(Debug)]
+pub struct ChatRender(Head);
+
+impl Render for ChatRender {
+    type Choice = ChatChunkChoice;
+
+    fn new(head: Head, _choices: usize) -> Self {
+        Self(head)
+    }
+
+    fn head(&self) -> &Head {
+        &self.0
+    }
+
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Option<UsageOut>>) -> Bytes {
+        sse::event(&ChatCompletionChunk {
+            id: self.0.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.0.created,
+            model: self.0.model.clone(),
+            choices,
+            usage,
+            system_fingerprint: None,
+        })
+    }
+
+    /// Chat streams open each choice with the assistant role, as OpenAI's do.
+    fn opening(&self, choices: usize) -> Option<Bytes> {
+        let opening = (0..choices)
+            .map(|i| ChatChunkChoice {
+                index: i,
+                delta: ChatDelta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                },
+                logprobs: None,
+                finish_reason: None,
+            })
+            .collect();
+        Some(self.chunk(opening, self.0.usage_field()))
+    }
+
+    fn delta_choice(&mut self, i: usize, d: Delta) -> ChatChunkChoice {
+        ChatChunkChoice {
+            index: i,
+            delta: ChatDelta {
+                role: None,
+                content: Some(d.text),
+            },
+            logprobs: self
+                .0
+                .logprobs
+                .then(|| chat_logprobs(self.0.tok(), &d.logprobs)),
+            finish_reason: None,
+        }
+    }
+
+    fn finish_choice(i: usize, reason: &'static str) -> ChatChunkChoice {
+        ChatChunkChoice {
+            index: i,
+            delta: ChatDelta::default(),
+            logprobs: None,
+            finish_reason: Some(reason),
+        }
+    }
+
+    fn body(self, choices: Vec<Acc>, usage: UsageOut) -> Response {
+        let Self(head) = self;
+        let choices = choices
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| ChatChoice {
+                index: i,
+                logprobs: head.logprobs.then(|| chat_logprobs(head.tok(), &a.lps)),
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: a.text,
+                },
+                finish_reason: a.finish.as_ref().map(finish_label),
+            })
+            .collect();
+        Json(ChatCompletion {
+            object: "chat.completion",
+            choices,
+            usage,
+            system_fingerprint: None,
+            id: head.id,
+            created: head.created,
+            model: head.model,
+        })
+        .into_response()
+    }
+}
+
+/// `/v1/completions`' shapes; text offsets of log-probabilities run on per choice.
+#[derive(Debug)]
+pub struct TextRender {
+    head: Head,
+    offsets: Vec<usize>,
+}
+
+impl Render for TextRender {
+    type Choice = CompletionChoice;
+
+    fn new(head: Head, choices: usize) -> Self {
+        Self {
+            head,
+            offsets: vec![0; choices],
+        }
+    }
+
+    fn head(&self) -> &Head {
+        &self.head
+    }
+
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Option<UsageOut>>) -> Bytes {
+        sse::event(&Completion {
+            object: "text_completion",
+            choices,
+            usage,
+            system_fingerprint: None,
+            id: self.head.id.clone(),
+            created: self.head.created,
+            model: self.head.model.clone(),
+        })
+    }
+
+    fn delta_choice(&mut self, i: usize, d: Delta) -> CompletionChoice {
+        let logprobs = self.head.logprobs.then(|| {
+            let mut out = CompletionLogprobs::default();
+            completion_logprobs(self.head.tok(), &d.logprobs, &mut self.offsets[i], &mut out);
+            out
+        });
+        CompletionChoice {
+            index: i,
+            text: d.text,
+            logprobs,
+            finish_reason: None,
+        }
+    }
+
+    fn finish_choice(i: usize, reason: &'static str) -> CompletionChoice {
+        CompletionChoice {
+            index: i,
+            text: String::new(),
+            logprobs: None,
+            finish_reason: Some(reason),
+        }
+    }
+
+    fn body(self, choices: Vec<Acc>, usage: UsageOut) -> Response {
+        let head = self.head;
+        let choices = choices
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| CompletionChoice {
+                index: i,
+                logprobs: head.logprobs.then(|| {
+                    let mut out = CompletionLogprobs::default();
+                    completion_logprobs(head.tok(), &a.lps, &mut 0, &mut out);
+                    out
+                }),
+                text: a.text,
+                finish_reason: a.finish.as_ref().map(finish_label),
+            })
+            .collect();
+        Json(Completion {
+            id: head.id,
+            object: "text_completion",
+            created: head.created,
+            model: head.model,
+            choices,
+            usage: Some(Some(usage)),
+            system_fingerprint: None,
+        })
+        .into_response()
+    }
 }
 
 fn finish_label(r: &FinishReason) -> &'static str {
@@ -197,281 +422,165 @@ fn choice_index(p: usize, n: usize, index: usize) -> usize {
     p * n + index
 }
 
+/// One choice's text, log-probabilities and finish, gathered for a JSON answer.
 #[derive(Debug, Default)]
-struct Acc {
-    text: String,
-    lps: Vec<TokenLogprob>,
-    finish: Option<FinishReason>,
+pub struct Acc {
+    pub text: String,
+    pub lps: Vec<TokenLogprob>,
+    pub finish: Option<FinishReason>,
+}
+
+/// Everything needed to answer one accepted request.
+#[derive(Debug)]
+pub struct Generation<R> {
+    pub render: R,
+    /// One stream per prompt.
+    pub streams: Vec<EventStream>,
+    pub n: usize,
+    pub deadline: Option<Duration>,
+    pub scope: RequestScope,
+}
+
+/// The request's events with their choice index, and the count of choices still running.
+struct Choices {
+    events: Events<BoxStream<'static, (usize, Event)>>,
+    n: usize,
+    total: usize,
+    finished: usize,
+    usage: UsageSum,
+}
+
+/// What one event means for the response.
+enum Step {
+    Delta(usize, Delta),
+    Finish(usize, FinishReason),
+}
+
+impl Choices {
+    fn new(streams: Vec<EventStream>, n: usize, deadline: Option<Duration>) -> Self {
+        Self {
+            total: streams.len() * n,
+            events: Events::new(merged(streams).boxed(), deadline),
+            n,
+            finished: 0,
+            usage: UsageSum::default(),
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.finished == self.total
+    }
+
+    /// The next delta or finish, numbered by choice; usage is summed as finishes arrive.
+    async fn next(&mut self) -> Result<Step, ApiError> {
+        let (p, ev) = self.events.next().await?;
+        Ok(match ev {
+            Event::Delta(d) => Step::Delta(choice_index(p, self.n, d.index), d),
+            Event::Finish(f) => {
+                self.finished += 1;
+                self.usage.add(&f.usage, f.index == 0);
+                Step::Finish(choice_index(p, self.n, f.index), f.reason)
+            }
+        })
+    }
 }
 
 /// Waits for every choice and answers with one JSON body.
-pub async fn respond(g: Generation) -> Result<Response, ApiError> {
+pub async fn respond<R: Render>(g: Generation<R>) -> Result<Response, ApiError> {
     let Generation {
-        kind,
-        id,
-        created,
-        model,
+        render,
         streams,
         n,
-        logprobs,
         deadline,
-        tokenizer,
         mut scope,
-        ..
     } = g;
-    let total = streams.len() * n;
-    let mut acc: Vec<Acc> = (0..total).map(|_| Acc::default()).collect();
-    let mut usage = UsageSum::default();
-    let mut events = Events::new(merged(streams).boxed(), deadline);
-    let mut finished = 0;
-    while finished < total {
-        let (p, ev) = match events.next().await {
-            Ok(x) => x,
+    let mut choices = Choices::new(streams, n, deadline);
+    let mut acc: Vec<Acc> = (0..choices.total).map(|_| Acc::default()).collect();
+    while !choices.done() {
+        match choices.next().await {
+            Ok(Step::Delta(i, d)) => {
+                scope.first_token();
+                acc[i].text.push_str(&d.text);
+                acc[i].lps.extend(d.logprobs);
+            }
+            Ok(Step::Finish(i, reason)) => acc[i].finish = Some(reason),
             Err(e) => {
                 scope.fail(&e);
                 return Err(e);
             }
-        };
-        match ev {
-            Event::Delta(d) => {
-                scope.first_token();
-                let a = &mut acc[choice_index(p, n, d.index)];
-                a.text.push_str(&d.text);
-                a.lps.extend(d.logprobs);
-            }
-            Event::Finish(f) => {
-                finished += 1;
-                usage.add(&f.usage, f.index == 0);
-                acc[choice_index(p, n, f.index)].finish = Some(f.reason);
-            }
         }
     }
-    let tok = tokenizer.tokenizer();
-    let u = usage_out(&usage.total);
-    scope.succeed(usage.total.completion_tokens, usage.total.prompt_tokens);
-    let body = match kind {
-        Kind::Chat => Json(ChatCompletion {
-            id,
-            object: "chat.completion",
-            created,
-            model,
-            choices: acc
-                .into_iter()
-                .enumerate()
-                .map(|(i, a)| ChatChoice {
-                    index: i,
-                    logprobs: logprobs.then(|| chat_logprobs(tok, &a.lps)),
-                    message: AssistantMessage {
-                        role: "assistant",
-                        content: a.text,
-                    },
-                    finish_reason: a.finish.as_ref().map(finish_label),
-                })
-                .collect(),
-            usage: u,
-            system_fingerprint: None,
-        })
-        .into_response(),
-        Kind::Completion => Json(Completion {
-            id,
-            object: "text_completion",
-            created,
-            model,
-            choices: acc
-                .into_iter()
-                .enumerate()
-                .map(|(i, a)| {
-                    let lp = logprobs.then(|| {
-                        let mut out = CompletionLogprobs::default();
-                        completion_logprobs(tok, &a.lps, &mut 0, &mut out);
-                        out
-                    });
-                    CompletionChoice {
-                        index: i,
-                        text: a.text,
-                        logprobs: lp,
-                        finish_reason: a.finish.as_ref().map(finish_label),
-                    }
-                })
-                .collect(),
-            usage: Some(Some(u)),
-            system_fingerprint: None,
-        })
-        .into_response(),
-    };
-    Ok(body)
+    let total = choices.usage.total;
+    scope.succeed(total.completion_tokens, total.prompt_tokens);
+    Ok(render.body(acc, usage_out(&total)))
 }
 
-fn sse_json(v: &impl Serialize) -> SseEvent {
-    SseEvent::default().data(serde_json::to_string(v).expect("response types serialise"))
+/// The state of one SSE response.
+struct Streaming<R> {
+    render: R,
+    choices: Option<Choices>,
+    scope: RequestScope,
 }
 
-/// Streams chunks as SSE. Errors after the first byte become an SSE error event, then
-/// `[DONE]`.
-pub fn stream(g: Generation) -> Response {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
-    tokio::spawn(pump(g, tx));
-    let body = stream::poll_fn(move |cx| rx.poll_recv(cx)).map(Ok::<_, Infallible>);
-    Sse::new(body).into_response()
-}
-
-/// Reads engine events and sends SSE events until done or the client is gone.
-async fn pump(g: Generation, tx: tokio::sync::mpsc::Sender<SseEvent>) {
-    let Generation {
-        kind,
-        id,
-        created,
-        model,
-        streams,
-        n,
-        logprobs,
-        include_usage,
-        deadline,
-        tokenizer,
-        mut scope,
-    } = g;
-    let tok = tokenizer.tokenizer();
-    let total = streams.len() * n;
-    // `"usage": null` on every chunk when usage is asked for, absent otherwise.
-    let usage_field = || include_usage.then_some(None);
-    let chat_chunk = |choices: Vec<ChatChunkChoice>, usage: Option<Option<UsageOut>>| {
-        sse_json(&ChatCompletionChunk {
-            id: id.clone(),
-            object: "chat.completion.chunk",
-            created,
-            model: model.clone(),
-            choices,
-            usage,
-            system_fingerprint: None,
-        })
-    };
-    let text_chunk = |choices: Vec<CompletionChoice>, usage: Option<Option<UsageOut>>| {
-        sse_json(&Completion {
-            id: id.clone(),
-            object: "text_completion",
-            created,
-            model: model.clone(),
-            choices,
-            usage,
-            system_fingerprint: None,
-        })
-    };
-    // Chat streams open each choice with the assistant role, as OpenAI's do.
-    if kind == Kind::Chat {
-        let opening = (0..total)
-            .map(|i| ChatChunkChoice {
-                index: i,
-                delta: ChatDelta {
-                    role: Some("assistant"),
-                    content: Some(String::new()),
-                },
-                logprobs: None,
-                finish_reason: None,
-            })
-            .collect();
-        if tx.send(chat_chunk(opening, usage_field())).await.is_err() {
-            scope.client_gone();
-            return;
+impl<R: Render> Streaming<R> {
+    /// The next chunk to send; `None` once `[DONE]` has been sent.
+    async fn next(&mut self) -> Option<Bytes> {
+        let choices = self.choices.as_mut()?;
+        if choices.done() {
+            return Some(self.end());
         }
-    }
-    let mut offsets = vec![0usize; total];
-    let mut usage = UsageSum::default();
-    let mut events = Events::new(merged(streams).boxed(), deadline);
-    let mut finished = 0;
-    let mut failure: Option<ApiError> = None;
-    while finished < total {
-        let (p, ev) = match events.next().await {
-            Ok(x) => x,
+        match choices.next().await {
+            Ok(Step::Delta(i, d)) => {
+                self.scope.first_token();
+                Some(self.render.delta(i, d))
+            }
+            Ok(Step::Finish(i, reason)) => Some(self.render.finish(i, finish_label(&reason))),
             Err(e) => {
-                failure = Some(e);
-                break;
+                // Dropping the engine streams now aborts whatever is left.
+                self.choices = None;
+                self.scope.fail(&e);
+                Some(sse::error_ending(&e))
             }
-        };
-        let chunk = match ev {
-            Event::Delta(d) => {
-                scope.first_token();
-                let i = choice_index(p, n, d.index);
-                match kind {
-                    Kind::Chat => chat_chunk(
-                        vec![ChatChunkChoice {
-                            index: i,
-                            delta: ChatDelta {
-                                role: None,
-                                content: Some(d.text),
-                            },
-                            logprobs: logprobs.then(|| chat_logprobs(tok, &d.logprobs)),
-                            finish_reason: None,
-                        }],
-                        usage_field(),
-                    ),
-                    Kind::Completion => {
-                        let lp = logprobs.then(|| {
-                            let mut out = CompletionLogprobs::default();
-                            completion_logprobs(tok, &d.logprobs, &mut offsets[i], &mut out);
-                            out
-                        });
-                        text_chunk(
-                            vec![CompletionChoice {
-                                index: i,
-                                text: d.text,
-                                logprobs: lp,
-                                finish_reason: None,
-                            }],
-                            usage_field(),
-                        )
-                    }
-                }
-            }
-            Event::Finish(f) => {
-                finished += 1;
-                usage.add(&f.usage, f.index == 0);
-                let i = choice_index(p, n, f.index);
-                let reason = Some(finish_label(&f.reason));
-                match kind {
-                    Kind::Chat => chat_chunk(
-                        vec![ChatChunkChoice {
-                            index: i,
-                            delta: ChatDelta::default(),
-                            logprobs: None,
-                            finish_reason: reason,
-                        }],
-                        usage_field(),
-                    ),
-                    Kind::Completion => text_chunk(
-                        vec![CompletionChoice {
-                            index: i,
-                            text: String::new(),
-                            logprobs: None,
-                            finish_reason: reason,
-                        }],
-                        usage_field(),
-                    ),
-                }
-            }
-        };
-        if tx.send(chunk).await.is_err() {
-            scope.client_gone();
-            return;
         }
     }
-    // Dropping the engine streams now aborts whatever is left (after an error).
-    drop(events);
-    if let Some(e) = failure {
-        scope.fail(&e);
-        let _ = tx.send(sse_json(&e.body())).await;
-        let _ = tx.send(SseEvent::default().data("[DONE]")).await;
-        return;
+
+    /// The usage chunk if asked for, and `[DONE]`.
+    fn end(&mut self) -> Bytes {
+        let total = self
+            .choices
+            .take()
+            .map(|c| c.usage.total)
+            .unwrap_or_default();
+        self.scope
+            .succeed(total.completion_tokens, total.prompt_tokens);
+        match self.render.usage(usage_out(&total)) {
+            None => Bytes::from_static(sse::DONE),
+            Some(usage) => {
+                let mut last = usage.to_vec();
+                last.extend_from_slice(sse::DONE);
+                Bytes::from(last)
+            }
+        }
     }
-    if include_usage {
-        let u = Some(Some(usage_out(&usage.total)));
-        let last = match kind {
-            Kind::Chat => chat_chunk(Vec::new(), u),
-            Kind::Completion => text_chunk(Vec::new(), u),
-        };
-        let _ = tx.send(last).await;
-    }
-    let _ = tx.send(SseEvent::default().data("[DONE]")).await;
-    scope.succeed(usage.total.completion_tokens, usage.total.prompt_tokens);
+}
+
+/// Streams chunks as SSE. Errors after the first byte end the stream with an error event and
+/// `[DONE]`.
+pub fn stream<R: Render>(g: Generation<R>) -> Response {
+    let choices = Choices::new(g.streams, g.n, g.deadline);
+    let opening = g.render.opening(choices.total);
+    let state = Streaming {
+        render: g.render,
+        choices: Some(choices),
+        scope: g.scope,
+    };
+    let rest = stream::unfold(state, |mut s| async move {
+        s.next().await.map(|chunk| (chunk, s))
+    });
+    let body = stream::iter(opening)
+        .chain(rest)
+        .map(Ok::<_, std::convert::Infallible>);
+    sse::response(Body::from_stream(body))
 }
 
 /// Seconds since the Unix epoch, for `created`.

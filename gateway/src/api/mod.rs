@@ -2,130 +2,36 @@
 //! the OpenAPI document. [`app`] builds the router so tests can drive it with
 //! `tower::ServiceExt::oneshot`; `crate::server` puts it on a socket.
 
-mod completions;
+mod body;
+mod endpoint;
+mod gate;
 pub mod generate;
+mod pipeline;
 pub mod proxy;
 pub mod scope;
+mod sse;
+mod state;
 mod tokens;
 pub mod types;
 pub mod validate;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use prometheus::{Encoder, Registry, TextEncoder};
-use serde::de::DeserializeOwned;
+use prometheus::{Encoder, TextEncoder};
 use utoipa::OpenApi;
 
-use crate::admission::Admission;
-use crate::backend::Backend;
+pub use gate::{Ask, Gate};
+pub use state::{AppState, HttpLimits, RequestId};
+
 use crate::error::ApiError;
-use crate::metrics::GatewayMetrics;
-use crate::rate_limit::RateLimiter;
-use crate::router::Router as ReplicaRouter;
-use crate::tenants::Tenants;
-use scope::InFlight;
 use types::*;
-
-/// Limits applied to every request.
-#[derive(Debug, Clone)]
-pub struct HttpLimits {
-    pub max_body_bytes: usize,
-    /// Time allowed to receive the body once headers are in.
-    pub body_timeout: Duration,
-    /// Total time allowed for a generation, if any.
-    pub request_timeout: Option<Duration>,
-}
-
-impl Default for HttpLimits {
-    fn default() -> Self {
-        Self {
-            max_body_bytes: 4 << 20,
-            body_timeout: Duration::from_secs(30),
-            request_timeout: None,
-        }
-    }
-}
-
-/// Shared by every handler.
-#[derive(Debug)]
-pub struct AppState {
-    /// Set once the local model has loaded; until then its requests answer 503.
-    pub backend: OnceLock<Arc<dyn Backend>>,
-    /// The id of the model served in this process, if any (`--model`).
-    pub served_model: Option<String>,
-    /// Remote replicas, when `--upstream`/`--discover` are given. A request for the local
-    /// model runs here; any other model is routed.
-    pub router: Option<Arc<ReplicaRouter>>,
-    pub tenants: Tenants,
-    pub limiter: RateLimiter,
-    pub admission: Admission,
-    pub metrics: GatewayMetrics,
-    pub registry: Registry,
-    pub draining: AtomicBool,
-    pub in_flight: Arc<InFlight>,
-    pub limits: HttpLimits,
-    pub log_prompts: bool,
-}
-
-impl AppState {
-    /// Ready when not draining and something can generate: the local model has loaded, or a
-    /// replica is healthy.
-    pub fn is_ready(&self) -> bool {
-        !self.draining.load(Ordering::Acquire)
-            && (self.backend.get().is_some()
-                || self.router.as_ref().is_some_and(|r| r.any_eligible()))
-    }
-
-    fn is_local(&self, model: &str) -> bool {
-        self.served_model.as_deref() == Some(model)
-    }
-
-    /// Every model served, here and by replicas, with its context length when known.
-    fn all_models(&self) -> Vec<(String, usize)> {
-        let mut out = Vec::new();
-        if let Some(m) = &self.served_model {
-            out.push((
-                m.clone(),
-                self.backend.get().map_or(0, |b| b.max_model_len()),
-            ));
-        }
-        for m in self.router.iter().flat_map(|r| r.models()) {
-            if !out.iter().any(|(id, _)| *id == m.id) {
-                out.push((m.id, m.max_model_len.unwrap_or(0)));
-            }
-        }
-        out
-    }
-
-    fn check_draining(&self) -> Result<(), ApiError> {
-        if self.draining.load(Ordering::Acquire) {
-            return Err(ApiError::Unavailable(
-                "The server is draining; retry on another replica".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    fn backend(&self) -> Result<&Arc<dyn Backend>, ApiError> {
-        self.check_draining()?;
-        self.backend.get().ok_or_else(|| {
-            ApiError::Unavailable("The model is still loading; retry shortly".into())
-        })
-    }
-}
-
-/// The request id: the caller's `x-request-id`, or a new one.
-#[derive(Debug, Clone)]
-pub struct RequestId(pub String);
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -133,8 +39,8 @@ static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 #[openapi(
     info(title = "sluice", description = "OpenAI-compatible inference gateway"),
     paths(
-        completions::chat_completions,
-        completions::completions,
+        pipeline::chat_completions,
+        pipeline::completions,
         list_models,
         get_model,
         tokens::tokenize,
@@ -161,8 +67,8 @@ pub const METRICS_PATH: &str = "/metrics";
 
 pub fn app(state: Arc<AppState>) -> Router {
     let authed = Router::new()
-        .route("/v1/chat/completions", post(completions::chat_completions))
-        .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(pipeline::chat_completions))
+        .route("/v1/completions", post(pipeline::completions))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
         .route("/tokenize", post(tokens::tokenize))
@@ -214,60 +120,6 @@ async fn authenticate(State(s): State<Arc<AppState>>, mut req: Request, next: Ne
             ApiError::Unauthorized(e.to_string()).into_response()
         }
     }
-}
-
-/// Reads a body within the size and time limits.
-async fn read_body(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
-    let limit = s.limits.max_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(ApiError::PayloadTooLarge { limit });
-    }
-    let bytes: Bytes = match tokio::time::timeout(
-        s.limits.body_timeout,
-        axum::body::to_bytes(body, limit),
-    )
-    .await
-    {
-        Err(_) => return Err(ApiError::BodyTimeout(s.limits.body_timeout)),
-        Ok(Err(e)) => {
-            // `to_bytes` reports the limit as an error whose source is `LengthLimitError`.
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            return Err(if too_large {
-                ApiError::PayloadTooLarge { limit }
-            } else {
-                ApiError::bad("The request body could not be read", "body")
-            });
-        }
-        Ok(Ok(b)) => b,
-    };
-    Ok(bytes)
-}
-
-/// Parses JSON, naming the field of a type error.
-fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let syntax = inner.is_syntax() || inner.is_eof();
-        // serde_path_to_error writes "." for the root and "?" where the path is unknown.
-        let param = (!syntax && path != "." && path != "?").then_some(path);
-        let message = match (&param, syntax) {
-            (_, true) => format!("The request body is not valid JSON: {inner}"),
-            (Some(p), _) => format!("Invalid value for '{p}': {inner}"),
-            (None, _) => format!("Invalid request body: {inner}"),
-        };
-        ApiError::BadRequest {
-            message,
-            param,
-            code: None,
-        }
-    })
 }
 
 fn model_card(id: String, max_model_len: usize) -> ModelCard {

@@ -1,7 +1,7 @@
-//! Requests for models that remote replicas serve. The gateway has checked the body (every
-//! check that needs no tokenizer, `validate::*_checked`), applied the tenant's rate limit and
-//! the admission queue; here it picks a replica, sends the body unchanged, and passes the
-//! answer back frame by frame as it arrives — an SSE stream is never buffered.
+//! Requests for models that remote replicas serve. The pipeline has checked the body (every
+//! check that needs no tokenizer) and passed the gate; here [`forward`] has the router pick a
+//! replica and sends the body unchanged, and [`pass`] passes the answer back frame by frame as
+//! it arrives — an SSE stream is never buffered.
 //!
 //! Retries happen in `router::dispatch`, before the first byte. After it, a replica that fails
 //! or a deadline that passes ends an SSE stream with an OpenAI error event and `[DONE]`; a
@@ -9,8 +9,6 @@
 //! client sees an incomplete response rather than a well-formed lie). A client that leaves
 //! drops the stream, which closes the connection to the replica, which aborts the generation
 //! there.
-
-use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
@@ -20,32 +18,30 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::api::scope::RequestScope;
-use crate::api::AppState;
+use super::scope::RequestScope;
+use super::sse;
+use super::state::AppState;
 use crate::error::ApiError;
 use crate::metrics::RouterMetrics;
-use crate::router::dispatch::ProxyRequest;
+use crate::router::dispatch::{ProxyRequest, Routed};
 use crate::router::policy::Key;
 use crate::router::replica::InFlightHere;
 use crate::router::{affinity, Router};
-use crate::tenants::Tenant;
 
 /// The header that names the replica that answered.
 pub static X_SLUICE_REPLICA: HeaderName = HeaderName::from_static("x-sluice-replica");
 /// Requests with the same session id go to the same replica.
 pub static X_SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
 
-/// What the API layer learned about a request to proxy.
+/// Where a checked request goes.
 #[derive(Debug)]
-pub struct ProxyCall {
+pub struct Forward<'a> {
     pub path: &'static str,
     pub model: String,
-    pub priority: i32,
-    /// Tokens reserved from the tenant's budget: the prompt estimated at four bytes a token,
-    /// plus what the request may generate. Not refunded (the answer is not parsed).
-    pub reserve_tokens: u64,
     /// The prompt's leading text (or token bytes), for prefix affinity.
-    pub affinity: Vec<u8>,
+    pub affinity: &'a [u8],
+    /// Sent on as `x-request-id`.
+    pub request_id: &'a str,
 }
 
 /// The affinity key of a request: its session header, else its prompt's prefix.
@@ -68,48 +64,15 @@ fn key(router: &Router, headers: &HeaderMap, affinity_bytes: &[u8]) -> Option<Ke
     }
 }
 
-/// Rate limit, admission, routing; then the replica's answer as this request's response.
-pub async fn generate(
-    s: &Arc<AppState>,
-    router: &Arc<Router>,
-    tenant: &Arc<Tenant>,
+/// Sends the body to a replica serving the model (retried on another before the first byte);
+/// resolves with the answer's head and first frame.
+pub async fn forward(
+    s: &AppState,
+    router: &Router,
     headers: &HeaderMap,
     body: Bytes,
-    call: ProxyCall,
-    mut scope: RequestScope,
-) -> Response {
-    match route(s, router, tenant, headers, body, &call, &mut scope).await {
-        Ok(resp) => stream_answer(resp, scope, s),
-        Err(e) => {
-            scope.fail(&e);
-            e.into_response()
-        }
-    }
-}
-
-async fn route(
-    s: &Arc<AppState>,
-    router: &Arc<Router>,
-    tenant: &Arc<Tenant>,
-    headers: &HeaderMap,
-    body: Bytes,
-    call: &ProxyCall,
-    scope: &mut RequestScope,
-) -> Result<crate::router::dispatch::Routed, ApiError> {
-    if !router.serves(&call.model) {
-        return Err(ApiError::ModelNotFound(call.model.clone()));
-    }
-    let reservation = s
-        .limiter
-        .check(tenant, call.reserve_tokens, std::time::Instant::now())
-        .map_err(|e| ApiError::TooManyRequests {
-            message: e.to_string(),
-            retry_after: e.retry_after,
-            reason: e.metric_label(),
-        })?;
-    // Nothing to refund: the reservation stands as the request's cost.
-    drop(reservation);
-    super::completions::admit(s, tenant, call.priority, scope).await?;
+    to: Forward<'_>,
+) -> Result<Routed, ApiError> {
     let mut fwd = vec![
         (
             header::CONTENT_TYPE,
@@ -117,16 +80,16 @@ async fn route(
         ),
         (
             HeaderName::from_static("x-request-id"),
-            HeaderValue::from_str(&scope.id).map_err(|_| ApiError::Internal)?,
+            HeaderValue::from_str(to.request_id).map_err(|_| ApiError::Internal)?,
         ),
     ];
     if let Some(a) = headers.get(header::ACCEPT) {
         fwd.push((header::ACCEPT, a.clone()));
     }
     let req = ProxyRequest {
-        path: call.path,
-        model: call.model.clone(),
-        key: key(router, headers, &call.affinity),
+        path: to.path,
+        model: to.model,
+        key: key(router, headers, to.affinity),
         headers: fwd,
         body,
         deadline: s.limits.request_timeout.map(|d| Instant::now() + d),
@@ -165,11 +128,9 @@ struct Passing {
     done: bool,
 }
 
-fn stream_answer(
-    routed: crate::router::dispatch::Routed,
-    scope: RequestScope,
-    s: &Arc<AppState>,
-) -> Response {
+/// The replica's answer as this request's response, passed on frame by frame; the scope (and
+/// with it the gate and the replica's in-flight count) ends with the body.
+pub fn pass(routed: Routed, scope: RequestScope, s: &AppState) -> Response {
     let head = routed.head;
     let sse = head
         .headers
@@ -199,58 +160,62 @@ fn stream_answer(
         metrics: s.metrics.router.clone(),
         done: false,
     };
-    let body = stream::unfold(state, |mut p| async move {
-        if p.done {
-            return None;
-        }
-        if let Some(first) = p.first.take() {
-            p.scope.first_token();
-            return Some((Ok(first), p));
-        }
-        let next = match p.until {
-            Some(t) => tokio::time::timeout_at(t, p.rest.frame())
-                .await
-                .map_err(|_| ApiError::Timeout(p.deadline)),
-            None => Ok(p.rest.frame().await),
-        };
-        match next {
-            Ok(None) => {
-                p.scope.ended(p.status);
-                None
-            }
-            Ok(Some(Ok(frame))) => match frame.into_data() {
-                Ok(data) => Some((Ok(data), p)),
-                // Trailers: nothing to pass on in an HTTP/1 body.
-                Err(_) => Some((Ok(Bytes::new()), p)),
-            },
-            Ok(Some(Err(e))) => {
-                tracing::warn!(replica = %p.guard.replica().url(), "answer broke mid-stream: {e}");
-                p.guard.replica().failure();
-                let err = ApiError::BadGateway(
-                    "The replica failed while answering; the answer is incomplete".into(),
-                );
-                fail(p, err)
-            }
-            Err(timeout) => fail(p, timeout),
-        }
-    });
+    let body = stream::unfold(state, |mut p| async move { p.next().await.map(|b| (b, p)) });
     resp.body(Body::from_stream(body))
         .unwrap_or_else(|_| ApiError::Internal.into_response())
 }
 
-/// Ends the answer after a failure: an SSE error event and `[DONE]`, or an aborted body.
-fn fail(mut p: Passing, err: ApiError) -> Option<(Result<Bytes, std::io::Error>, Passing)> {
-    p.metrics
-        .broken_streams
-        .with_label_values(&[p.guard.replica().url().as_str()])
-        .inc();
-    p.scope.fail(&err);
-    p.done = true;
-    if p.sse {
-        let json = serde_json::to_string(&err.body()).expect("error bodies serialise");
-        let event = Bytes::from(format!("data: {json}\n\ndata: [DONE]\n\n"));
-        Some((Ok(event), p))
-    } else {
-        Some((Err(std::io::Error::other(err.to_string())), p))
+impl Passing {
+    /// The next piece of the answer; `None` once it has ended.
+    async fn next(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+        if self.done {
+            return None;
+        }
+        if let Some(first) = self.first.take() {
+            self.scope.first_token();
+            return Some(Ok(first));
+        }
+        let next = match self.until {
+            Some(t) => tokio::time::timeout_at(t, self.rest.frame())
+                .await
+                .map_err(|_| ApiError::Timeout(self.deadline)),
+            None => Ok(self.rest.frame().await),
+        };
+        match next {
+            Ok(None) => {
+                self.scope.ended(self.status);
+                None
+            }
+            Ok(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => Some(Ok(data)),
+                // Trailers: nothing to pass on in an HTTP/1 body.
+                Err(_) => Some(Ok(Bytes::new())),
+            },
+            Ok(Some(Err(e))) => {
+                let replica = self.guard.replica();
+                tracing::warn!(replica = %replica.url(), "answer broke mid-stream: {e}");
+                replica.failure();
+                let err = ApiError::BadGateway(
+                    "The replica failed while answering; the answer is incomplete".into(),
+                );
+                Some(self.fail(err))
+            }
+            Err(timeout) => Some(self.fail(timeout)),
+        }
+    }
+
+    /// Ends the answer after a failure: an SSE error event and `[DONE]`, or an aborted body.
+    fn fail(&mut self, err: ApiError) -> Result<Bytes, std::io::Error> {
+        self.metrics
+            .broken_streams
+            .with_label_values(&[self.guard.replica().url().as_str()])
+            .inc();
+        self.scope.fail(&err);
+        self.done = true;
+        if self.sse {
+            Ok(sse::error_ending(&err))
+        } else {
+            Err(std::io::Error::other(err.to_string()))
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! [`RequestScope`]: what lives exactly as long as one generation request — its in-flight
-//! count (drain waits on it), its admission permit and rate reservation (released or refunded
-//! through `on_done`), and the one log line and metrics written when it ends.
+//! count (drain waits on it), its [`Gate`] (admission permit and rate reservation, released
+//! and refunded when the scope ends), and the one log line and metrics written when it ends.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use tokio::sync::Notify;
 
+use super::gate::Gate;
 use crate::error::ApiError;
 use crate::metrics::GatewayMetrics;
 
@@ -58,9 +59,6 @@ struct Outcome {
     completion_tokens: usize,
 }
 
-/// Called once when the request ends, with the completion tokens generated.
-pub type OnDone = Box<dyn FnOnce(usize) + Send>;
-
 pub struct RequestScope {
     pub id: String,
     pub tenant: String,
@@ -69,7 +67,7 @@ pub struct RequestScope {
     first_token: Option<Instant>,
     outcome: Option<Outcome>,
     metrics: GatewayMetrics,
-    on_done: Vec<OnDone>,
+    gate: Option<Gate>,
     _in_flight: InFlightGuard,
 }
 
@@ -101,14 +99,14 @@ impl RequestScope {
             first_token: None,
             outcome: None,
             metrics,
-            on_done: Vec::new(),
+            gate: None,
             _in_flight: in_flight,
         }
     }
 
-    /// Runs `f` when the request ends.
-    pub fn on_done(&mut self, f: OnDone) {
-        self.on_done.push(f);
+    /// Holds the request's gate until the request ends.
+    pub fn hold(&mut self, gate: Gate) {
+        self.gate = Some(gate);
     }
 
     pub fn first_token(&mut self) {
@@ -183,8 +181,8 @@ impl Drop for RequestScope {
             .in_flight
             .with_label_values(&[&self.tenant])
             .dec();
-        for f in self.on_done.drain(..) {
-            f(o.completion_tokens);
+        if let Some(mut gate) = self.gate.take() {
+            gate.generated(o.completion_tokens);
         }
         tracing::info!(
             request_id = %self.id,

@@ -10,9 +10,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http_body_util::BodyExt;
 
-use super::completions::check_model;
+use serde::de::DeserializeOwned;
+
+use super::body::{parse_json, read_body};
+use super::state::AppState;
 use super::types::*;
-use super::{parse_json, read_body, validate, AppState};
+use super::validate;
+use crate::backend::LocalBackend;
 use crate::error::ApiError;
 
 /// Sends `/tokenize` or `/detokenize` for a remote model to a replica serving it.
@@ -62,6 +66,51 @@ async fn proxy_tokens(
     })
 }
 
+/// `/tokenize`'s and `/detokenize`'s bodies.
+trait TokenRequest: DeserializeOwned {
+    const PATH: &'static str;
+    fn model(&self) -> Option<&str>;
+}
+
+impl TokenRequest for TokenizeRequest {
+    const PATH: &'static str = "/tokenize";
+    fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+}
+
+impl TokenRequest for DetokenizeRequest {
+    const PATH: &'static str = "/detokenize";
+    fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+}
+
+/// A token request to answer here with the local model, or a replica's answer to it.
+enum Here<T> {
+    Local(T, Arc<LocalBackend>),
+    Answered(Response),
+}
+
+/// Reads a token request and sends it to a replica when one serves its model.
+async fn receive<T: TokenRequest>(
+    s: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Here<T>, ApiError> {
+    s.check_draining()?;
+    let bytes = read_body(s, headers, body).await?;
+    let req: T = parse_json(&bytes)?;
+    if let Some(r) = proxy_tokens(s, T::PATH, req.model(), bytes).await {
+        return r.map(Here::Answered);
+    }
+    let backend = s.backend()?.clone();
+    if let Some(m) = req.model() {
+        s.check_model(m)?;
+    }
+    Ok(Here::Local(req, backend))
+}
+
 /// Tokenises a prompt (as completions would) or chat messages (as chat would).
 #[utoipa::path(post, path = "/tokenize", request_body = TokenizeRequest,
     responses((status = 200, body = TokenizeResponse), (status = 400, body = ErrorBody)))]
@@ -70,28 +119,16 @@ pub(super) async fn tokenize(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    s.check_draining()?;
-    let bytes = read_body(&s, &headers, body).await?;
-    let req: TokenizeRequest = parse_json(&bytes)?;
-    if let Some(r) = proxy_tokens(&s, "/tokenize", req.model.as_deref(), bytes).await {
-        return r;
-    }
-    let backend = s.backend()?.clone();
-    if let Some(m) = &req.model {
-        check_model(&s, m)?;
-    }
+    let (req, backend) = match receive::<TokenizeRequest>(&s, &headers, body).await? {
+        Here::Local(req, backend) => (req, backend),
+        Here::Answered(resp) => return Ok(resp),
+    };
     let model = backend.model();
     let tokens = match (&req.prompt, &req.messages) {
-        (Some(p), None) => {
-            let tok = model.tokenizer();
-            let mut ids: Vec<u32> = if tok.add_bos() {
-                tok.bos_id().into_iter().collect()
-            } else {
-                Vec::new()
-            };
-            ids.extend(tok.encode(p, false).map_err(|_| ApiError::Internal)?);
-            ids
-        }
+        (Some(p), None) => model
+            .tokenizer()
+            .encode_prompt(p)
+            .map_err(|_| ApiError::Internal)?,
         (None, Some(msgs)) => {
             let m = validate::chat_messages(msgs)?;
             validate::chat_prompt(model, &m, req.add_generation_prompt.unwrap_or(true))?
@@ -119,16 +156,10 @@ pub(super) async fn detokenize(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    s.check_draining()?;
-    let bytes = read_body(&s, &headers, body).await?;
-    let req: DetokenizeRequest = parse_json(&bytes)?;
-    if let Some(r) = proxy_tokens(&s, "/detokenize", req.model.as_deref(), bytes).await {
-        return r;
-    }
-    let backend = s.backend()?.clone();
-    if let Some(m) = &req.model {
-        check_model(&s, m)?;
-    }
+    let (req, backend) = match receive::<DetokenizeRequest>(&s, &headers, body).await? {
+        Here::Local(req, backend) => (req, backend),
+        Here::Answered(resp) => return Ok(resp),
+    };
     let vocab = backend.model().config().vocab_size;
     let ids = req
         .tokens

@@ -1,8 +1,10 @@
-//! From parsed OpenAI requests to engine requests: every range check, every unsupported
-//! field, message rendering and tokenisation. Errors name the field (`param`) and the range.
+//! From parsed OpenAI requests to engine requests: JSON values to engine types, unsupported
+//! fields refused by name, message rendering and tokenisation. The ranges of the sampling
+//! fields are the engine's (`SamplingParams::check`); its errors name the engine's field, which
+//! [`Params`] turns into the OpenAI parameter.
 
 use serde_json::Value;
-use sluice_engine::{SamplingParams, MAX_TOP_LOGPROBS};
+use sluice_engine::{SamplingParams, MAX_N};
 use sluice_models::chat_template::ChatMessage;
 use sluice_models::Model;
 
@@ -10,38 +12,30 @@ use crate::api::types::{
     ChatCompletionRequest, ChatMessageIn, CompletionRequest, MessageContent, PromptSpec,
     SamplingFields, StopSpec,
 };
-use crate::error::ApiError;
+use crate::error::{ApiError, Params};
 
-/// Most stop strings per request.
-pub const MAX_STOP: usize = 8;
-/// Most choices per request.
-pub const MAX_N: i64 = 16;
 /// Completions' default `max_tokens`, as OpenAI's.
 pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
 
-/// A request ready for the engine.
-#[derive(Debug, Clone)]
-pub struct Prepared {
-    /// One prompt per engine request (completions may send several).
-    pub prompts: Vec<Vec<u32>>,
-    pub sampling: SamplingParams,
-    pub priority: i32,
-    pub stream: bool,
-    pub include_usage: bool,
-}
+/// The OpenAI names of chat's endpoint-specific fields.
+pub const CHAT_PARAMS: Params = Params {
+    prompt: "messages",
+    logprobs: "top_logprobs",
+};
+/// The OpenAI names of completions' endpoint-specific fields.
+pub const COMPLETION_PARAMS: Params = Params {
+    prompt: "prompt",
+    logprobs: "logprobs",
+};
 
-fn range_f(v: Option<f64>, name: &str, lo: f64, hi: f64, lo_open: bool) -> Result<(), ApiError> {
-    if let Some(x) = v {
-        let ok = x.is_finite() && (if lo_open { x > lo } else { x >= lo }) && x <= hi;
-        if !ok {
-            let l = if lo_open { "(" } else { "[" };
-            return Err(ApiError::bad(
-                format!("{x} is not a valid value for '{name}': it must be in {l}{lo}, {hi}]"),
-                name,
-            ));
-        }
-    }
-    Ok(())
+/// A count sent as a JSON integer; how large it may be is the engine's rule.
+fn count(v: i64, name: &str) -> Result<usize, ApiError> {
+    usize::try_from(v).map_err(|_| {
+        ApiError::bad(
+            format!("{v} is not a valid value for '{name}': it must not be negative"),
+            name,
+        )
+    })
 }
 
 /// A token id, checked against the vocabulary when the gateway knows it (a remote model's
@@ -58,120 +52,68 @@ fn vocab_id(v: i64, vocab: Option<usize>, name: &str) -> Result<u32, ApiError> {
     Ok(v as u32)
 }
 
-/// Sampling parameters from the shared fields.
+/// vLLM's `top_k`: -1 or 0 is off, a positive count keeps that many (at most the vocabulary).
+fn top_k(k: Option<i64>, vocab: Option<usize>) -> Result<usize, ApiError> {
+    match k {
+        None | Some(-1) | Some(0) => Ok(0),
+        Some(k) if k > 0 => Ok(k.min(vocab.map_or(i64::MAX, |v| v as i64)) as usize),
+        Some(k) => Err(ApiError::bad(
+            format!("{k} is not a valid value for 'top_k': use -1 or 0 (off) or a positive count"),
+            "top_k",
+        )),
+    }
+}
+
+/// `logit_bias`: token ids as strings (as OpenAI sends them) to biases.
+fn logit_bias(f: &SamplingFields) -> Result<std::collections::HashMap<u32, f32>, ApiError> {
+    f.logit_bias
+        .iter()
+        .flatten()
+        .map(|(k, &b)| {
+            let id: i64 = k.trim().parse().map_err(|_| {
+                ApiError::bad(
+                    format!("'logit_bias' key '{k}' is not a token id"),
+                    "logit_bias",
+                )
+            })?;
+            Ok((vocab_id(id, None, "logit_bias")?, b as f32))
+        })
+        .collect()
+}
+
+/// Sampling parameters from the shared fields, converted but not yet range-checked: the
+/// endpoint adds its log-probability field, then [`checked`] runs the engine's checks.
 fn sampling(
     f: &SamplingFields,
     vocab: Option<usize>,
     max_tokens: Option<i64>,
 ) -> Result<SamplingParams, ApiError> {
-    range_f(f.temperature, "temperature", 0.0, 2.0, false)?;
-    range_f(f.top_p, "top_p", 0.0, 1.0, true)?;
-    range_f(f.min_p, "min_p", 0.0, 1.0, false)?;
-    range_f(f.presence_penalty, "presence_penalty", -2.0, 2.0, false)?;
-    range_f(f.frequency_penalty, "frequency_penalty", -2.0, 2.0, false)?;
-    range_f(f.repetition_penalty, "repetition_penalty", 0.0, 10.0, true)?;
-    let top_k = match f.top_k {
-        None | Some(-1) | Some(0) => 0,
-        Some(k) if k > 0 => k.min(vocab.map_or(i64::MAX, |v| v as i64)) as usize,
-        Some(k) => {
-            return Err(ApiError::bad(
-                format!(
-                    "{k} is not a valid value for 'top_k': use -1 or 0 (off) or a positive count"
-                ),
-                "top_k",
-            ))
-        }
-    };
-    let n = f.n.unwrap_or(1);
-    if !(1..=MAX_N).contains(&n) {
-        return Err(ApiError::bad(
-            format!("{n} is not a valid value for 'n': it must be in 1..={MAX_N}"),
-            "n",
-        ));
-    }
-    let max_tokens = match max_tokens {
-        None => None,
-        Some(m) if m >= 1 => Some(m as usize),
-        Some(m) => {
-            return Err(ApiError::bad(
-                format!("{m} is not a valid value for 'max_tokens': it must be at least 1"),
-                "max_tokens",
-            ))
-        }
-    };
-    let min_tokens = match f.min_tokens {
-        None => 0,
-        Some(m) if m >= 0 => m as usize,
-        Some(m) => {
-            return Err(ApiError::bad(
-                format!("{m} is not a valid value for 'min_tokens': it must be ≥ 0"),
-                "min_tokens",
-            ))
-        }
-    };
-    if let Some(m) = max_tokens {
-        if min_tokens > m {
-            return Err(ApiError::bad(
-                format!("min_tokens ({min_tokens}) must not exceed max_tokens ({m})"),
-                "min_tokens",
-            ));
-        }
-    }
     let stop = match &f.stop {
         None => Vec::new(),
         Some(StopSpec::One(s)) => vec![s.clone()],
         Some(StopSpec::Many(v)) => v.clone(),
     };
-    if stop.len() > MAX_STOP {
-        return Err(ApiError::bad(
-            format!(
-                "'stop' has {} strings; at most {MAX_STOP} are allowed",
-                stop.len()
-            ),
-            "stop",
-        ));
-    }
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::bad("'stop' strings must not be empty", "stop"));
-    }
-    let mut logit_bias = std::collections::HashMap::new();
-    for (k, &b) in f.logit_bias.iter().flatten() {
-        let id: i64 = k.trim().parse().map_err(|_| {
-            ApiError::bad(
-                format!("'logit_bias' key '{k}' is not a token id"),
-                "logit_bias",
-            )
-        })?;
-        let id = vocab_id(id, vocab, "logit_bias")?;
-        if !(-100.0..=100.0).contains(&b) {
-            return Err(ApiError::bad(
-                format!("'logit_bias' value {b} for token {id} must be in [-100, 100]"),
-                "logit_bias",
-            ));
-        }
-        logit_bias.insert(id, b as f32);
-    }
     let stop_token_ids = f
         .stop_token_ids
         .iter()
         .flatten()
-        .map(|&t| vocab_id(t, vocab, "stop_token_ids"))
+        .map(|&t| vocab_id(t, None, "stop_token_ids"))
         .collect::<Result<Vec<u32>, _>>()?;
     Ok(SamplingParams {
         temperature: f.temperature.unwrap_or(1.0) as f32,
         top_p: f.top_p.unwrap_or(1.0) as f32,
-        top_k,
+        top_k: top_k(f.top_k, vocab)?,
         min_p: f.min_p.unwrap_or(0.0) as f32,
         presence_penalty: f.presence_penalty.unwrap_or(0.0) as f32,
         frequency_penalty: f.frequency_penalty.unwrap_or(0.0) as f32,
         repetition_penalty: f.repetition_penalty.unwrap_or(1.0) as f32,
-        logit_bias,
+        logit_bias: logit_bias(f)?,
         // OpenAI's seed is a signed 64-bit integer; every value names one stream.
         seed: f.seed.map(|s| s as u64),
-        n: n as usize,
+        n: count(f.n.unwrap_or(1), "n")?,
         logprobs: None,
-        max_tokens,
-        min_tokens,
+        max_tokens: max_tokens.map(|m| count(m, "max_tokens")).transpose()?,
+        min_tokens: count(f.min_tokens.unwrap_or(0), "min_tokens")?,
         ignore_eos: f.ignore_eos.unwrap_or(false),
         stop_token_ids,
         stop,
@@ -188,20 +130,15 @@ pub struct Checked {
     pub include_usage: bool,
 }
 
-impl Checked {
-    fn with_prompts(self, prompts: Vec<Vec<u32>>) -> Prepared {
-        Prepared {
-            prompts,
-            sampling: self.sampling,
-            priority: self.priority,
-            stream: self.stream,
-            include_usage: self.include_usage,
-        }
-    }
-}
-
-/// The request's streaming and priority fields around its sampling.
-fn checked(f: &SamplingFields, sampling: SamplingParams) -> Result<Checked, ApiError> {
+/// The engine's range checks on `sampling`, and the request's streaming and priority fields
+/// around it.
+fn checked(
+    f: &SamplingFields,
+    sampling: SamplingParams,
+    vocab: Option<usize>,
+    params: Params,
+) -> Result<Checked, ApiError> {
+    sampling.check(vocab).map_err(|e| params.invalid(&e))?;
     Ok(Checked {
         priority: priority(f)?,
         stream: f.stream.unwrap_or(false),
@@ -314,12 +251,6 @@ pub fn chat_prompt(
     })
 }
 
-pub fn chat(req: &ChatCompletionRequest, model: &Model) -> Result<Prepared, ApiError> {
-    let (checked, messages) = chat_checked(req, Some(model.config().vocab_size))?;
-    let prompt = chat_prompt(model, &messages, true)?;
-    Ok(checked.with_prompts(vec![prompt]))
-}
-
 /// Every check of a chat request that needs no tokenizer, and its messages in the template's
 /// form. A routing gateway runs this for remote models, then proxies the body as it came.
 pub fn chat_checked(
@@ -362,50 +293,39 @@ pub fn chat_checked(
     let f = req.sampling_fields();
     let max = req.max_completion_tokens.or(f.max_tokens);
     let mut sampling = sampling(&f, vocab, max)?;
-    match (req.logprobs.unwrap_or(false), req.top_logprobs) {
-        (_, Some(k)) if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) => {
-            return Err(ApiError::bad(
-                format!(
-                "{k} is not a valid value for 'top_logprobs': it must be in 0..={MAX_TOP_LOGPROBS}"
-            ),
-                "top_logprobs",
-            ))
-        }
+    sampling.logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (false, Some(_)) => {
             return Err(ApiError::bad(
                 "'top_logprobs' needs 'logprobs' set to true",
                 "top_logprobs",
             ))
         }
-        (true, k) => sampling.logprobs = Some(k.unwrap_or(0) as usize),
-        (false, None) => {}
-    }
-    let messages = chat_messages(&req.messages)?;
-    Ok((checked(&f, sampling)?, messages))
+        (true, k) => Some(count(k.unwrap_or(0), "top_logprobs")?),
+        (false, None) => None,
+    };
+    let checked = checked(&f, sampling, vocab, CHAT_PARAMS)?;
+    Ok((checked, chat_messages(&req.messages)?))
 }
 
-pub fn completion(req: &CompletionRequest, model: &Model) -> Result<Prepared, ApiError> {
+/// A checked completion request's prompts as token ids: text encoded as the model reads a
+/// prompt (`Tokenizer::encode_prompt`), ids checked against the vocabulary.
+pub fn completion_prompts(
+    req: &CompletionRequest,
+    model: &Model,
+) -> Result<Vec<Vec<u32>>, ApiError> {
     let vocab = model.config().vocab_size;
-    let checked = completion_checked(req, Some(vocab))?;
-    let tok = model.tokenizer();
     let encode = |text: &str| -> Result<Vec<u32>, ApiError> {
-        // Prompts are plain text: control tokens in them are not parsed as such.
-        let mut ids = Vec::new();
-        if tok.add_bos() {
-            ids.extend(tok.bos_id());
-        }
-        ids.extend(tok.encode(text, false).map_err(|e| {
+        model.tokenizer().encode_prompt(text).map_err(|e| {
             tracing::error!("tokenising a prompt: {e}");
             ApiError::Internal
-        })?);
-        Ok(ids)
+        })
     };
     let ids = |v: &[i64]| -> Result<Vec<u32>, ApiError> {
         v.iter()
             .map(|&t| vocab_id(t, Some(vocab), "prompt"))
             .collect()
     };
-    let prompts = match &req.prompt {
+    let prompts: Vec<Vec<u32>> = match &req.prompt {
         PromptSpec::Text(t) => vec![encode(t)?],
         PromptSpec::Texts(ts) => ts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
         PromptSpec::Tokens(t) => vec![ids(t)?],
@@ -414,7 +334,7 @@ pub fn completion(req: &CompletionRequest, model: &Model) -> Result<Prepared, Ap
     if prompts.iter().any(Vec::is_empty) {
         return Err(ApiError::bad("'prompt' must not be empty", "prompt"));
     }
-    Ok(checked.with_prompts(prompts))
+    Ok(prompts)
 }
 
 /// Every check of a completion request that needs no tokenizer: its fields, and the prompt's
@@ -443,18 +363,9 @@ pub fn completion_checked(
             .unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS as i64),
     );
     let mut sampling = sampling(&f, vocab, max)?;
-    if let Some(k) = req.logprobs {
-        if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) {
-            return Err(ApiError::bad(
-                format!(
-                    "{k} is not a valid value for 'logprobs': it must be in 0..={MAX_TOP_LOGPROBS}"
-                ),
-                "logprobs",
-            ));
-        }
-        sampling.logprobs = Some(k as usize);
-    }
-    let (count, empty) = match &req.prompt {
+    sampling.logprobs = req.logprobs.map(|k| count(k, "logprobs")).transpose()?;
+    let checked = checked(&f, sampling, vocab, COMPLETION_PARAMS)?;
+    let (prompts, empty) = match &req.prompt {
         // Whether a text prompt is empty depends on the tokenizer (a BOS token may be added):
         // the local path checks the ids, a replica checks its own.
         PromptSpec::Text(_) => (1, false),
@@ -472,7 +383,7 @@ pub fn completion_checked(
             (ls.len(), ls.iter().any(Vec::is_empty))
         }
     };
-    if count == 0 {
+    if prompts == 0 {
         return Err(ApiError::bad(
             "'prompt' must not be an empty list",
             "prompt",
@@ -481,14 +392,14 @@ pub fn completion_checked(
     if empty {
         return Err(ApiError::bad("'prompt' must not be empty", "prompt"));
     }
-    if count * sampling.n > MAX_N as usize * 4 {
+    if prompts * checked.sampling.n > MAX_N * 4 {
         return Err(ApiError::bad(
             format!(
                 "{} prompts × n {} is more choices than one request may ask for",
-                count, sampling.n
+                prompts, checked.sampling.n
             ),
             "prompt",
         ));
     }
-    checked(&f, sampling)
+    Ok(checked)
 }

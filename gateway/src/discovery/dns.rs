@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::remote::ReplicaUrl;
+use crate::router::remote::ReplicaUrl;
 use crate::router::Router;
 
 /// The replicas `host:port` resolves to now.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::DiscoveryError;
-use crate::backend::remote::ReplicaUrl;
+use crate::router::remote::ReplicaUrl;
 use crate::router::Router;
 
 /// Parses a replica list.

@@ -20,7 +20,7 @@ use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
 
-use crate::backend::remote::ReplicaUrl;
+use crate::router::remote::ReplicaUrl;
 use crate::router::Router;
 
 /// Which Service and port to follow.

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::remote::ReplicaUrl;
+use crate::router::remote::ReplicaUrl;
 use crate::router::Router;
 
 /// A discovery source, parsed from `--discover`.

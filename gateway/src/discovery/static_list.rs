@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::remote::ReplicaUrl;
+use crate::router::remote::ReplicaUrl;
 use crate::router::Router;
 
 pub fn report(router: &Arc<Router>, slot: usize, urls: Vec<ReplicaUrl>) {

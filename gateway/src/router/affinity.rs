@@ -13,7 +13,7 @@
 //! a ring: when a replica leaves only its keys move, when one joins it takes about `1/N` of
 //! the keys, and the ranking gives the bounded-load rule its fallbacks in a stable order.
 
-use crate::backend::remote::ReplicaUrl;
+use crate::router::remote::ReplicaUrl;
 
 /// Bytes per hashed block (16 tokens of 4 bytes when the prompt is token ids).
 pub const BLOCK: usize = 64;

@@ -19,8 +19,8 @@ use hyper::{Method, StatusCode};
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::backend::remote::{RemoteError, ReplicaUrl};
 use crate::router::policy::Key;
+use crate::router::remote::{RemoteError, ReplicaUrl};
 use crate::router::replica::InFlightHere;
 use crate::router::{NoPick, Router};
 

@@ -1,6 +1,7 @@
 //! Routing across remote replicas: which replicas exist (fed by `crate::discovery`), which may
 //! take a request now, which one gets it, and retrying elsewhere before the first byte.
 //!
+//! - [`remote`]: one replica's pooled HTTP client ([`remote::RemoteBackend`]) and its URL.
 //! - [`replica`]: one replica's client, in-flight count, polled load, health and models, and
 //!   the tasks that poll them.
 //! - [`load`]: parsing vLLM-named load series and turning them into a score.
@@ -18,6 +19,7 @@ pub mod dispatch;
 pub mod health;
 pub mod load;
 pub mod policy;
+pub mod remote;
 pub mod replica;
 
 use std::collections::{BTreeSet, HashMap};
@@ -25,8 +27,8 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::backend::remote::{RemoteOptions, ReplicaUrl};
 use crate::metrics::RouterMetrics;
+use crate::router::remote::{RemoteOptions, ReplicaUrl};
 use health::EjectionPolicy;
 use policy::{Candidate, Key, Policy, Reason};
 use replica::{Replica, ServedModel};

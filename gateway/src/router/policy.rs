@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rand::Rng;
 
-use crate::backend::remote::ReplicaUrl;
 use crate::router::affinity;
+use crate::router::remote::ReplicaUrl;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {

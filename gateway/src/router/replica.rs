@@ -12,10 +12,10 @@ use hyper::StatusCode;
 use serde::Deserialize;
 use tokio::task::AbortHandle;
 
-use crate::backend::remote::{RemoteBackend, RemoteError, ReplicaUrl};
 use crate::metrics::RouterMetrics;
 use crate::router::health::{Health, Transition};
 use crate::router::load::{parse_metrics, Signals};
+use crate::router::remote::{RemoteBackend, RemoteError, ReplicaUrl};
 use crate::router::RouterConfig;
 
 /// Largest `/metrics` or `/v1/models` answer read.

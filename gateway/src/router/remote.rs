@@ -3,9 +3,9 @@
 //! connections are reused across requests, `TCP_NODELAY` on, a connect timeout), so one slow
 //! or dead replica never holds connections another needs.
 //!
-//! The backend moves bytes: it sends a request body it was given and hands back the response
+//! The client moves bytes: it sends a request body it was given and hands back the response
 //! head and its body frame by frame. What to send where, and what a failure means, is the
-//! router's business.
+//! rest of the router's business.
 
 use std::time::Duration;
 

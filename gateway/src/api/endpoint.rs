@@ -1,0 +1,130 @@
+//! [`Endpoint`]: what differs between `/v1/chat/completions` and `/v1/completions` — the body
+//! type, its checks, how its prompt is tokenised or keyed for routing, and how its answers are
+//! shaped. The pipeline in `super::pipeline` is written once over it.
+
+use serde::de::DeserializeOwned;
+use sluice_models::chat_template::ChatMessage;
+use sluice_models::Model;
+
+use super::generate::{ChatRender, Render, TextRender};
+use super::types::{ChatCompletionRequest, CompletionRequest, PromptSpec};
+use super::validate::{self, Checked, CHAT_PARAMS, COMPLETION_PARAMS};
+use crate::error::{ApiError, Params};
+use crate::router::affinity;
+
+/// What the router needs to know about a request it cannot tokenise.
+#[derive(Debug)]
+pub struct Routing {
+    /// The prompt's leading text (or token bytes), for prefix affinity.
+    pub affinity: Vec<u8>,
+    /// The prompts' size in bytes (token ids count four bytes: one token).
+    pub prompt_bytes: usize,
+    /// Prompts in the request (completions may send several).
+    pub prompts: usize,
+}
+
+/// A generation endpoint.
+pub trait Endpoint: DeserializeOwned + Send + 'static {
+    const ROUTE: &'static str;
+    /// Prefix of the response id (`chatcmpl-`, `cmpl-`).
+    const ID_PREFIX: &'static str;
+    /// The OpenAI names of the fields errors name.
+    const PARAMS: Params;
+    /// The prompt as the checks leave it, for tokenising or routing.
+    type Prompt: Send;
+    type Render: Render;
+
+    fn model(&self) -> &str;
+    /// Writes the prompt to the log (`--log-prompts`).
+    fn log_prompt(&self, request_id: &str);
+    /// Every check that needs no tokenizer; `vocab` when the model is known.
+    fn check(&self, vocab: Option<usize>) -> Result<(Checked, Self::Prompt), ApiError>;
+    /// The engine prompts, tokenised with the local model.
+    fn encode(&self, prompt: Self::Prompt, model: &Model) -> Result<Vec<Vec<u32>>, ApiError>;
+    fn routing(&self, prompt: &Self::Prompt) -> Routing;
+}
+
+impl Endpoint for ChatCompletionRequest {
+    const ROUTE: &'static str = "/v1/chat/completions";
+    const ID_PREFIX: &'static str = "chatcmpl-";
+    const PARAMS: Params = CHAT_PARAMS;
+    type Prompt = Vec<ChatMessage>;
+    type Render = ChatRender;
+
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn log_prompt(&self, request_id: &str) {
+        tracing::info!(request_id, messages = ?self.messages, "prompt");
+    }
+
+    fn check(&self, vocab: Option<usize>) -> Result<(Checked, Self::Prompt), ApiError> {
+        validate::chat_checked(self, vocab)
+    }
+
+    fn encode(&self, messages: Self::Prompt, model: &Model) -> Result<Vec<Vec<u32>>, ApiError> {
+        Ok(vec![validate::chat_prompt(model, &messages, true)?])
+    }
+
+    fn routing(&self, messages: &Self::Prompt) -> Routing {
+        let text = affinity::chat_text(
+            messages
+                .iter()
+                .map(|m| (m.role.as_str(), m.content.as_str())),
+        );
+        Routing {
+            prompt_bytes: text.len(),
+            affinity: text,
+            prompts: 1,
+        }
+    }
+}
+
+impl Endpoint for CompletionRequest {
+    const ROUTE: &'static str = "/v1/completions";
+    const ID_PREFIX: &'static str = "cmpl-";
+    const PARAMS: Params = COMPLETION_PARAMS;
+    /// The prompt stays in the request.
+    type Prompt = ();
+    type Render = TextRender;
+
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn log_prompt(&self, request_id: &str) {
+        tracing::info!(request_id, prompt = ?self.prompt, "prompt");
+    }
+
+    fn check(&self, vocab: Option<usize>) -> Result<(Checked, ()), ApiError> {
+        Ok((validate::completion_checked(self, vocab)?, ()))
+    }
+
+    fn encode(&self, _: (), model: &Model) -> Result<Vec<Vec<u32>>, ApiError> {
+        validate::completion_prompts(self, model)
+    }
+
+    fn routing(&self, _: &()) -> Routing {
+        let first = |bytes: Option<Vec<u8>>| bytes.unwrap_or_default();
+        let (affinity, prompt_bytes, prompts) = match &self.prompt {
+            PromptSpec::Text(t) => (t.as_bytes().to_vec(), t.len(), 1),
+            PromptSpec::Texts(ts) => (
+                first(ts.first().map(|t| t.as_bytes().to_vec())),
+                ts.iter().map(String::len).sum(),
+                ts.len(),
+            ),
+            PromptSpec::Tokens(t) => (affinity::token_bytes(t), t.len() * 4, 1),
+            PromptSpec::TokenLists(ls) => (
+                first(ls.first().map(|l| affinity::token_bytes(l))),
+                ls.iter().map(|l| l.len() * 4).sum(),
+                ls.len(),
+            ),
+        };
+        Routing {
+            affinity,
+            prompt_bytes,
+            prompts,
+        }
+    }
+}

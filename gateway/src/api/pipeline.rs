@@ -1,0 +1,282 @@
+//! The generation endpoints, one pipeline for both ([`Endpoint`] is what differs):
+//!
+//! 1. parse: the body, read within the limits (refused while draining, before it is read);
+//! 2. resolve: the [`Target`] — the local engine when this process serves the model, else the
+//!    router (a model nobody serves is a 404 before its fields are judged);
+//! 3. check: every field, with the target's vocabulary when it is local (a remote model's
+//!    vocabulary, tokenizer and template are its replica's);
+//! 4. gate: the tenant's rate limit and the admission queue ([`Gate`]), held by the request's
+//!    scope until the response ends;
+//! 5. run: locally, submit to the engine and render its events as JSON or SSE
+//!    (`super::generate`); remotely, send the body as it came and pass the replica's bytes
+//!    through (`super::proxy`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Request};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use sluice_engine::{EventStream, Request as EngineRequest, SamplingParams, SubmitError};
+
+use super::body::{parse_json, read_body};
+use super::endpoint::Endpoint;
+use super::gate::{Ask, Gate};
+use super::generate::{self, Generation, Head, Render};
+use super::proxy::{self, Forward};
+use super::scope::RequestScope;
+use super::state::{AppState, RequestId};
+use super::types::*;
+use super::validate::Checked;
+use crate::backend::{LocalBackend, Target};
+use crate::error::ApiError;
+use crate::router::dispatch::Routed;
+use crate::router::Router;
+use crate::tenants::Tenant;
+
+/// Creates a chat completion (OpenAI's schema; SSE when `stream` is true).
+#[utoipa::path(post, path = "/v1/chat/completions", request_body = ChatCompletionRequest,
+    responses((status = 200, body = ChatCompletion), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 413, body = ErrorBody), (status = 429, body = ErrorBody),
+              (status = 503, body = ErrorBody)))]
+pub(super) async fn chat_completions(call: Call) -> Response {
+    generation::<ChatCompletionRequest>(call).await
+}
+
+/// Creates a text completion (OpenAI's legacy schema; SSE when `stream` is true).
+#[utoipa::path(post, path = "/v1/completions", request_body = CompletionRequest,
+    responses((status = 200, body = Completion), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 413, body = ErrorBody), (status = 429, body = ErrorBody),
+              (status = 503, body = ErrorBody)))]
+pub(super) async fn completions(call: Call) -> Response {
+    generation::<CompletionRequest>(call).await
+}
+
+/// What a generation handler is given: the shared state, the authenticated tenant, the
+/// request id, and the request's headers and body.
+pub(super) struct Call {
+    s: Arc<AppState>,
+    tenant: Arc<Tenant>,
+    id: RequestId,
+    headers: HeaderMap,
+    body: Body,
+}
+
+impl FromRequest<Arc<AppState>> for Call {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, s: &Arc<AppState>) -> Result<Self, ApiError> {
+        let (mut parts, body) = req.into_parts();
+        // Both are set by middleware on every authenticated route.
+        let tenant = parts.extensions.remove::<Arc<Tenant>>();
+        let id = parts.extensions.remove::<RequestId>();
+        let (Some(tenant), Some(id)) = (tenant, id) else {
+            tracing::error!("a generation route without the authentication middleware");
+            return Err(ApiError::Internal);
+        };
+        Ok(Call {
+            s: s.clone(),
+            tenant,
+            id,
+            headers: parts.headers,
+            body,
+        })
+    }
+}
+
+/// One request, parsed, checked and admitted, ready to run.
+enum Started<R> {
+    Local(LocalRun<R>),
+    Remote(Routed),
+}
+
+/// The engine's streams for an admitted local request, and how to render them.
+struct LocalRun<R> {
+    render: R,
+    streams: Vec<EventStream>,
+    n: usize,
+    stream: bool,
+}
+
+async fn generation<E: Endpoint>(call: Call) -> Response {
+    let Call {
+        s,
+        tenant,
+        id,
+        headers,
+        body,
+    } = call;
+    let mut scope = RequestScope::new(
+        id.0.clone(),
+        tenant.name.clone(),
+        E::ROUTE,
+        Instant::now(),
+        s.metrics.clone(),
+        s.in_flight.enter(),
+    );
+    match start::<E>(&s, &tenant, &id, &headers, body, &mut scope).await {
+        Ok(Started::Local(run)) => run_local(&s, run, scope).await,
+        Ok(Started::Remote(routed)) => proxy::pass(routed, scope, &s),
+        Err(e) => {
+            scope.fail(&e);
+            e.into_response()
+        }
+    }
+}
+
+/// Parse, resolve, check and gate: everything before the request runs.
+async fn start<E: Endpoint>(
+    s: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    id: &RequestId,
+    headers: &HeaderMap,
+    body: Body,
+    scope: &mut RequestScope,
+) -> Result<Started<E::Render>, ApiError> {
+    s.check_draining()?;
+    let bytes = read_body(s, headers, body).await?;
+    let req: E = parse_json(&bytes)?;
+    if s.log_prompts {
+        req.log_prompt(&scope.id);
+    }
+    match s.resolve(req.model())? {
+        Target::Local(backend) => start_local(s, tenant, id, req, &backend, scope)
+            .await
+            .map(Started::Local),
+        Target::Remote(router) => start_remote(s, tenant, headers, bytes, req, &router, scope)
+            .await
+            .map(Started::Remote),
+    }
+}
+
+async fn gate(
+    s: &AppState,
+    tenant: &Arc<Tenant>,
+    ask: Ask,
+    scope: &mut RequestScope,
+) -> Result<(), ApiError> {
+    let gate = Gate::enter(&s.limiter, &s.admission, &s.metrics, tenant, ask).await?;
+    scope.hold(gate);
+    Ok(())
+}
+
+/// Checks and tokenises with the local model, gates, and submits to the engine.
+async fn start_local<E: Endpoint>(
+    s: &AppState,
+    tenant: &Arc<Tenant>,
+    id: &RequestId,
+    req: E,
+    backend: &LocalBackend,
+    scope: &mut RequestScope,
+) -> Result<LocalRun<E::Render>, ApiError> {
+    let model = backend.model();
+    let (checked, prompt) = req.check(Some(model.config().vocab_size))?;
+    let prompts = req.encode(prompt, model)?;
+    // Fail on context length before spending any of the tenant's budget.
+    let reserve = reservation(&checked.sampling, &prompts, backend.max_model_len())
+        .map_err(|e| E::PARAMS.submit_error(e))?;
+    let prompt_tokens = prompts.iter().map(Vec::len).sum::<usize>() as u64;
+    let ask = Ask {
+        priority: checked.priority,
+        reserve_tokens: reserve,
+        prompt_tokens: Some(prompt_tokens),
+    };
+    gate(s, tenant, ask, scope).await?;
+    let streams = submit(backend, prompts, &checked).map_err(|e| E::PARAMS.submit_error(e))?;
+    let head = Head {
+        id: format!("{}{}", E::ID_PREFIX, id.0),
+        created: generate::unix_now(),
+        model: backend.model_id().to_string(),
+        logprobs: checked.sampling.logprobs.is_some(),
+        include_usage: checked.include_usage,
+        tokenizer: model.clone(),
+    };
+    let n = checked.sampling.n;
+    Ok(LocalRun {
+        render: E::Render::new(head, streams.len() * n),
+        streams,
+        n,
+        stream: checked.stream,
+    })
+}
+
+/// Tokens to reserve: every prompt and the completions it may have (the engine's
+/// context-length rule, which refuses what does not fit).
+fn reservation(
+    sampling: &SamplingParams,
+    prompts: &[Vec<u32>],
+    max_model_len: usize,
+) -> Result<u64, SubmitError> {
+    let mut total = 0;
+    for p in prompts {
+        total += p.len() + sampling.n * sampling.budget(p.len(), max_model_len)?;
+    }
+    Ok(total as u64)
+}
+
+fn submit(
+    backend: &LocalBackend,
+    prompts: Vec<Vec<u32>>,
+    checked: &Checked,
+) -> Result<Vec<EventStream>, SubmitError> {
+    prompts
+        .into_iter()
+        .map(|prompt| {
+            backend.submit(EngineRequest {
+                prompt,
+                sampling: checked.sampling.clone(),
+                priority: checked.priority,
+            })
+        })
+        .collect()
+}
+
+async fn run_local<R: Render>(s: &AppState, run: LocalRun<R>, scope: RequestScope) -> Response {
+    let g = Generation {
+        render: run.render,
+        streams: run.streams,
+        n: run.n,
+        deadline: s.limits.request_timeout,
+        scope,
+    };
+    if run.stream {
+        generate::stream(g)
+    } else {
+        generate::respond(g)
+            .await
+            .unwrap_or_else(IntoResponse::into_response)
+    }
+}
+
+/// Checks what the gateway can without the model, gates, and sends the body to a replica.
+async fn start_remote<E: Endpoint>(
+    s: &AppState,
+    tenant: &Arc<Tenant>,
+    headers: &HeaderMap,
+    body: Bytes,
+    req: E,
+    router: &Router,
+    scope: &mut RequestScope,
+) -> Result<Routed, ApiError> {
+    let (checked, prompt) = req.check(None)?;
+    let routing = req.routing(&prompt);
+    let sampling = &checked.sampling;
+    let generated = sampling.max_tokens.unwrap_or(0) * sampling.n * routing.prompts;
+    let ask = Ask {
+        priority: checked.priority,
+        reserve_tokens: (routing.prompt_bytes.div_ceil(4) + generated) as u64,
+        // The answer is not parsed: the reservation stands as the request's cost.
+        prompt_tokens: None,
+    };
+    gate(s, tenant, ask, scope).await?;
+    let forward = Forward {
+        path: E::ROUTE,
+        model: req.model().to_string(),
+        affinity: &routing.affinity,
+        request_id: &scope.id,
+    };
+    proxy::forward(s, router, headers, body, forward).await
+}
