@@ -11,7 +11,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::profile::CapacityType;
+use sluice_policy::profile::CapacityType;
 
 /// What a `ServingPool` asks for.
 #[derive(CustomResource, Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
@@ -394,7 +394,7 @@ mod tests {
             .iter()
             .any(|v| v.capacity == Capacity::Spot));
         // Every variant names one in the profile.
-        let p = crate::profile::Profile::load(&sp.spec.profile).unwrap();
+        let p = sluice_policy::profile::Profile::load(&sp.spec.profile).unwrap();
         for v in &sp.spec.variants {
             p.variant(&v.profile_variant).unwrap();
         }

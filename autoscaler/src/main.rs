@@ -8,13 +8,13 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use sluice_autoscaler::capacity::{self, Slo, Workload};
-use sluice_autoscaler::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
-use sluice_autoscaler::profile::{CapacityType, Profile};
-use sluice_autoscaler::report::{self, Report};
-use sluice_autoscaler::scenario::{self, Scenario, POLICIES};
-use sluice_autoscaler::signals::Signals;
-use sluice_autoscaler::{plot, trace};
+use sluice_policy::capacity::{self, Slo, Workload};
+use sluice_policy::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
+use sluice_policy::profile::{CapacityType, Profile};
+use sluice_policy::signals::Signals;
+use sluice_sim::report::{self, Report};
+use sluice_sim::scenario::{self, Scenario, POLICIES};
+use sluice_sim::{plot, trace};
 
 #[derive(Parser)]
 #[command(

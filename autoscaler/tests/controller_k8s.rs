@@ -823,7 +823,7 @@ async fn scraped_signals_from_endpointslice_pods() {
         pod: "l4-0".into(),
         variant: "l4".into(),
         profile_variant: "nvidia-l4".into(),
-        capacity: sluice_autoscaler::profile::CapacityType::OnDemand,
+        capacity: sluice_policy::profile::CapacityType::OnDemand,
         url: format!("http://127.0.0.1:{port}"),
         path: "/metrics".into(),
     };

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use sluice_autoscaler::controller::prometheus::{PrometheusConfig, PrometheusSource};
 use sluice_autoscaler::controller::source::{Query, Reading, ScrapeTarget, SignalSource};
 use sluice_autoscaler::crd::ServingPoolSpec;
-use sluice_autoscaler::profile::CapacityType;
+
+use sluice_policy::profile::CapacityType;
 
 /// How one fake replica's series grow: per-second rates and constant gauges.
 #[derive(Clone, Copy)]

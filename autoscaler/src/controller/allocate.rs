@@ -7,10 +7,10 @@
 //! converted by their capacities at SLO (one H100 replica serves what several L4s do). It is
 //! pure so every fallback rule is unit-tested without a cluster.
 
-use crate::decision::Decision;
-use crate::profile::CapacityType;
-
 /// One `ServingPool` variant as allocation sees it.
+use sluice_policy::decision::Decision;
+use sluice_policy::profile::CapacityType;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub name: String,
@@ -123,7 +123,7 @@ pub fn allocate(decision: &Decision, entries: &[Entry]) -> Allocation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::Target;
+    use sluice_policy::decision::Target;
 
     fn entry(name: &str, pv: &str, cap: CapacityType, prio: i32, max: u32, rps: f64) -> Entry {
         Entry {

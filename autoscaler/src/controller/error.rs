@@ -1,4 +1,4 @@
-//! The controller's error type. It is separate from the crate's [`crate::Error`] (profiles,
+//! The controller's error type. It is separate from the crate's [`sluice_policy::Error`] (profiles,
 //! traces, simulation) because its failures are of another kind: API calls, node pool
 //! providers and invalid `ServingPool` specs, each counted by [`Error::metric_label`].
 
@@ -20,7 +20,7 @@ pub enum Error {
     Profile {
         name: String,
         #[source]
-        source: Box<crate::Error>,
+        source: Box<sluice_policy::Error>,
     },
     /// The command-line flags are inconsistent (the message says how).
     #[error("invalid flags: {0}")]

@@ -35,10 +35,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use serde::Deserialize;
 
+use sluice_policy::signals::{Arrivals, Latency, Queue};
+
 use super::error::{Error, Result};
 use super::source::{Load, Query, Reading, ScrapeTarget, SignalSource, VariantLoad};
 use crate::scrape::{error_chain, Histogram};
-use crate::signals::{Arrivals, Latency, Queue};
 
 /// Largest query answer read.
 const MAX_BODY: usize = 16 << 20;

@@ -18,19 +18,20 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use sluice_policy::capacity::{self, Planning, Slo, Workload};
+use sluice_policy::decision::Decision;
+use sluice_policy::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
+use sluice_policy::profile::{CapacityType, Profile};
+use sluice_policy::signals::{Signals, VariantSignals};
+
 use super::allocate::{self, Entry};
 use super::error::{Error, Result};
 use super::metrics::Metrics;
 use super::observe::{self, PoolView};
 use super::source::{Query, Reading, SignalSource};
 use super::status::Conditions;
-use crate::capacity::{self, Planning, Slo, Workload};
 use crate::crd::{Capacity, DecisionStatus, NodePoolProviderKind, ServingPool, VariantStatus};
-use crate::decision::Decision;
 use crate::nodepool::{NodePoolProvider, NodeRequest, Outcome};
-use crate::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
-use crate::profile::{CapacityType, Profile};
-use crate::signals::{Signals, VariantSignals};
 
 /// What every reconcile shares.
 #[derive(Clone)]

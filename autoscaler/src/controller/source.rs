@@ -14,9 +14,10 @@ use std::collections::HashMap;
 
 use futures_util::future::BoxFuture;
 
+use sluice_policy::signals::{Arrivals, Latency, Queue};
+
 use super::error::Result;
 use crate::crd::ServingPoolSpec;
-use crate::signals::{Arrivals, Latency, Queue};
 
 /// One replica pod to read.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -26,7 +27,7 @@ pub struct ScrapeTarget {
     pub variant: String,
     /// That entry's profile variant and capacity type (the policy's key).
     pub profile_variant: String,
-    pub capacity: crate::profile::CapacityType,
+    pub capacity: sluice_policy::profile::CapacityType,
     /// `http://IP:PORT` when scraped; empty for a Prometheus source (it reads by pod name).
     pub url: String,
     /// The metrics path (`/metrics`); empty for a Prometheus source.

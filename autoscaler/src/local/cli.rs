@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use clap::Args;
 
+use sluice_policy::capacity::Slo;
+use sluice_policy::profile::Profile;
+
 use super::supervisor::{Ports, ReplicaCommand};
 use super::{LocalConfig, LocalError};
-use crate::capacity::Slo;
-use crate::profile::Profile;
 
 /// Local mode's flags.
 #[derive(Args, Debug, Clone)]

@@ -11,15 +11,16 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use sluice_policy::decision::{Decision, Mode};
+use sluice_policy::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
+use sluice_policy::profile::CapacityType;
+use sluice_policy::signals::{Signals, VariantSignals};
+
 use super::announce::Announcer;
 use super::status::{self, Shared};
 use super::supervisor::{Event, Phase, Supervisor};
 use super::{LocalConfig, LocalError};
-use crate::decision::{Decision, Mode};
-use crate::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
-use crate::profile::CapacityType;
 use crate::scrape::{Observation, ScrapeConfig, Scraper, Target};
-use crate::signals::{Signals, VariantSignals};
 
 /// Longest back-off between start attempts after consecutive failed starts.
 const MAX_START_BACKOFF: Duration = Duration::from_secs(30);

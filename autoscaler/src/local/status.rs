@@ -15,8 +15,9 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+use sluice_policy::decision::Mode;
+
 use super::control::TickRecord;
-use crate::decision::Mode;
 
 /// Counters since start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -31,10 +31,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::profile::CapacityType;
-use crate::signals::{Arrivals, Latency, Queue, Signals};
 pub use snapshot::{normalise_url, Histogram, Snapshot};
 use window::{History, Increase};
+
+use sluice_policy::profile::CapacityType;
+use sluice_policy::signals::{Arrivals, Latency, Queue, Signals};
 
 /// Largest `/metrics` body read (a replica's is ~20 kB).
 const MAX_BODY: usize = 8 << 20;

@@ -73,7 +73,7 @@ fn windows_over_real_snapshots_give_rates_queue_and_load() {
     assert_eq!(v.running_per_replica, 0.5);
     // Into the policy's signals: the load fields of the matching entry.
     let mut sig = Signals {
-        variants: vec![crate::signals::VariantSignals {
+        variants: vec![sluice_policy::signals::VariantSignals {
             variant: "cpu".into(),
             ready: 2,
             ..Default::default()

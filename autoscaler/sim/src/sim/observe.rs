@@ -4,10 +4,11 @@
 
 use std::collections::VecDeque;
 
-use crate::signals::{Arrivals, Latency, PoolSignals, Queue, Signals, VariantSignals};
+use sluice_policy::signals::{Arrivals, Latency, PoolSignals, Queue, Signals, VariantSignals};
+use sluice_policy::timeline::Request;
+
 use crate::sim::fleet::Fleet;
 use crate::sim::replica::Phase;
-use crate::trace::Request;
 
 /// CPU utilisation of a GPU replica's container: the engine's scheduler loop keeps about one
 /// of the four requested cores busy whether it batches one sequence or two hundred, and
@@ -27,15 +28,6 @@ pub struct Observer {
     output_sum: f64,
     ttft: VecDeque<(f64, f64, usize)>,
     tpot: VecDeque<(f64, f64, usize)>,
-}
-
-/// Squared coefficient of variation from a count, a sum and a sum of squares.
-pub fn cv2(n: f64, sum: f64, sum_sq: f64) -> f64 {
-    if n < 2.0 || sum <= 0.0 {
-        return 0.0;
-    }
-    let mean = sum / n;
-    (sum_sq / n / (mean * mean) - 1.0).max(0.0)
 }
 
 fn percentile(xs: &mut [f64], q: f64) -> Option<f64> {
@@ -131,7 +123,7 @@ impl Observer {
                 .map(|&(_, p, _)| u64::from(p))
                 .max()
                 .unwrap_or(0),
-            prompt_tokens_cv2: cv2(n, self.prompt_sum, self.prompt_sq_sum),
+            prompt_tokens_cv2: sluice_policy::capacity::cv2(n, self.prompt_sum, self.prompt_sq_sum),
         };
         let mut ttft: Vec<f64> = self.ttft.iter().map(|&(_, x, _)| x).collect();
         let mut tpot: Vec<f64> = self.tpot.iter().map(|&(_, x, _)| x).collect();

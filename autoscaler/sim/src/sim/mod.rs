@@ -4,7 +4,7 @@
 //! - [`replica`]: one replica's batching in closed form between events.
 //! - [`fleet`]: nodes, replicas, start-up delays, billing; the simulator's actuator.
 //! - [`gateway`]: the central queue and least-load routing.
-//! - [`observe`]: the windows that become each tick's [`Signals`](crate::signals::Signals).
+//! - [`observe`]: the windows that become each tick's [`Signals`](sluice_policy::signals::Signals).
 //! - [`run`](self::run()): the event loop.
 //!
 //! Events are arrivals (read in order from the trace), replica completions (one pending per
@@ -23,12 +23,13 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::capacity::{self, Planning, Slo};
-use crate::decision::Decision;
-use crate::policy::plan::offer_keys;
-use crate::policy::{Policy, VariantLimits};
-use crate::profile::{CapacityType, Profile};
-use crate::trace::Request;
+use sluice_policy::capacity::{self, Planning, Slo};
+use sluice_policy::decision::Decision;
+use sluice_policy::policy::plan::offer_keys;
+use sluice_policy::policy::{Policy, VariantLimits};
+use sluice_policy::profile::{CapacityType, Profile};
+use sluice_policy::timeline::Request;
+
 use fleet::{Fleet, Pool};
 use gateway::Gateway;
 use observe::Observer;
@@ -246,7 +247,7 @@ impl Sim<'_> {
         applied.changed_keys
     }
 
-    fn update_weights(&mut self, s: &crate::signals::Signals) {
+    fn update_weights(&mut self, s: &sluice_policy::signals::Signals) {
         let Some(w) = s.workload() else {
             return;
         };
@@ -470,7 +471,7 @@ pub fn run(
     }
 }
 
-fn sample(variants: &[String], s: &crate::signals::Signals, now: f64) -> Sample {
+fn sample(variants: &[String], s: &sluice_policy::signals::Signals, now: f64) -> Sample {
     let mut ready = vec![0; variants.len()];
     let mut starting = vec![0; variants.len()];
     for v in &s.variants {

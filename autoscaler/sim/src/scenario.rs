@@ -5,18 +5,19 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::baselines::hpa::{Hpa, HpaConfig, HpaMetric};
-use crate::baselines::kpa::{Kpa, KpaConfig};
-use crate::baselines::oracle::{Oracle, OracleConfig};
-use crate::baselines::static_peak::StaticPeak;
-use crate::capacity::{self, Planning, Slo, Workload};
+use sluice_policy::baselines::hpa::{Hpa, HpaConfig, HpaMetric};
+use sluice_policy::baselines::kpa::{Kpa, KpaConfig};
+use sluice_policy::baselines::oracle::{Oracle, OracleConfig};
+use sluice_policy::baselines::static_peak::StaticPeak;
+use sluice_policy::capacity::{self, Planning, Slo, Workload};
+use sluice_policy::mix;
+use sluice_policy::policy::plan::{self, VariantLimits};
+use sluice_policy::policy::{Policy, Sluice, SluiceConfig};
+use sluice_policy::profile::{CapacityType, Profile};
+use sluice_policy::timeline::{Request, Timeline};
+
 use crate::error::{Error, Result};
-use crate::mix;
-use crate::policy::plan::{self, VariantLimits};
-use crate::policy::{Policy, Sluice, SluiceConfig};
-use crate::profile::{CapacityType, Profile};
 use crate::sim::{self, Run, SimConfig};
-use crate::trace::{Request, Timeline};
 
 /// Every policy the simulator knows, in report order.
 pub const POLICIES: &[&str] = &[
@@ -155,7 +156,7 @@ pub fn mean_shape(requests: &[Request]) -> Workload {
     Workload {
         mean_prompt_tokens: p / n.max(1.0),
         mean_output_tokens: o / n.max(1.0),
-        prompt_cv2: crate::sim::observe::cv2(n, p, p2),
+        prompt_cv2: sluice_policy::capacity::cv2(n, p, p2),
     }
 }
 
@@ -193,14 +194,19 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
         .iter()
         .map(|v| v.startup_s(true))
         .fold(0.0, f64::max);
-    let sizing = crate::baselines::oracle::Sizing {
+    let sizing = sluice_policy::baselines::oracle::Sizing {
         profile: &scn.profile,
         limits: &limits,
         slo: &scn.slo,
         planning: &scn.planning,
     };
-    let first =
-        crate::baselines::oracle::peak_window(sizing, &timeline, scn.sim.window_s, 0.0, lead);
+    let first = sluice_policy::baselines::oracle::peak_window(
+        sizing,
+        &timeline,
+        scn.sim.window_s,
+        0.0,
+        lead,
+    );
     // Cheapest fleet for the first window over `allowed` variants, as counts per key.
     let sized = |allowed: &dyn Fn(&str) -> bool| -> Vec<u32> {
         let Some((rate, w)) = first else {

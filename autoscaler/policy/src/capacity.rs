@@ -71,6 +71,15 @@ impl Workload {
     }
 }
 
+/// Squared coefficient of variation from a count, a sum and a sum of squares.
+pub fn cv2(n: f64, sum: f64, sum_sq: f64) -> f64 {
+    if n < 2.0 || sum <= 0.0 {
+        return 0.0;
+    }
+    let mean = sum / n;
+    (sum_sq / n / (mean * mean) - 1.0).max(0.0)
+}
+
 /// What bound a variant's capacity.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
