@@ -187,7 +187,7 @@ fn run_local(a: sluice_autoscaler::local::cli::LocalArgs) -> Result<()> {
         .enable_all()
         .build()?
         .block_on(async {
-            let controller = sluice_autoscaler::local::control::Controller::new(cfg)?;
+            let controller = sluice_autoscaler::local::control::LocalAutoscaler::new(cfg)?;
             controller.run(shutdown_signal()).await
         })?;
     Ok(())

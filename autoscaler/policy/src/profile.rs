@@ -89,6 +89,11 @@ pub struct Startup {
 #[derive(
     Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord,
 )]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(description = "Spot or on-demand capacity.")
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum CapacityType {
     #[default]

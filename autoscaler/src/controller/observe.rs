@@ -15,7 +15,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
 
 use super::error::{Error, Result};
-use super::source::ScrapeTarget;
+use super::source::ReplicaPod;
 use crate::crd::ServingPool;
 
 /// Taints that mean a node is being taken away: GKE's impending termination (Spot reclaims and
@@ -69,7 +69,7 @@ impl VariantView {
 pub struct PoolView {
     /// In the order of `spec.variants`.
     pub variants: Vec<VariantView>,
-    pub targets: Vec<ScrapeTarget>,
+    pub targets: Vec<ReplicaPod>,
 }
 
 /// Reads the pool's Deployments, pods, nodes and endpoints.
@@ -195,11 +195,11 @@ pub async fn observe(client: &kube::Client, pool: &ServingPool, ns: &str) -> Res
                 } else {
                     ip.clone()
                 };
-                view.targets.push(ScrapeTarget {
+                view.targets.push(ReplicaPod {
                     pod,
                     variant: variant.name.clone(),
                     profile_variant: variant.profile_variant.clone(),
-                    capacity: variant.capacity.into(),
+                    capacity: variant.capacity,
                     url: format!("http://{host}:{port}"),
                     path: scrape.path.clone(),
                 });
@@ -208,11 +208,11 @@ pub async fn observe(client: &kube::Client, pool: &ServingPool, ns: &str) -> Res
     } else {
         view.targets = ready_pods
             .into_iter()
-            .map(|(pod, v)| ScrapeTarget {
+            .map(|(pod, v)| ReplicaPod {
                 pod,
                 variant: v.name.clone(),
                 profile_variant: v.profile_variant.clone(),
-                capacity: v.capacity.into(),
+                capacity: v.capacity,
                 url: String::new(),
                 path: String::new(),
             })

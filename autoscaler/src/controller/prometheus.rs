@@ -38,7 +38,7 @@ use serde::Deserialize;
 use sluice_policy::signals::{Arrivals, Latency, Queue};
 
 use super::error::{Error, Result};
-use super::source::{Load, Query, Reading, ScrapeTarget, SignalSource, VariantLoad};
+use super::source::{Load, Query, Reading, ReplicaPod, SignalSource, VariantLoad};
 use crate::scrape::{error_chain, Histogram};
 
 /// Largest query answer read.
@@ -311,7 +311,7 @@ impl Queries {
 /// Which variant a pod's series count for: the pool's ready pods by name; for window figures
 /// also pods that have left, by their Deployment's name prefix.
 struct Members<'a> {
-    ready: HashMap<&'a str, &'a ScrapeTarget>,
+    ready: HashMap<&'a str, &'a ReplicaPod>,
     /// (Deployment name + `-`, variant entry name), longest first.
     prefixes: Vec<(String, &'a str)>,
 }

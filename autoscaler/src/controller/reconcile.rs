@@ -30,7 +30,7 @@ use super::metrics::Metrics;
 use super::observe::{self, PoolView};
 use super::source::{Query, Reading, SignalSource};
 use super::status::Conditions;
-use crate::crd::{Capacity, DecisionStatus, NodePoolProviderKind, ServingPool, VariantStatus};
+use crate::crd::{DecisionStatus, NodePoolProviderKind, ServingPool, VariantStatus};
 use crate::nodepool::{NodePoolProvider, NodeRequest, Outcome};
 
 /// What every reconcile shares.
@@ -120,7 +120,10 @@ fn build_policy(pool: &ServingPool) -> Result<(Sluice, Profile)> {
     };
     let p = &spec.policy;
     let mut c = SluiceConfig::new(slo, limits);
-    c.spot = spec.variants.iter().any(|v| v.capacity == Capacity::Spot);
+    c.spot = spec
+        .variants
+        .iter()
+        .any(|v| v.capacity == CapacityType::Spot);
     c.headroom = p.headroom;
     c.forecast_horizon_s = p.forecast_horizon_seconds;
     c.panic_rate_ratio = p.panic_threshold;
@@ -236,7 +239,7 @@ pub async fn reconcile(
                 }
             }
         }
-        if v.capacity == Capacity::Spot {
+        if v.capacity == CapacityType::Spot {
             state.unavailable.insert(
                 v.name.clone(),
                 (now_s + st.spot_preemption_backoff_seconds, "SpotPreempted"),
@@ -250,7 +253,7 @@ pub async fn reconcile(
                 "{}: {} pods on a preempted or deleted node replaced now{}",
                 v.name,
                 gone.len(),
-                if v.capacity == Capacity::Spot {
+                if v.capacity == CapacityType::Spot {
                     format!(
                         "; other variants preferred for {:.0} s",
                         st.spot_preemption_backoff_seconds
@@ -601,7 +604,7 @@ fn signals(
 ) -> Signals {
     let mut out: Vec<VariantSignals> = Vec::new();
     for (i, v) in pool.spec.variants.iter().enumerate() {
-        let cap: CapacityType = v.capacity.into();
+        let cap = v.capacity;
         let vv = &view.variants[i];
         let l = load.variants.get(&v.name).cloned().unwrap_or_default();
         let idx = match out
@@ -681,7 +684,7 @@ fn entries(pool: &ServingPool, state: &PoolState, view: &PoolView, d: &Decision)
             Entry {
                 name: v.name.clone(),
                 profile_variant: v.profile_variant.clone(),
-                capacity: v.capacity.into(),
+                capacity: v.capacity,
                 priority: v.priority,
                 min: v.min_replicas,
                 max: v.max_replicas,

@@ -21,7 +21,7 @@ use crate::crd::ServingPoolSpec;
 
 /// One replica pod to read.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ScrapeTarget {
+pub struct ReplicaPod {
     pub pod: String,
     /// The ServingPool variant (entry name) the pod belongs to.
     pub variant: String,
@@ -63,7 +63,7 @@ pub struct Query<'a> {
     /// The pool's spec: its signal source, windows (`policy`) and SLO percentiles.
     pub spec: &'a ServingPoolSpec,
     /// The pool's ready replica pods, each with its variant (and, when scraped, its URL).
-    pub targets: &'a [ScrapeTarget],
+    pub targets: &'a [ReplicaPod],
     /// Seconds on the controller's monotonic clock.
     pub now_s: f64,
 }

@@ -257,7 +257,7 @@ mod tests {
         let mut scraper = crate::scrape::Scraper::new(crate::scrape::ScrapeConfig::default());
         let o = scraper
             .scrape(
-                &[crate::scrape::Target::gateway(&format!("http://{addr}"))],
+                &[crate::scrape::Endpoint::gateway(&format!("http://{addr}"))],
                 0.0,
             )
             .await;

@@ -51,16 +51,16 @@ pub enum Role {
 /// One endpoint to scrape: `url` is the server's base (`http://10.0.0.7:8000`), the path is
 /// the scraper's.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Target {
+pub struct Endpoint {
     pub variant: String,
     pub capacity: CapacityType,
     pub url: String,
     pub role: Role,
 }
 
-impl Target {
-    pub fn replica(variant: &str, capacity: CapacityType, url: &str) -> Target {
-        Target {
+impl Endpoint {
+    pub fn replica(variant: &str, capacity: CapacityType, url: &str) -> Endpoint {
+        Endpoint {
             variant: variant.to_string(),
             capacity,
             url: normalise_url(url),
@@ -68,8 +68,8 @@ impl Target {
         }
     }
 
-    pub fn gateway(url: &str) -> Target {
-        Target {
+    pub fn gateway(url: &str) -> Endpoint {
+        Endpoint {
             variant: String::new(),
             capacity: CapacityType::OnDemand,
             url: normalise_url(url),
@@ -138,7 +138,7 @@ pub enum ScrapeError {
 /// One target's state after a tick.
 #[derive(Debug, Clone)]
 pub struct TargetStatus {
-    pub target: Target,
+    pub target: Endpoint,
     /// This tick's scrape failed (the error, with its causes); `None` when fresh.
     pub error: Option<String>,
     /// The last good snapshot (this tick's when fresh), if the target ever answered.
@@ -213,7 +213,7 @@ impl Observation {
 
 #[derive(Debug)]
 struct Tracked {
-    target: Target,
+    target: Endpoint,
     history: History,
     last_seen_s: f64,
 }
@@ -249,7 +249,7 @@ impl Scraper {
 
     /// Scrapes every target at once (each bounded by the timeout) at time `now_s` (seconds
     /// on the caller's monotonic clock), and computes the windows.
-    pub async fn scrape(&mut self, targets: &[Target], now_s: f64) -> Observation {
+    pub async fn scrape(&mut self, targets: &[Endpoint], now_s: f64) -> Observation {
         let mut set = tokio::task::JoinSet::new();
         for (i, t) in targets.iter().enumerate() {
             let client = self.client.clone();
@@ -284,7 +284,7 @@ impl Scraper {
     /// snapshots and times.
     pub fn record(
         &mut self,
-        targets: &[Target],
+        targets: &[Endpoint],
         results: Vec<Result<Snapshot, ScrapeError>>,
         now_s: f64,
     ) -> Observation {
