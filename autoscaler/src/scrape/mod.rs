@@ -211,6 +211,9 @@ impl Observation {
     }
 }
 
+/// Per (variant, capacity type).
+type ByVariant<T> = BTreeMap<(String, CapacityType), T>;
+
 #[derive(Debug)]
 struct Tracked {
     target: Endpoint,
@@ -329,6 +332,29 @@ impl Scraper {
 
     fn observe(&self, statuses: Vec<TargetStatus>, now: f64, started: f64) -> Observation {
         let c = &self.config;
+        let (arrivals, latency, per_variant) = self.windows(now, started);
+        let (queue, mut variants, routed) = current_load(&statuses);
+        for (key, v) in variants.iter_mut() {
+            if let Some(l) = per_variant.get(key) {
+                v.ttft_p99_s = l.ttft.quantile(c.ttft_quantile);
+                v.tpot_p99_s = l.tpot.quantile(c.tpot_quantile);
+            }
+        }
+        Observation {
+            time_s: now,
+            targets: statuses,
+            arrivals,
+            queue,
+            latency,
+            variants,
+            routed,
+        }
+    }
+
+    /// The window figures over every replica tracked (departed ones too): arrivals, latency,
+    /// and each variant's latency-window increase.
+    fn windows(&self, now: f64, started: f64) -> (Arrivals, Latency, ByVariant<Increase>) {
+        let c = &self.config;
         let elapsed = (now - started).max(0.0);
         let span = |w: f64| w.min(elapsed).max(1e-3);
         let mut long = Increase::default();
@@ -367,69 +393,66 @@ impl Scraper {
             tpot_p50_s: lat.tpot.quantile(0.5),
             tpot_p99_s: lat.tpot.quantile(c.tpot_quantile),
         };
-        let mut queue = Queue::default();
-        let mut variants: BTreeMap<(String, CapacityType), VariantLoad> = BTreeMap::new();
-        let mut sums: BTreeMap<(String, CapacityType), (f64, f64, f64)> = BTreeMap::new();
-        let mut routed: Option<BTreeSet<String>> = None;
-        for st in &statuses {
-            let t = &st.target;
-            match t.role {
-                Role::Gateway => {
-                    if let Some(s) = &st.last {
-                        queue.waiting += s.gateway_queue.unwrap_or(0.0).max(0.0).round() as u64;
-                        // A fresh gateway without replica series routes to none.
-                        if !st.is_stale() {
-                            routed
-                                .get_or_insert_with(BTreeSet::new)
-                                .extend(snapshot::routed(s).unwrap_or_default());
-                        }
-                    }
-                }
-                Role::Replica => {
-                    let key = (t.variant.clone(), t.capacity);
-                    let v = variants.entry(key.clone()).or_default();
-                    // Stale: the last good figures still count towards the queue.
-                    if let Some(s) = &st.last {
-                        queue.waiting += s.waiting_total().max(0.0).round() as u64;
-                        queue.running += s.running.unwrap_or(0.0).max(0.0).round() as u64;
-                    }
-                    if st.is_stale() {
-                        v.stale += 1;
-                        continue;
-                    }
-                    v.fresh += 1;
-                    if let Some(s) = &st.last {
-                        let e = sums.entry(key).or_default();
-                        e.0 += s.running.unwrap_or(0.0);
-                        e.1 += s.waiting_total();
-                        e.2 += s.kv_usage.unwrap_or(0.0);
+        (arrivals, latency, per_variant)
+    }
+}
+
+/// The current gauges from this tick's scrapes: the queue (a gateway's admission queue and
+/// every replica's), each variant's fresh and stale replicas and their mean load, and the
+/// replicas the gateways route to (`None` without a fresh gateway).
+fn current_load(
+    statuses: &[TargetStatus],
+) -> (Queue, ByVariant<VariantLoad>, Option<BTreeSet<String>>) {
+    let mut queue = Queue::default();
+    let mut variants: BTreeMap<(String, CapacityType), VariantLoad> = BTreeMap::new();
+    let mut sums: BTreeMap<(String, CapacityType), (f64, f64, f64)> = BTreeMap::new();
+    let mut routed: Option<BTreeSet<String>> = None;
+    for st in statuses {
+        let t = &st.target;
+        match t.role {
+            Role::Gateway => {
+                if let Some(s) = &st.last {
+                    queue.waiting += s.gateway_queue.unwrap_or(0.0).max(0.0).round() as u64;
+                    // A fresh gateway without replica series routes to none.
+                    if !st.is_stale() {
+                        routed
+                            .get_or_insert_with(BTreeSet::new)
+                            .extend(snapshot::routed(s).unwrap_or_default());
                     }
                 }
             }
-        }
-        for (key, v) in variants.iter_mut() {
-            if v.fresh > 0 {
-                let (r, q, kv) = sums.get(key).copied().unwrap_or_default();
-                let n = f64::from(v.fresh);
-                v.running_per_replica = r / n;
-                v.waiting_per_replica = q / n;
-                v.kv_cache_usage = kv / n;
+            Role::Replica => {
+                let key = (t.variant.clone(), t.capacity);
+                let v = variants.entry(key.clone()).or_default();
+                // Stale: the last good figures still count towards the queue.
+                if let Some(s) = &st.last {
+                    queue.waiting += s.waiting_total().max(0.0).round() as u64;
+                    queue.running += s.running.unwrap_or(0.0).max(0.0).round() as u64;
+                }
+                if st.is_stale() {
+                    v.stale += 1;
+                    continue;
+                }
+                v.fresh += 1;
+                if let Some(s) = &st.last {
+                    let e = sums.entry(key).or_default();
+                    e.0 += s.running.unwrap_or(0.0);
+                    e.1 += s.waiting_total();
+                    e.2 += s.kv_usage.unwrap_or(0.0);
+                }
             }
-            if let Some(l) = per_variant.get(key) {
-                v.ttft_p99_s = l.ttft.quantile(c.ttft_quantile);
-                v.tpot_p99_s = l.tpot.quantile(c.tpot_quantile);
-            }
-        }
-        Observation {
-            time_s: now,
-            targets: statuses,
-            arrivals,
-            queue,
-            latency,
-            variants,
-            routed,
         }
     }
+    for (key, v) in variants.iter_mut() {
+        if v.fresh > 0 {
+            let (r, q, kv) = sums.get(key).copied().unwrap_or_default();
+            let n = f64::from(v.fresh);
+            v.running_per_replica = r / n;
+            v.waiting_per_replica = q / n;
+            v.kv_cache_usage = kv / n;
+        }
+    }
+    (queue, variants, routed)
 }
 
 /// An error and its causes on one line.
