@@ -11,7 +11,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::profile::CapacityType;
+use sluice_policy::profile::CapacityType;
 
 /// What a `ServingPool` asks for.
 #[derive(CustomResource, Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
@@ -84,29 +84,11 @@ pub struct VariantSpec {
     pub min_replicas: u32,
     pub max_replicas: u32,
     #[serde(default)]
-    pub capacity: Capacity,
+    pub capacity: CapacityType,
     /// Lower numbers are preferred: demand a variant cannot take (out of stock, preempted, at
     /// its maximum) moves to the next by priority.
     #[serde(default)]
     pub priority: i32,
-}
-
-/// Spot or on-demand capacity.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum Capacity {
-    #[default]
-    OnDemand,
-    Spot,
-}
-
-impl From<Capacity> for CapacityType {
-    fn from(c: Capacity) -> Self {
-        match c {
-            Capacity::OnDemand => CapacityType::OnDemand,
-            Capacity::Spot => CapacityType::Spot,
-        }
-    }
 }
 
 /// Where a variant's nodes come from.
@@ -392,9 +374,9 @@ mod tests {
             .spec
             .variants
             .iter()
-            .any(|v| v.capacity == Capacity::Spot));
+            .any(|v| v.capacity == CapacityType::Spot));
         // Every variant names one in the profile.
-        let p = crate::profile::Profile::load(&sp.spec.profile).unwrap();
+        let p = sluice_policy::profile::Profile::load(&sp.spec.profile).unwrap();
         for v in &sp.spec.variants {
             p.variant(&v.profile_variant).unwrap();
         }

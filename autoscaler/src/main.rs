@@ -8,13 +8,14 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use sluice_autoscaler::capacity::{self, Slo, Workload};
-use sluice_autoscaler::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
-use sluice_autoscaler::profile::{CapacityType, Profile};
-use sluice_autoscaler::report::{self, Report};
-use sluice_autoscaler::scenario::{self, Scenario, POLICIES};
-use sluice_autoscaler::signals::Signals;
-use sluice_autoscaler::{plot, trace};
+use sluice_policy::capacity::{self, Slo, Workload};
+use sluice_policy::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
+use sluice_policy::profile::{CapacityType, Profile};
+use sluice_policy::signals::Signals;
+use sluice_policy::timeline::Request;
+use sluice_sim::report::{self, Report};
+use sluice_sim::scenario::{self, Scenario, POLICIES};
+use sluice_sim::{plot, trace};
 
 #[derive(Parser)]
 #[command(
@@ -187,7 +188,7 @@ fn run_local(a: sluice_autoscaler::local::cli::LocalArgs) -> Result<()> {
         .enable_all()
         .build()?
         .block_on(async {
-            let controller = sluice_autoscaler::local::control::Controller::new(cfg)?;
+            let controller = sluice_autoscaler::local::control::LocalAutoscaler::new(cfg)?;
             controller.run(shutdown_signal()).await
         })?;
     Ok(())
@@ -245,55 +246,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     let requests = trace::scale(&raw, scn.rate_scale, scn.sim.seed);
     let mean = scenario::mean_shape(&requests);
     let (base, base_cap) = scn.baseline_choice(&mean)?;
-    let duration = requests.last().map_or(0.0, |r| r.arrival_s);
-    println!("scenario");
-    println!(
-        "  trace        {} ({} rows) × rate {} = {} requests over {:.0} s ({:.2} req/s)",
-        a.trace.display(),
-        raw.len(),
-        scn.rate_scale,
-        requests.len(),
-        duration,
-        requests.len() as f64 / duration.max(1.0)
-    );
-    println!(
-        "  model        {} on {}",
-        scn.profile.model.name,
-        scn.profile.variant_names().join(", ")
-    );
-    println!(
-        "  SLO          TTFT ≤ {:.2} s and TPOT ≤ {:.0} ms per request (report p99s)",
-        scn.slo.ttft_p99_s,
-        scn.slo.tpot_p99_s * 1e3
-    );
-    println!(
-        "  mean request {:.0} prompt + {:.0} output tokens",
-        mean.mean_prompt_tokens, mean.mean_output_tokens
-    );
-    for v in &scn.profile.variants {
-        let c = capacity::at_slo(v, &mean, &scn.slo, &scn.planning);
-        let ct = if scn.spot {
-            CapacityType::Spot
-        } else {
-            CapacityType::OnDemand
-        };
-        println!(
-            "  {:<22} {:>6.2} req/s per replica at SLO ({:?}-bound), ${:.3}/h, ${} per 1k requests, start-up {:.0} s",
-            v.name, c.requests_per_s, c.bound, v.replica_price_per_hour(ct),
-            per_thousand(v.replica_price_per_hour(ct), c.requests_per_s),
-            v.startup_s(true)
-        );
-    }
-    println!(
-        "  baselines    hpa-*/kpa scale {base} (target {:.0} in flight per replica)",
-        base_cap.batch
-    );
-    println!(
-        "  capacity     {}, tick {:.0} s, Spot reclaims {}/node-h",
-        if scn.spot { "Spot" } else { "on demand" },
-        scn.sim.tick_s,
-        scn.sim.spot_preemptions_per_node_hour
-    );
+    print_scenario(&a, &scn, raw.len(), &requests, &mean, &base, &base_cap);
     let prepared = scenario::prepare(&scn, &requests, &a.policies)?;
     let runs = scenario::run_all(&scn, &requests, prepared);
     let mut summaries: Vec<(String, report::Summary)> = runs
@@ -317,6 +270,67 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         plot::write_svg(path, &runs)?;
     }
     Ok(())
+}
+
+/// The scenario header `simulate` prints before its table.
+fn print_scenario(
+    a: &SimulateArgs,
+    scn: &Scenario,
+    raw_rows: usize,
+    requests: &[Request],
+    mean: &Workload,
+    base: &str,
+    base_cap: &capacity::Capacity,
+) {
+    let duration = requests.last().map_or(0.0, |r| r.arrival_s);
+    println!("scenario");
+    println!(
+        "  trace        {} ({} rows) × rate {} = {} requests over {:.0} s ({:.2} req/s)",
+        a.trace.display(),
+        raw_rows,
+        scn.rate_scale,
+        requests.len(),
+        duration,
+        requests.len() as f64 / duration.max(1.0)
+    );
+    println!(
+        "  model        {} on {}",
+        scn.profile.model.name,
+        scn.profile.variant_names().join(", ")
+    );
+    println!(
+        "  SLO          TTFT ≤ {:.2} s and TPOT ≤ {:.0} ms per request (report p99s)",
+        scn.slo.ttft_p99_s,
+        scn.slo.tpot_p99_s * 1e3
+    );
+    println!(
+        "  mean request {:.0} prompt + {:.0} output tokens",
+        mean.mean_prompt_tokens, mean.mean_output_tokens
+    );
+    for v in &scn.profile.variants {
+        let c = capacity::at_slo(v, mean, &scn.slo, &scn.planning);
+        let ct = if scn.spot {
+            CapacityType::Spot
+        } else {
+            CapacityType::OnDemand
+        };
+        println!(
+            "  {:<22} {:>6.2} req/s per replica at SLO ({:?}-bound), ${:.3}/h, ${} per 1k requests, start-up {:.0} s",
+            v.name, c.requests_per_s, c.bound, v.replica_price_per_hour(ct),
+            per_thousand(v.replica_price_per_hour(ct), c.requests_per_s),
+            v.startup_s(true)
+        );
+    }
+    println!(
+        "  baselines    hpa-*/kpa scale {base} (target {:.0} in flight per replica)",
+        base_cap.batch
+    );
+    println!(
+        "  capacity     {}, tick {:.0} s, Spot reclaims {}/node-h",
+        if scn.spot { "Spot" } else { "on demand" },
+        scn.sim.tick_s,
+        scn.sim.spot_preemptions_per_node_hour
+    );
 }
 
 /// Dollars per thousand requests at a price per hour and a rate, `-` when it serves none.

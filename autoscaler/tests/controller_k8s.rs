@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 use serde_json::{json, Value};
 use sluice_autoscaler::controller::metrics::Metrics;
 use sluice_autoscaler::controller::source::{
-    Load, Query, Reading, ScrapeTarget, SignalSource, VariantLoad,
+    Load, Query, Reading, ReplicaPod, SignalSource, VariantLoad,
 };
 use sluice_autoscaler::controller::{Config, Context, Controller, LeaseConfig, Recorder, Reporter};
 use sluice_autoscaler::nodepool::gke::{Gke, GkeConfig};
@@ -27,7 +27,7 @@ const NS: &str = "llm";
 #[derive(Debug, Default)]
 struct FakeSource {
     load: Mutex<Option<Load>>,
-    reads: Mutex<Vec<Vec<ScrapeTarget>>>,
+    reads: Mutex<Vec<Vec<ReplicaPod>>>,
 }
 
 impl FakeSource {
@@ -819,11 +819,11 @@ async fn scraped_signals_from_endpointslice_pods() {
     // No ready endpoint would mean no metrics (stale): the slice's pod was found and read.
     assert!(!o.stale, "fresh metrics from the pod");
     // The figures themselves (no request has finished yet, so the policy still plans floors).
-    let target = sluice_autoscaler::controller::source::ScrapeTarget {
+    let target = sluice_autoscaler::controller::source::ReplicaPod {
         pod: "l4-0".into(),
         variant: "l4".into(),
         profile_variant: "nvidia-l4".into(),
-        capacity: sluice_autoscaler::profile::CapacityType::OnDemand,
+        capacity: sluice_policy::profile::CapacityType::OnDemand,
         url: format!("http://127.0.0.1:{port}"),
         path: "/metrics".into(),
     };

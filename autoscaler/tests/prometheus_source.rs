@@ -13,9 +13,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice_autoscaler::controller::prometheus::{PrometheusConfig, PrometheusSource};
-use sluice_autoscaler::controller::source::{Query, Reading, ScrapeTarget, SignalSource};
+use sluice_autoscaler::controller::source::{Query, Reading, ReplicaPod, SignalSource};
 use sluice_autoscaler::crd::ServingPoolSpec;
-use sluice_autoscaler::profile::CapacityType;
+
+use sluice_policy::profile::CapacityType;
 
 /// How one fake replica's series grow: per-second rates and constant gauges.
 #[derive(Clone, Copy)]
@@ -224,8 +225,8 @@ policy:
   shortWindowSeconds: 3
 "#;
 
-fn target(pod: &str) -> ScrapeTarget {
-    ScrapeTarget {
+fn target(pod: &str) -> ReplicaPod {
+    ReplicaPod {
         pod: pod.into(),
         variant: "l4".into(),
         profile_variant: "cpu".into(),
@@ -235,7 +236,7 @@ fn target(pod: &str) -> ScrapeTarget {
     }
 }
 
-async fn read(src: &PrometheusSource, spec: &ServingPoolSpec, targets: &[ScrapeTarget]) -> Reading {
+async fn read(src: &PrometheusSource, spec: &ServingPoolSpec, targets: &[ReplicaPod]) -> Reading {
     src.read(Query {
         pool: "llm/smollm2",
         namespace: "llm",

@@ -7,8 +7,8 @@
 //! converted by their capacities at SLO (one H100 replica serves what several L4s do). It is
 //! pure so every fallback rule is unit-tested without a cluster.
 
-use crate::decision::Decision;
-use crate::profile::CapacityType;
+use sluice_policy::decision::{Decision, Target};
+use sluice_policy::profile::CapacityType;
 
 /// One `ServingPool` variant as allocation sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,48 +37,14 @@ pub struct Allocation {
 
 /// Spreads the decision's targets over the entries.
 pub fn allocate(decision: &Decision, entries: &[Entry]) -> Allocation {
-    let cap = |e: &Entry| {
-        if e.available {
-            e.max
-        } else {
-            e.keep.min(e.max)
-        }
-    };
     let mut desired = vec![0u32; entries.len()];
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by_key(|&i| (entries[i].priority, i));
     let mut overflow_rps = 0.0;
     let mut notes = Vec::new();
-    for t in &decision.targets {
-        if t.replicas == 0 {
-            continue;
-        }
-        // Entries for exactly this (variant, capacity); else the variant bought the other way.
-        let mut mine: Vec<usize> = order
-            .iter()
-            .copied()
-            .filter(|&i| {
-                entries[i].profile_variant == t.variant && entries[i].capacity == t.capacity
-            })
-            .collect();
-        if mine.is_empty() {
-            mine = order
-                .iter()
-                .copied()
-                .filter(|&i| entries[i].profile_variant == t.variant)
-                .collect();
-        }
-        let mut left = t.replicas;
-        for &i in &mine {
-            let take = left.min(cap(&entries[i]).saturating_sub(desired[i]));
-            desired[i] += take;
-            left -= take;
-        }
+    for t in decision.targets.iter().filter(|t| t.replicas > 0) {
+        let (left, rps) = place(t, entries, &order, &mut desired);
         if left > 0 {
-            let rps = mine
-                .first()
-                .map_or(1.0, |&i| entries[i].replica_rps)
-                .max(1e-9);
             overflow_rps += f64::from(left) * rps;
             notes.push(format!(
                 "{left} {} {} replicas cannot be placed on their own variants: moved by priority",
@@ -87,8 +53,61 @@ pub fn allocate(decision: &Decision, entries: &[Entry]) -> Allocation {
             ));
         }
     }
-    // Demand no entry of its own could take goes to the next available entry by priority.
-    for &i in &order {
+    notes.extend(move_overflow(entries, &order, &mut desired, overflow_rps));
+    for (i, e) in entries.iter().enumerate() {
+        if e.available {
+            desired[i] = desired[i].max(e.min).min(e.max);
+        }
+    }
+    Allocation { desired, notes }
+}
+
+/// Places target `t` on its own entries by priority, each up to what it may hold: the entries
+/// for exactly its (variant, capacity), else the variant bought the other way. The replicas
+/// left over, and the requests/s one of them serves.
+fn place(t: &Target, entries: &[Entry], order: &[usize], desired: &mut [u32]) -> (u32, f64) {
+    let cap = |e: &Entry| {
+        if e.available {
+            e.max
+        } else {
+            e.keep.min(e.max)
+        }
+    };
+    let mut mine: Vec<usize> = order
+        .iter()
+        .copied()
+        .filter(|&i| entries[i].profile_variant == t.variant && entries[i].capacity == t.capacity)
+        .collect();
+    if mine.is_empty() {
+        mine = order
+            .iter()
+            .copied()
+            .filter(|&i| entries[i].profile_variant == t.variant)
+            .collect();
+    }
+    let mut left = t.replicas;
+    for &i in &mine {
+        let take = left.min(cap(&entries[i]).saturating_sub(desired[i]));
+        desired[i] += take;
+        left -= take;
+    }
+    let rps = mine
+        .first()
+        .map_or(1.0, |&i| entries[i].replica_rps)
+        .max(1e-9);
+    (left, rps)
+}
+
+/// Demand no entry of its own could take goes to the next available entry by priority,
+/// converted by capacity at SLO. A sentence per move, and one if some has nowhere to go.
+fn move_overflow(
+    entries: &[Entry],
+    order: &[usize],
+    desired: &mut [u32],
+    mut overflow_rps: f64,
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    for &i in order {
         if overflow_rps <= 1e-9 {
             break;
         }
@@ -112,18 +131,13 @@ pub fn allocate(decision: &Decision, entries: &[Entry]) -> Allocation {
             "{overflow_rps:.2} req/s of demand has nowhere to go: every available variant is at its maximum"
         ));
     }
-    for (i, e) in entries.iter().enumerate() {
-        if e.available {
-            desired[i] = desired[i].max(e.min).min(e.max);
-        }
-    }
-    Allocation { desired, notes }
+    notes
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::Target;
+    use sluice_policy::decision::Target;
 
     fn entry(name: &str, pv: &str, cap: CapacityType, prio: i32, max: u32, rps: f64) -> Entry {
         Entry {

@@ -1,6 +1,6 @@
-//! The controller's error type. It is separate from the crate's [`crate::Error`] (profiles,
-//! traces, simulation) because its failures are of another kind: API calls, node pool
-//! providers and invalid `ServingPool` specs, each counted by [`Error::metric_label`].
+//! The controller's error type. A profile error ([`sluice_policy::Error`]) is wrapped as
+//! [`Error::Profile`]; the rest are the controller's own kind: API calls, node pool providers
+//! and invalid `ServingPool` specs, each counted by [`Error::metric_label`].
 
 /// Everything a reconcile, the leader lease or a node pool provider can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +20,7 @@ pub enum Error {
     Profile {
         name: String,
         #[source]
-        source: Box<crate::Error>,
+        source: Box<sluice_policy::Error>,
     },
     /// The command-line flags are inconsistent (the message says how).
     #[error("invalid flags: {0}")]

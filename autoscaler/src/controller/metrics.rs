@@ -36,38 +36,32 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let pv = &["namespace", "pool", "variant"];
-        let desired = IntGaugeVec::new(
-            Opts::new(
-                "sluice_autoscaler_desired_replicas",
-                "Replicas the controller wants per variant",
-            ),
+        let gauges = |name: &str, help: &str, labels: &[&str]| {
+            IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        let counters = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        let desired = gauges(
+            "sluice_autoscaler_desired_replicas",
+            "Replicas the controller wants per variant",
             pv,
-        )
-        .expect("valid metric");
-        let current = IntGaugeVec::new(
-            Opts::new(
-                "sluice_autoscaler_current_replicas",
-                "The Deployment's spec.replicas per variant",
-            ),
+        );
+        let current = gauges(
+            "sluice_autoscaler_current_replicas",
+            "The Deployment's spec.replicas per variant",
             pv,
-        )
-        .expect("valid metric");
-        let decisions = IntCounterVec::new(
-            Opts::new(
-                "sluice_autoscaler_decisions_total",
-                "Policy decisions, by reason they carried",
-            ),
+        );
+        let decisions = counters(
+            "sluice_autoscaler_decisions_total",
+            "Policy decisions, by reason they carried",
             &["namespace", "pool", "reason"],
-        )
-        .expect("valid metric");
-        let reconcile_errors = IntCounterVec::new(
-            Opts::new(
-                "sluice_autoscaler_reconcile_errors_total",
-                "Failed reconciles, by reason",
-            ),
+        );
+        let reconcile_errors = counters(
+            "sluice_autoscaler_reconcile_errors_total",
+            "Failed reconciles, by reason",
             &["namespace", "pool", "reason"],
-        )
-        .expect("valid metric");
+        );
         let reconcile_duration = HistogramVec::new(
             HistogramOpts::new(
                 "sluice_autoscaler_reconcile_duration_seconds",
@@ -79,14 +73,11 @@ impl Metrics {
             &["namespace", "pool"],
         )
         .expect("valid metric");
-        let scale_actions = IntCounterVec::new(
-            Opts::new(
-                "sluice_autoscaler_scale_actions_total",
-                "Deployments scaled, by direction",
-            ),
+        let scale_actions = counters(
+            "sluice_autoscaler_scale_actions_total",
+            "Deployments scaled, by direction",
             &["namespace", "pool", "variant", "direction"],
-        )
-        .expect("valid metric");
+        );
         let leader = IntGauge::new(
             "sluice_autoscaler_leader",
             "1 while this replica holds the lease",

@@ -35,10 +35,12 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use serde::Deserialize;
 
+use sluice_policy::signals::{Arrivals, Latency, Queue};
+
 use super::error::{Error, Result};
-use super::source::{Load, Query, Reading, ScrapeTarget, SignalSource, VariantLoad};
+use super::source::{Load, Query, Reading, ReplicaPod, SignalSource, VariantLoad};
+use crate::crd::PolicySpec;
 use crate::scrape::{error_chain, Histogram};
-use crate::signals::{Arrivals, Latency, Queue};
 
 /// Largest query answer read.
 const MAX_BODY: usize = 16 << 20;
@@ -310,7 +312,7 @@ impl Queries {
 /// Which variant a pod's series count for: the pool's ready pods by name; for window figures
 /// also pods that have left, by their Deployment's name prefix.
 struct Members<'a> {
-    ready: HashMap<&'a str, &'a ScrapeTarget>,
+    ready: HashMap<&'a str, &'a ReplicaPod>,
     /// (Deployment name + `-`, variant entry name), longest first.
     prefixes: Vec<(String, &'a str)>,
 }
@@ -505,116 +507,29 @@ fn compute<'a>(
     max_age_s: f64,
     q: Query<'_>,
 ) -> Reading {
-    let pod_of = |s: &'a Sample| s.labels.get(pod_label).map_or("", String::as_str);
-    // Freshness: every ready pod has a recent sample.
-    let newest: HashMap<&str, f64> = get(&queries.last_sample)
-        .iter()
-        .map(|s| (pod_of(s), s.value))
-        .collect();
-    let mut missing = Vec::new();
-    for t in q.targets {
-        match newest.get(t.pod.as_str()) {
-            Some(ts) if now_unix - ts <= max_age_s => {}
-            Some(ts) => missing.push(format!(
-                "{} (newest sample {:.0} s old)",
-                t.pod,
-                now_unix - ts
-            )),
-            None => missing.push(format!("{} (no series)", t.pod)),
-        }
+    let ans = Answers {
+        members,
+        pod_label,
+        get,
+    };
+    if let Some(why) = ans.stale(queries, q.targets, now_unix, max_age_s) {
+        return Reading::Stale(why);
     }
-    if !missing.is_empty() {
-        return Reading::Stale(format!(
-            "no vllm:num_requests_running sample within {max_age_s:.0} s for {}",
-            missing.join(", ")
-        ));
-    }
-
-    // Gauges, ready pods only: per pod, then per variant means and pool sums.
-    let per_pod = |text: &str| -> HashMap<&str, f64> {
-        get(text)
-            .iter()
-            .filter(|s| members.ready_variant(pod_of(s)).is_some() && s.value.is_finite())
-            .map(|s| (pod_of(s), s.value))
-            .collect()
-    };
-    let running = per_pod(&queries.running);
-    let waiting = per_pod(&queries.waiting);
-    let kv = per_pod(&queries.kv_usage);
-    let mut queue = Queue::default();
-    let mut sums: BTreeMap<&str, (f64, f64, f64, f64)> = BTreeMap::new();
-    for t in q.targets {
-        let (r, w) = (
-            running.get(t.pod.as_str()).copied().unwrap_or(0.0).max(0.0),
-            waiting.get(t.pod.as_str()).copied().unwrap_or(0.0).max(0.0),
-        );
-        queue.running += r.round() as u64;
-        queue.waiting += w.round() as u64;
-        let e = sums.entry(t.variant.as_str()).or_default();
-        e.0 += 1.0;
-        e.1 += r;
-        e.2 += w;
-        e.3 += kv.get(t.pod.as_str()).copied().unwrap_or(0.0);
-    }
-
-    // Window figures: every member pod, ready or gone.
-    let total = |text: &str| -> f64 {
-        get(text)
-            .iter()
-            .filter(|s| members.window_variant(pod_of(s)).is_some() && s.value.is_finite())
-            .map(|s| s.value)
-            .sum()
-    };
-    let histograms = |text: &str| -> (Histogram, HashMap<&str, Histogram>) {
-        let mut by_pod: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
-        for s in get(text) {
-            let pod = pod_of(s);
-            let Some(le) = s.labels.get("le").and_then(|le| parse_value(le)) else {
-                continue;
-            };
-            if members.window_variant(pod).is_some() && s.value.is_finite() {
-                by_pod.entry(pod).or_default().push((le, s.value.max(0.0)));
-            }
-        }
-        let mut all = Histogram::default();
-        let mut per_variant: HashMap<&str, Histogram> = HashMap::new();
-        for (pod, mut buckets) in by_pod {
-            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let h = Histogram { buckets };
-            all.add(&h);
-            if let Some(v) = members.window_variant(pod) {
-                per_variant.entry(v).or_default().add(&h);
-            }
-        }
-        (all, per_variant)
-    };
-    let policy = &q.spec.policy;
-    let (w, ws) = (policy.window_seconds, policy.short_window_seconds);
-    let arrivals_over = |a: &ArrivalQueries| a.all().iter().map(|q| total(q)).sum::<f64>().max(0.0);
-    let (prompt_len, _) = histograms(&queries.prompt_len);
-    let arrivals = Arrivals {
-        window_s: w,
-        requests_per_s: arrivals_over(&queries.arrivals) / w,
-        prompt_tokens_per_s: total(&queries.prompt_tokens).max(0.0) / w,
-        output_tokens_per_s: total(&queries.generation_tokens).max(0.0) / w,
-        short_window_s: ws,
-        short_requests_per_s: arrivals_over(&queries.arrivals_short) / ws,
-        max_prompt_tokens: prompt_len.max_bound().map_or(0, |m| m.round() as u64),
-        prompt_tokens_cv2: prompt_len.mean_cv2().map_or(0.0, |p| p.1),
-    };
+    let (queue, sums) = ans.gauges(queries, q.targets);
+    let arrivals = ans.arrivals(queries, &q.spec.policy);
     let (tq, pq) = (
         q.spec.slo.ttft.percentile / 100.0,
         q.spec.slo.tpot.percentile / 100.0,
     );
-    let (ttft, ttft_by) = histograms(&queries.ttft);
+    let (ttft, ttft_by) = ans.histograms(&queries.ttft);
     let (tpot, tpot_by) = queries
         .tpot
         .iter()
-        .map(|t| histograms(t))
+        .map(|t| ans.histograms(t))
         .find(|(h, _)| !h.buckets.is_empty())
         .unwrap_or_default();
     let latency = Latency {
-        window_s: w,
+        window_s: q.spec.policy.window_seconds,
         ttft_p50_s: ttft.quantile(0.5),
         ttft_p99_s: ttft.quantile(tq),
         tpot_p50_s: tpot.quantile(0.5),
@@ -622,13 +537,13 @@ fn compute<'a>(
     };
     let variants = sums
         .into_iter()
-        .map(|(v, (n, r, wq, kv))| {
+        .map(|(v, s)| {
             (
                 v.to_string(),
                 VariantLoad {
-                    running_per_replica: r / n,
-                    waiting_per_replica: wq / n,
-                    kv_cache_usage: kv / n,
+                    running_per_replica: s.running / s.pods,
+                    waiting_per_replica: s.waiting / s.pods,
+                    kv_cache_usage: s.kv / s.pods,
                     ttft_p99_s: ttft_by.get(v).and_then(|h| h.quantile(tq)),
                     tpot_p99_s: tpot_by.get(v).and_then(|h| h.quantile(pq)),
                 },
@@ -641,6 +556,150 @@ fn compute<'a>(
         latency,
         variants,
     })
+}
+
+/// One variant's ready pods and the sums of their gauges.
+#[derive(Debug, Default)]
+struct GaugeSums {
+    pods: f64,
+    running: f64,
+    waiting: f64,
+    kv: f64,
+}
+
+/// The queries' answers for one pool, read by member pod.
+struct Answers<'a, 'm> {
+    members: &'m Members<'m>,
+    pod_label: &'m str,
+    get: &'m dyn Fn(&str) -> &'a [Sample],
+}
+
+impl<'a, 'm> Answers<'a, 'm> {
+    fn pod_of(&self, s: &'a Sample) -> &'a str {
+        s.labels.get(self.pod_label).map_or("", String::as_str)
+    }
+
+    /// Freshness: every ready pod has a recent sample; if not, which have none and why.
+    fn stale(
+        &self,
+        queries: &Queries,
+        targets: &[ReplicaPod],
+        now_unix: f64,
+        max_age_s: f64,
+    ) -> Option<String> {
+        let newest: HashMap<&str, f64> = (self.get)(&queries.last_sample)
+            .iter()
+            .map(|s| (self.pod_of(s), s.value))
+            .collect();
+        let mut missing = Vec::new();
+        for t in targets {
+            match newest.get(t.pod.as_str()) {
+                Some(ts) if now_unix - ts <= max_age_s => {}
+                Some(ts) => missing.push(format!(
+                    "{} (newest sample {:.0} s old)",
+                    t.pod,
+                    now_unix - ts
+                )),
+                None => missing.push(format!("{} (no series)", t.pod)),
+            }
+        }
+        (!missing.is_empty()).then(|| {
+            format!(
+                "no vllm:num_requests_running sample within {max_age_s:.0} s for {}",
+                missing.join(", ")
+            )
+        })
+    }
+
+    /// A gauge per ready pod.
+    fn per_pod(&self, text: &str) -> HashMap<&'a str, f64> {
+        (self.get)(text)
+            .iter()
+            .filter(|s| self.members.ready_variant(self.pod_of(s)).is_some() && s.value.is_finite())
+            .map(|s| (self.pod_of(s), s.value))
+            .collect()
+    }
+
+    /// Gauges, ready pods only: the pool's queue, and per variant the sums to average.
+    fn gauges<'t>(
+        &self,
+        queries: &Queries,
+        targets: &'t [ReplicaPod],
+    ) -> (Queue, BTreeMap<&'t str, GaugeSums>) {
+        let running = self.per_pod(&queries.running);
+        let waiting = self.per_pod(&queries.waiting);
+        let kv = self.per_pod(&queries.kv_usage);
+        let mut queue = Queue::default();
+        let mut sums: BTreeMap<&str, GaugeSums> = BTreeMap::new();
+        for t in targets {
+            let (r, w) = (
+                running.get(t.pod.as_str()).copied().unwrap_or(0.0).max(0.0),
+                waiting.get(t.pod.as_str()).copied().unwrap_or(0.0).max(0.0),
+            );
+            queue.running += r.round() as u64;
+            queue.waiting += w.round() as u64;
+            let e = sums.entry(t.variant.as_str()).or_default();
+            e.pods += 1.0;
+            e.running += r;
+            e.waiting += w;
+            e.kv += kv.get(t.pod.as_str()).copied().unwrap_or(0.0);
+        }
+        (queue, sums)
+    }
+
+    /// A window figure summed over every member pod, ready or gone.
+    fn total(&self, text: &str) -> f64 {
+        (self.get)(text)
+            .iter()
+            .filter(|s| {
+                self.members.window_variant(self.pod_of(s)).is_some() && s.value.is_finite()
+            })
+            .map(|s| s.value)
+            .sum()
+    }
+
+    /// A histogram over every member pod, and one per variant.
+    fn histograms(&self, text: &str) -> (Histogram, HashMap<&'m str, Histogram>) {
+        let mut by_pod: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+        for s in (self.get)(text) {
+            let pod = self.pod_of(s);
+            let Some(le) = s.labels.get("le").and_then(|le| parse_value(le)) else {
+                continue;
+            };
+            if self.members.window_variant(pod).is_some() && s.value.is_finite() {
+                by_pod.entry(pod).or_default().push((le, s.value.max(0.0)));
+            }
+        }
+        let mut all = Histogram::default();
+        let mut per_variant: HashMap<&str, Histogram> = HashMap::new();
+        for (pod, mut buckets) in by_pod {
+            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let h = Histogram { buckets };
+            all.add(&h);
+            if let Some(v) = self.members.window_variant(pod) {
+                per_variant.entry(v).or_default().add(&h);
+            }
+        }
+        (all, per_variant)
+    }
+
+    /// Arrival rates and shape over the policy's windows.
+    fn arrivals(&self, queries: &Queries, policy: &PolicySpec) -> Arrivals {
+        let (w, ws) = (policy.window_seconds, policy.short_window_seconds);
+        let arrivals_over =
+            |a: &ArrivalQueries| a.all().iter().map(|q| self.total(q)).sum::<f64>().max(0.0);
+        let (prompt_len, _) = self.histograms(&queries.prompt_len);
+        Arrivals {
+            window_s: w,
+            requests_per_s: arrivals_over(&queries.arrivals) / w,
+            prompt_tokens_per_s: self.total(&queries.prompt_tokens).max(0.0) / w,
+            output_tokens_per_s: self.total(&queries.generation_tokens).max(0.0) / w,
+            short_window_s: ws,
+            short_requests_per_s: arrivals_over(&queries.arrivals_short) / ws,
+            max_prompt_tokens: prompt_len.max_bound().map_or(0, |m| m.round() as u64),
+            prompt_tokens_cv2: prompt_len.mean_cv2().map_or(0.0, |p| p.1),
+        }
+    }
 }
 
 impl SignalSource for PrometheusSource {

@@ -18,19 +18,23 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use sluice_policy::capacity::{self, Planning, Slo, Workload};
+use sluice_policy::decision::Decision;
+use sluice_policy::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
+use sluice_policy::profile::{CapacityType, Profile};
+use sluice_policy::signals::{Signals, VariantSignals};
+
 use super::allocate::{self, Entry};
 use super::error::{Error, Result};
 use super::metrics::Metrics;
 use super::observe::{self, PoolView};
 use super::source::{Query, Reading, SignalSource};
 use super::status::Conditions;
-use crate::capacity::{self, Planning, Slo, Workload};
-use crate::crd::{Capacity, DecisionStatus, NodePoolProviderKind, ServingPool, VariantStatus};
-use crate::decision::Decision;
+use crate::crd::{
+    Condition, DecisionStatus, NodePoolProviderKind, ServingPool, ServingPoolStatus, VariantSpec,
+    VariantStatus,
+};
 use crate::nodepool::{NodePoolProvider, NodeRequest, Outcome};
-use crate::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
-use crate::profile::{CapacityType, Profile};
-use crate::signals::{Signals, VariantSignals};
 
 /// What every reconcile shares.
 #[derive(Clone)]
@@ -119,7 +123,10 @@ fn build_policy(pool: &ServingPool) -> Result<(Sluice, Profile)> {
     };
     let p = &spec.policy;
     let mut c = SluiceConfig::new(slo, limits);
-    c.spot = spec.variants.iter().any(|v| v.capacity == Capacity::Spot);
+    c.spot = spec
+        .variants
+        .iter()
+        .any(|v| v.capacity == CapacityType::Spot);
     c.headroom = p.headroom;
     c.forecast_horizon_s = p.forecast_horizon_seconds;
     c.panic_rate_ratio = p.panic_threshold;
@@ -154,7 +161,58 @@ impl PoolState {
     }
 }
 
-/// Reconciles one pool at `now_s` (the controller's monotonic clock).
+/// An Event to record on the pool: type, reason, action, note.
+type PoolEvent = (EventType, &'static str, &'static str, String);
+
+/// Observe's result: where the pool lives and what the cluster holds for it.
+struct Observed {
+    ns: String,
+    name: String,
+    /// `namespace/name`.
+    key: String,
+    view: PoolView,
+}
+
+/// Bookkeep's result, per spec variant: the oldest pending pod's age and the preempted pods
+/// to replace; and the Events the bookkeeping produced.
+struct Book {
+    oldest_pending: Vec<f64>,
+    preempted: Vec<Vec<String>>,
+    events: Vec<PoolEvent>,
+}
+
+/// Decide's result.
+struct Decided {
+    /// Desired replicas per spec variant.
+    desired: Vec<u32>,
+    /// The policy's decision; `None` when the metrics were stale and the fleet is held.
+    decision: Option<Decision>,
+    /// The allocation's notes (or why the fleet is held).
+    notes: Vec<String>,
+    /// Why the metrics are stale, if they are.
+    stale_why: Option<String>,
+}
+
+impl Decided {
+    /// The decision's reasons, then the notes: what status and Events say.
+    fn reasons(&self) -> Vec<String> {
+        self.decision
+            .iter()
+            .flat_map(|d| d.reasons.iter().map(ToString::to_string))
+            .chain(self.notes.iter().cloned())
+            .collect()
+    }
+}
+
+/// Act's result: the Events of scaling and node pools, and a node pool failure, if any (the
+/// reconcile still writes status, then fails with it).
+struct Acted {
+    events: Vec<PoolEvent>,
+    failure: Option<Error>,
+}
+
+/// Reconciles one pool at `now_s` (the controller's monotonic clock): observe → bookkeep →
+/// decide → act → report.
 pub async fn reconcile(
     ctx: &Context,
     state: &mut PoolState,
@@ -162,18 +220,60 @@ pub async fn reconcile(
     now_s: f64,
 ) -> Result<Outcomes> {
     state.refresh(pool)?;
+    let obs = observe_pool(ctx, pool).await?;
+    let book = bookkeep(state, pool, &obs.view, now_s);
+    replace_preempted(ctx, &obs, &book).await?;
+    let decided = decide(ctx, state, pool, &obs, &book, now_s).await?;
+    let acted = act(ctx, state, pool, &obs, &decided).await?;
+    count_decisions(ctx, &obs, decided.decision.as_ref());
+    let status = status(pool, state, &obs, &decided, acted.failure.as_ref());
+    let events = book.events.into_iter().chain(acted.events).collect();
+    report(ctx, pool, &obs, status, events).await?;
+    if let Some(e) = acted.failure {
+        return Err(e);
+    }
+    Ok(Outcomes {
+        desired: decided.desired,
+        stale: decided.stale_why.is_some(),
+        decision: decided.decision,
+    })
+}
+
+/// Observe: the pool's namespace and name, and its Deployments, pods, nodes and endpoints.
+async fn observe_pool(ctx: &Context, pool: &ServingPool) -> Result<Observed> {
     let ns = pool
         .namespace()
         .ok_or_else(|| invalid(pool, "a ServingPool is namespaced"))?;
     let name = pool.name_any();
-    let key = format!("{ns}/{name}");
-    let spec = &pool.spec;
     let view = observe::observe(&ctx.client, pool, &ns).await?;
-    let mut events: Vec<(EventType, &'static str, &'static str, String)> = Vec::new();
+    Ok(Observed {
+        key: format!("{ns}/{name}"),
+        ns,
+        name,
+        view,
+    })
+}
 
-    // Pending pods: remember when each was first seen, drop the ones gone.
+/// Bookkeep: the pool's memory brought up to date with what was observed — pending pods,
+/// back-offs that ran out, stockouts, preemptions.
+fn bookkeep(state: &mut PoolState, pool: &ServingPool, view: &PoolView, now_s: f64) -> Book {
+    let oldest_pending = track_pending(state, view, now_s);
+    let mut events = recover(state, pool, now_s);
+    events.extend(mark_stockouts(state, pool, &oldest_pending, now_s));
+    let (preempted, preempt_events) = mark_preempted(state, pool, view, now_s);
+    events.extend(preempt_events);
+    Book {
+        oldest_pending,
+        preempted,
+        events,
+    }
+}
+
+/// Remembers when each pending pod was first seen and forgets the ones gone; per variant, how
+/// long its oldest pending pod has waited.
+fn track_pending(state: &mut PoolState, view: &PoolView, now_s: f64) -> Vec<f64> {
     let mut seen = BTreeSet::new();
-    let mut oldest_pending = vec![0.0f64; spec.variants.len()];
+    let mut oldest_pending = vec![0.0f64; view.variants.len()];
     for (i, vv) in view.variants.iter().enumerate() {
         for p in vv.pods.iter().filter(|p| p.pending && !p.terminating) {
             seen.insert(p.uid.clone());
@@ -182,9 +282,13 @@ pub async fn reconcile(
         }
     }
     state.pending_since.retain(|uid, _| seen.contains(uid));
+    oldest_pending
+}
 
-    // Back-offs that ran out: the variant may be tried again.
-    for v in &spec.variants {
+/// Back-offs that ran out: the variant may be tried again.
+fn recover(state: &mut PoolState, pool: &ServingPool, now_s: f64) -> Vec<PoolEvent> {
+    let mut events = Vec::new();
+    for v in &pool.spec.variants {
         if let Some(&(until, why)) = state.unavailable.get(&v.name) {
             if now_s >= until {
                 state.unavailable.remove(&v.name);
@@ -197,9 +301,19 @@ pub async fn reconcile(
             }
         }
     }
-    // Stockouts: a pod pending past the limit.
-    let st = &spec.stockout;
-    for (i, v) in spec.variants.iter().enumerate() {
+    events
+}
+
+/// Stockouts: a pod pending past the limit makes its variant unavailable for a while.
+fn mark_stockouts(
+    state: &mut PoolState,
+    pool: &ServingPool,
+    oldest_pending: &[f64],
+    now_s: f64,
+) -> Vec<PoolEvent> {
+    let st = &pool.spec.stockout;
+    let mut events = Vec::new();
+    for (i, v) in pool.spec.variants.iter().enumerate() {
         if oldest_pending[i] > st.pending_limit_seconds && !state.unavailable.contains_key(&v.name)
         {
             state
@@ -216,26 +330,27 @@ pub async fn reconcile(
             ));
         }
     }
-    // Spot preemptions: replace at once (delete the pods so their ReplicaSet recreates them),
-    // and prefer other variants for a while.
-    let mut preempted = vec![0u32; spec.variants.len()];
-    for (i, (v, vv)) in spec.variants.iter().zip(&view.variants).enumerate() {
+    events
+}
+
+/// Spot preemptions: the pods to replace at once per variant, and other variants preferred
+/// for a while.
+fn mark_preempted(
+    state: &mut PoolState,
+    pool: &ServingPool,
+    view: &PoolView,
+    now_s: f64,
+) -> (Vec<Vec<String>>, Vec<PoolEvent>) {
+    let st = &pool.spec.stockout;
+    let mut preempted = vec![Vec::new(); pool.spec.variants.len()];
+    let mut events = Vec::new();
+    for (i, (v, vv)) in pool.spec.variants.iter().zip(&view.variants).enumerate() {
         let gone = vv.preempted();
         if gone.is_empty() {
             continue;
         }
-        preempted[i] = gone.len() as u32;
-        if !ctx.dry_run {
-            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-            for p in &gone {
-                match pods.delete(&p.name, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(Error::kube(format!("delete pod {}", p.name))(e)),
-                }
-            }
-        }
-        if v.capacity == Capacity::Spot {
+        preempted[i] = gone.iter().map(|p| p.name.clone()).collect();
+        if v.capacity == CapacityType::Spot {
             state.unavailable.insert(
                 v.name.clone(),
                 (now_s + st.spot_preemption_backoff_seconds, "SpotPreempted"),
@@ -249,7 +364,7 @@ pub async fn reconcile(
                 "{}: {} pods on a preempted or deleted node replaced now{}",
                 v.name,
                 gone.len(),
-                if v.capacity == Capacity::Spot {
+                if v.capacity == CapacityType::Spot {
                     format!(
                         "; other variants preferred for {:.0} s",
                         st.spot_preemption_backoff_seconds
@@ -260,51 +375,92 @@ pub async fn reconcile(
             ),
         ));
     }
+    (preempted, events)
+}
 
+/// Deletes the preempted pods so their ReplicaSets recreate them now, before the load is read.
+async fn replace_preempted(ctx: &Context, obs: &Observed, book: &Book) -> Result<()> {
+    if ctx.dry_run {
+        return Ok(());
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &obs.ns);
+    for name in book.preempted.iter().flatten() {
+        match pods.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::kube(format!("delete pod {name}"))(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Decide: the load from the signal source, the policy's decision on it, and its allocation
+/// over the spec's variants; with stale metrics, every variant held as it is.
+async fn decide(
+    ctx: &Context,
+    state: &mut PoolState,
+    pool: &ServingPool,
+    obs: &Observed,
+    book: &Book,
+    now_s: f64,
+) -> Result<Decided> {
     let reading = ctx
         .source
         .read(Query {
-            pool: &key,
-            namespace: &ns,
-            spec,
-            targets: &view.targets,
+            pool: &obs.key,
+            namespace: &obs.ns,
+            spec: &pool.spec,
+            targets: &obs.view.targets,
             now_s,
         })
         .await?;
-    let stale_why = match &reading {
-        Reading::Stale(why) => Some(why.clone()),
-        Reading::Fresh(_) => None,
-    };
-    let stale = stale_why.is_some();
-    let (desired, decision, notes) = match reading {
-        Reading::Stale(why) => (
-            view.variants.iter().map(|v| v.replicas).collect::<Vec<_>>(),
-            None,
-            vec![format!(
+    Ok(match reading {
+        Reading::Stale(why) => Decided {
+            desired: obs.view.variants.iter().map(|v| v.replicas).collect(),
+            decision: None,
+            notes: vec![format!(
                 "metrics stale or missing ({why}): holding every variant as it is"
             )],
-        ),
+            stale_why: Some(why),
+        },
         Reading::Fresh(load) => {
-            let signals = signals(pool, &view, &load, &oldest_pending, &preempted, now_s);
+            let preempted: Vec<u32> = book.preempted.iter().map(|p| p.len() as u32).collect();
+            let signals = signals(
+                pool,
+                &obs.view,
+                &load,
+                &book.oldest_pending,
+                &preempted,
+                now_s,
+            );
             let d = state.policy.decide(&signals);
-            let entries = entries(pool, state, &view, &d);
+            let entries = entries(pool, state, &obs.view, &d);
             let a = allocate::allocate(&d, &entries);
-            (a.desired, Some(d), a.notes)
+            Decided {
+                desired: a.desired,
+                decision: Some(d),
+                notes: a.notes,
+                stale_why: None,
+            }
         }
-    };
+    })
+}
 
-    // Act: scale, node pools.
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let reasons: Vec<String> = decision
-        .iter()
-        .flat_map(|d| d.reasons.iter().map(ToString::to_string))
-        .chain(notes.iter().cloned())
-        .collect();
-    let mut node_pool_failure = None;
-    for (i, v) in spec.variants.iter().enumerate() {
-        let current = view.variants[i].replicas;
-        let want = desired[i];
-        let labels = [ns.as_str(), name.as_str(), v.name.as_str()];
+/// Act: each variant's Deployment scaled to its desired replicas, and its node pool sized.
+async fn act(
+    ctx: &Context,
+    state: &PoolState,
+    pool: &ServingPool,
+    obs: &Observed,
+    decided: &Decided,
+) -> Result<Acted> {
+    let reasons = decided.reasons();
+    let mut events = Vec::new();
+    let mut failure = None;
+    for (i, v) in pool.spec.variants.iter().enumerate() {
+        let current = obs.view.variants[i].replicas;
+        let want = decided.desired[i];
+        let labels = [obs.ns.as_str(), obs.name.as_str(), v.name.as_str()];
         ctx.metrics
             .desired
             .with_label_values(&labels)
@@ -314,87 +470,27 @@ pub async fn reconcile(
             .with_label_values(&labels)
             .set(i64::from(current));
         if want != current {
-            let dir = if want > current { "up" } else { "down" };
-            tracing::info!(pool = %key, variant = %v.name, from = current, to = want, dry_run = ctx.dry_run, "scale");
-            if !ctx.dry_run {
-                deployments
-                    .patch_scale(
-                        &v.deployment,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"spec": {"replicas": want}})),
-                    )
-                    .await
-                    .map_err(Error::kube(format!("scale deployment {}", v.deployment)))?;
-                ctx.metrics
-                    .scale_actions
-                    .with_label_values(&[ns.as_str(), name.as_str(), v.name.as_str(), dir])
-                    .inc();
-            }
-            events.push((
-                EventType::Normal,
-                if want > current {
-                    "ScaledUp"
-                } else {
-                    "ScaledDown"
-                },
-                "Scale",
-                format!(
-                    "{} ({}): {current} → {want} replicas; {}",
-                    v.name,
-                    v.deployment,
-                    summary(&reasons)
-                ),
-            ));
+            events.push(scale(ctx, obs, v, current, want, &reasons).await?);
         }
         if v.node_pool.provider == NodePoolProviderKind::None || ctx.dry_run {
             continue;
         }
-        let pv = state
-            .profile
-            .variant(&v.profile_variant)
-            .map_err(|source| Error::Profile {
-                name: name.clone(),
-                source: Box::new(source),
-            })?;
-        let per_node = pv.replicas_per_node().max(1);
-        let req = NodeRequest {
-            namespace: ns.clone(),
-            serving_pool: name.clone(),
-            variant: v.name.clone(),
-            deployment: v.deployment.clone(),
-            node_pool: v.node_pool.name.clone().unwrap_or_default(),
-            gke_mode: v.node_pool.gke_mode,
-            replicas: want,
-            nodes: want.div_ceil(per_node),
-            current_replicas: current,
-            scheduled_replicas: view.variants[i].ready() + view.variants[i].starting(),
-            gpus_per_replica: pv.gpus_per_replica,
-        };
-        let provider: Result<&Arc<dyn NodePoolProvider>> = match v.node_pool.provider {
-            NodePoolProviderKind::Gke => ctx.gke.as_ref().ok_or_else(|| Error::NodePool {
-                provider: "gke",
-                pool: req.node_pool.clone(),
-                message: "the gke provider is not configured (--gke-project, --gke-location, --gke-cluster)".into(),
-            }),
-            _ => Ok(&ctx.provisioning),
-        };
-        match provider {
-            Ok(p) => match p.ensure(&req).await {
-                Ok(Outcome::Unchanged) => {}
-                Ok(Outcome::Changed(said)) => events.push((
-                    EventType::Normal,
-                    "NodePoolResized",
-                    "RequestNodes",
-                    format!("{}: {said}", v.name),
-                )),
-                Err(e) => node_pool_failure = Some(e),
-            },
-            Err(e) => node_pool_failure = Some(e),
+        let req = node_request(state, obs, i, v, want)?;
+        match ensure_nodes(ctx, v, &req).await {
+            Ok(Outcome::Unchanged) => {}
+            Ok(Outcome::Changed(said)) => events.push((
+                EventType::Normal,
+                "NodePoolResized",
+                "RequestNodes",
+                format!("{}: {said}", v.name),
+            )),
+            Err(e) => failure = Some(e),
         }
-        if let Some(e) = &node_pool_failure {
+        // A failure stays reported for every later variant with a node pool this reconcile.
+        if let Some(e) = &failure {
             ctx.metrics
                 .reconcile_errors
-                .with_label_values(&[ns.as_str(), name.as_str(), e.metric_label()])
+                .with_label_values(&[obs.ns.as_str(), obs.name.as_str(), e.metric_label()])
                 .inc();
             events.push((
                 EventType::Warning,
@@ -404,32 +500,184 @@ pub async fn reconcile(
             ));
         }
     }
-    if let Some(d) = &decision {
-        for r in &d.reasons {
-            let kind = serde_json::to_value(r.kind)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
-            ctx.metrics
-                .decisions
-                .with_label_values(&[ns.as_str(), name.as_str(), kind.as_str()])
-                .inc();
-        }
-    }
+    Ok(Acted { events, failure })
+}
 
-    // Status and Events.
+/// Scales one variant's Deployment from `current` to `want` (logged only in a dry run); the
+/// Event that says so.
+async fn scale(
+    ctx: &Context,
+    obs: &Observed,
+    v: &VariantSpec,
+    current: u32,
+    want: u32,
+    reasons: &[String],
+) -> Result<PoolEvent> {
+    let dir = if want > current { "up" } else { "down" };
+    tracing::info!(pool = %obs.key, variant = %v.name, from = current, to = want, dry_run = ctx.dry_run, "scale");
+    if !ctx.dry_run {
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &obs.ns);
+        deployments
+            .patch_scale(
+                &v.deployment,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": want}})),
+            )
+            .await
+            .map_err(Error::kube(format!("scale deployment {}", v.deployment)))?;
+        ctx.metrics
+            .scale_actions
+            .with_label_values(&[obs.ns.as_str(), obs.name.as_str(), v.name.as_str(), dir])
+            .inc();
+    }
+    Ok((
+        EventType::Normal,
+        if want > current {
+            "ScaledUp"
+        } else {
+            "ScaledDown"
+        },
+        "Scale",
+        format!(
+            "{} ({}): {current} → {want} replicas; {}",
+            v.name,
+            v.deployment,
+            summary(reasons)
+        ),
+    ))
+}
+
+/// What variant `v` (spec variant `i`)'s node pool must hold for `want` replicas.
+fn node_request(
+    state: &PoolState,
+    obs: &Observed,
+    i: usize,
+    v: &VariantSpec,
+    want: u32,
+) -> Result<NodeRequest> {
+    let pv = state
+        .profile
+        .variant(&v.profile_variant)
+        .map_err(|source| Error::Profile {
+            name: obs.name.clone(),
+            source: Box::new(source),
+        })?;
+    let per_node = pv.replicas_per_node().max(1);
+    let vv = &obs.view.variants[i];
+    Ok(NodeRequest {
+        namespace: obs.ns.clone(),
+        serving_pool: obs.name.clone(),
+        variant: v.name.clone(),
+        deployment: v.deployment.clone(),
+        node_pool: v.node_pool.name.clone().unwrap_or_default(),
+        gke_mode: v.node_pool.gke_mode,
+        replicas: want,
+        nodes: want.div_ceil(per_node),
+        current_replicas: vv.replicas,
+        scheduled_replicas: vv.ready() + vv.starting(),
+        gpus_per_replica: pv.gpus_per_replica,
+    })
+}
+
+/// Asks the variant's node pool provider for the nodes `req` needs.
+async fn ensure_nodes(ctx: &Context, v: &VariantSpec, req: &NodeRequest) -> Result<Outcome> {
+    let provider = match v.node_pool.provider {
+        NodePoolProviderKind::Gke => ctx.gke.as_ref().ok_or_else(|| Error::NodePool {
+            provider: "gke",
+            pool: req.node_pool.clone(),
+            message:
+                "the gke provider is not configured (--gke-project, --gke-location, --gke-cluster)"
+                    .into(),
+        })?,
+        _ => &ctx.provisioning,
+    };
+    provider.ensure(req).await
+}
+
+/// Counts the decision's reasons by kind in the controller's metrics.
+fn count_decisions(ctx: &Context, obs: &Observed, decision: Option<&Decision>) {
+    for r in decision.iter().flat_map(|d| &d.reasons) {
+        let kind = serde_json::to_value(r.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        ctx.metrics
+            .decisions
+            .with_label_values(&[obs.ns.as_str(), obs.name.as_str(), kind.as_str()])
+            .inc();
+    }
+}
+
+/// The pool's whole status: each variant's replicas and availability, the last decision, and
+/// the conditions.
+fn status(
+    pool: &ServingPool,
+    state: &PoolState,
+    obs: &Observed,
+    decided: &Decided,
+    failure: Option<&Error>,
+) -> ServingPoolStatus {
     let now_wall = k8s_openapi::jiff::Timestamp::now().to_string();
+    let conditions = conditions(pool, state, obs, decided, failure, &now_wall);
+    let decision = decided.decision.as_ref();
+    ServingPoolStatus {
+        observed_generation: pool.metadata.generation,
+        variants: pool
+            .spec
+            .variants
+            .iter()
+            .zip(&obs.view.variants)
+            .zip(&decided.desired)
+            .map(|((v, vv), &desired)| {
+                let un = state.unavailable.get(&v.name);
+                VariantStatus {
+                    name: v.name.clone(),
+                    desired,
+                    current: vv.replicas,
+                    ready: vv.ready(),
+                    pending: vv.pending(),
+                    available: un.is_none(),
+                    unavailable_reason: un.map(|(_, why)| why.to_string()),
+                }
+            })
+            .collect(),
+        last_decision: Some(DecisionStatus {
+            time: now_wall,
+            mode: decision.map_or("hold".into(), |d| {
+                serde_json::to_value(d.mode)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            }),
+            planned_requests_per_second: decision.map_or(0.0, |d| d.demand.planned_requests_per_s),
+            reasons: decided.reasons(),
+        }),
+        conditions,
+    }
+}
+
+/// The conditions `Ready`, `MetricsStale`, `Stockout` and `Degraded`, updated from the pool's
+/// current ones.
+fn conditions(
+    pool: &ServingPool,
+    state: &PoolState,
+    obs: &Observed,
+    decided: &Decided,
+    failure: Option<&Error>,
+    now_wall: &str,
+) -> Vec<Condition> {
     let mut conds = Conditions::from(
         pool.status
             .as_ref()
             .map(|s| s.conditions.clone())
             .unwrap_or_default(),
     );
-    let at_target = spec
+    let at_target = obs
+        .view
         .variants
         .iter()
-        .enumerate()
-        .all(|(i, _)| view.variants[i].ready() >= desired[i]);
+        .zip(&decided.desired)
+        .all(|(vv, &want)| vv.ready() >= want);
     conds.set(
         "Ready",
         at_target,
@@ -439,25 +687,25 @@ pub async fn reconcile(
         } else {
             "replicas starting or pending".into()
         },
-        &now_wall,
+        now_wall,
     );
+    let stale = decided.stale_why.is_some();
     conds.set(
         "MetricsStale",
         stale,
         if stale { "NoFreshMetrics" } else { "Fresh" },
-        match &stale_why {
+        match &decided.stale_why {
             Some(why) => format!("no fresh metrics from the signal source ({why}): holding"),
             None => String::new(),
         },
-        &now_wall,
+        now_wall,
     );
-    let stocked: Vec<&str> = state
+    let mut stocked: Vec<&str> = state
         .unavailable
         .iter()
         .filter(|(_, (_, why))| *why == "Stockout")
         .map(|(n, _)| n.as_str())
         .collect();
-    let mut stocked = stocked;
     stocked.sort();
     conds.set(
         "Stockout",
@@ -468,105 +716,66 @@ pub async fn reconcile(
             "PendingTooLong"
         },
         stocked.join(", "),
-        &now_wall,
+        now_wall,
     );
+    let (degraded, reason, message) = degraded(&decided.notes, failure);
+    conds.set("Degraded", degraded, reason, message, now_wall);
+    conds.into_vec()
+}
+
+/// The `Degraded` condition: a node pool failed, or demand had nowhere to go.
+fn degraded(notes: &[String], failure: Option<&Error>) -> (bool, &'static str, String) {
     let nowhere = notes.iter().any(|n| n.contains("nowhere"));
-    let degraded = nowhere || node_pool_failure.is_some();
-    conds.set(
-        "Degraded",
-        degraded,
-        if node_pool_failure.is_some() {
-            "NodePoolFailed"
-        } else if nowhere {
-            "OutOfCapacity"
-        } else {
-            "AsPlanned"
-        },
-        node_pool_failure
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_else(|| {
-                if nowhere {
-                    notes.join("; ")
-                } else {
-                    String::new()
-                }
-            }),
-        &now_wall,
-    );
-    let st = crate::crd::ServingPoolStatus {
-        observed_generation: pool.metadata.generation,
-        variants: spec
-            .variants
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                let un = state.unavailable.get(&v.name);
-                VariantStatus {
-                    name: v.name.clone(),
-                    desired: desired[i],
-                    current: view.variants[i].replicas,
-                    ready: view.variants[i].ready(),
-                    pending: view.variants[i].pending(),
-                    available: un.is_none(),
-                    unavailable_reason: un.map(|(_, why)| why.to_string()),
-                }
-            })
-            .collect(),
-        last_decision: Some(DecisionStatus {
-            time: now_wall.clone(),
-            mode: decision.as_ref().map_or("hold".into(), |d| {
-                serde_json::to_value(d.mode)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default()
-            }),
-            planned_requests_per_second: decision
-                .as_ref()
-                .map_or(0.0, |d| d.demand.planned_requests_per_s),
-            reasons: reasons.clone(),
-        }),
-        conditions: conds.into_vec(),
-    };
+    if let Some(e) = failure {
+        (true, "NodePoolFailed", e.to_string())
+    } else if nowhere {
+        (true, "OutOfCapacity", notes.join("; "))
+    } else {
+        (false, "AsPlanned", String::new())
+    }
+}
+
+/// Report: the status applied and the Events recorded (logged only in a dry run).
+async fn report(
+    ctx: &Context,
+    pool: &ServingPool,
+    obs: &Observed,
+    status: ServingPoolStatus,
+    events: Vec<PoolEvent>,
+) -> Result<()> {
+    let key = &obs.key;
     if ctx.dry_run {
         for (_, reason, _, note) in &events {
             tracing::info!(pool = %key, reason, note, "dry run: would record");
         }
-    } else {
-        let api: Api<ServingPool> = Api::namespaced(ctx.client.clone(), &ns);
-        api.patch_status(
-            &name,
-            &PatchParams::apply("sluice-autoscaler").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "sluice.dev/v1alpha1",
-                "kind": "ServingPool",
-                "status": st,
-            })),
-        )
-        .await
-        .map_err(Error::kube(format!("status of {key}")))?;
-        let reference = pool.object_ref(&());
-        for (type_, reason, action, note) in events {
-            let ev = Event {
-                type_,
-                reason: reason.into(),
-                note: Some(truncate(&note, 1000)),
-                action: action.into(),
-                secondary: None,
-            };
-            if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
-                tracing::warn!(pool = %key, error = %e, "cannot record an event");
-            }
+        return Ok(());
+    }
+    let api: Api<ServingPool> = Api::namespaced(ctx.client.clone(), &obs.ns);
+    api.patch_status(
+        &obs.name,
+        &PatchParams::apply("sluice-autoscaler").force(),
+        &Patch::Apply(json!({
+            "apiVersion": "sluice.dev/v1alpha1",
+            "kind": "ServingPool",
+            "status": status,
+        })),
+    )
+    .await
+    .map_err(Error::kube(format!("status of {key}")))?;
+    let reference = pool.object_ref(&());
+    for (type_, reason, action, note) in events {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(&note, 1000)),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
+            tracing::warn!(pool = %key, error = %e, "cannot record an event");
         }
     }
-    if let Some(e) = node_pool_failure {
-        return Err(e);
-    }
-    Ok(Outcomes {
-        desired,
-        stale,
-        decision,
-    })
+    Ok(())
 }
 
 fn summary(reasons: &[String]) -> String {
@@ -600,7 +809,7 @@ fn signals(
 ) -> Signals {
     let mut out: Vec<VariantSignals> = Vec::new();
     for (i, v) in pool.spec.variants.iter().enumerate() {
-        let cap: CapacityType = v.capacity.into();
+        let cap = v.capacity;
         let vv = &view.variants[i];
         let l = load.variants.get(&v.name).cloned().unwrap_or_default();
         let idx = match out
@@ -680,7 +889,7 @@ fn entries(pool: &ServingPool, state: &PoolState, view: &PoolView, d: &Decision)
             Entry {
                 name: v.name.clone(),
                 profile_variant: v.profile_variant.clone(),
-                capacity: v.capacity.into(),
+                capacity: v.capacity,
                 priority: v.priority,
                 min: v.min_replicas,
                 max: v.max_replicas,

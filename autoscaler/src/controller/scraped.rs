@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 use super::error::Result;
 use super::source::{Load, Query, Reading, SignalSource, VariantLoad};
 use crate::crd::ServingPoolSpec;
-use crate::scrape::{ScrapeConfig, Scraper, Target};
+use crate::scrape::{Endpoint, ScrapeConfig, Scraper};
 
 /// Scrapers by pool (`namespace/name`), each keeping its targets' histories.
 #[derive(Debug)]
@@ -62,10 +62,10 @@ impl PodScraper {
             );
             *scraper = Scraper::new(config);
         }
-        let ts: Vec<Target> = q
+        let ts: Vec<Endpoint> = q
             .targets
             .iter()
-            .map(|t| Target::replica(&t.profile_variant, t.capacity, &t.url))
+            .map(|t| Endpoint::replica(&t.profile_variant, t.capacity, &t.url))
             .collect();
         let obs = scraper.scrape(&ts, q.now_s).await;
         if obs.any_stale() {

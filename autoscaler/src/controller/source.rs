@@ -14,19 +14,20 @@ use std::collections::HashMap;
 
 use futures_util::future::BoxFuture;
 
+use sluice_policy::signals::{Arrivals, Latency, Queue};
+
 use super::error::Result;
 use crate::crd::ServingPoolSpec;
-use crate::signals::{Arrivals, Latency, Queue};
 
 /// One replica pod to read.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ScrapeTarget {
+pub struct ReplicaPod {
     pub pod: String,
     /// The ServingPool variant (entry name) the pod belongs to.
     pub variant: String,
     /// That entry's profile variant and capacity type (the policy's key).
     pub profile_variant: String,
-    pub capacity: crate::profile::CapacityType,
+    pub capacity: sluice_policy::profile::CapacityType,
     /// `http://IP:PORT` when scraped; empty for a Prometheus source (it reads by pod name).
     pub url: String,
     /// The metrics path (`/metrics`); empty for a Prometheus source.
@@ -62,7 +63,7 @@ pub struct Query<'a> {
     /// The pool's spec: its signal source, windows (`policy`) and SLO percentiles.
     pub spec: &'a ServingPoolSpec,
     /// The pool's ready replica pods, each with its variant (and, when scraped, its URL).
-    pub targets: &'a [ScrapeTarget],
+    pub targets: &'a [ReplicaPod],
     /// Seconds on the controller's monotonic clock.
     pub now_s: f64,
 }

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use clap::Args;
 
+use sluice_policy::capacity::Slo;
+use sluice_policy::profile::Profile;
+
 use super::supervisor::{Ports, ReplicaCommand};
 use super::{LocalConfig, LocalError};
-use crate::capacity::Slo;
-use crate::profile::Profile;
 
 /// Local mode's flags.
 #[derive(Args, Debug, Clone)]
@@ -171,51 +172,15 @@ impl LocalArgs {
         if !(slo.ttft_p99_s > 0.0 && slo.tpot_p99_s > 0.0) {
             return bad("--ttft-slo and --tpot-slo must be positive");
         }
-        let window = secs("window", self.window, 0.1)?.as_secs_f64();
-        let short = secs("short-window", self.short_window, 0.1)?.as_secs_f64();
-        if short > window {
-            return bad("--short-window must not exceed --window");
-        }
-        let latency = match self.latency_window {
-            Some(l) => secs("latency-window", l, 0.1)?.as_secs_f64(),
-            None => window,
-        };
+        let (window, short, latency) = self.windows()?;
         let ports = Ports::parse(&self.replica_ports)
             .map_err(|m| LocalError::Config(format!("--replica-ports: {m}")))?;
-        if let Some(g) = &self.gateway {
-            let ok = g
-                .parse::<hyper::Uri>()
-                .is_ok_and(|u| u.scheme_str() == Some("http") && u.host().is_some());
-            if !ok {
-                return Err(LocalError::Config(format!(
-                    "--gateway: '{g}' is not an http://HOST:PORT URL"
-                )));
-            }
-        }
-        let binary = self
-            .sluice
-            .clone()
-            .unwrap_or_else(|| default_sluice(std::env::current_exe().ok().as_deref()));
-        let mut args = vec![
-            "--model".to_string(),
-            self.model.clone(),
-            "--model-dir".to_string(),
-            self.model_dir.display().to_string(),
-        ];
-        args.extend(self.replica_args.iter().cloned());
+        self.check_gateway()?;
         Ok(LocalConfig {
             profile,
             variant,
             slo,
-            replica: ReplicaCommand {
-                binary,
-                args,
-                host: self.replica_host.clone(),
-                ports,
-                log_dir: self.log_dir.clone(),
-                ready_timeout: secs("ready-timeout", self.ready_timeout, 0.1)?,
-                stop_timeout: secs("stop-timeout", self.stop_timeout, 0.1)?,
-            },
+            replica: self.replica_command(ports)?,
             min_replicas: self.min_replicas,
             max_replicas: self.max_replicas,
             discovery_file,
@@ -231,6 +196,61 @@ impl LocalArgs {
             panic_window_s: secs("panic-window", self.panic_window, 0.0)?.as_secs_f64(),
             drain_timeout: secs("drain-timeout", self.drain_timeout, 0.0)?,
             listen: self.listen,
+        })
+    }
+
+    /// The arrival rate window, the short window and the latency window, in seconds.
+    fn windows(&self) -> Result<(f64, f64, f64), LocalError> {
+        let window = secs("window", self.window, 0.1)?.as_secs_f64();
+        let short = secs("short-window", self.short_window, 0.1)?.as_secs_f64();
+        if short > window {
+            return Err(LocalError::Config(
+                "--short-window must not exceed --window".into(),
+            ));
+        }
+        let latency = match self.latency_window {
+            Some(l) => secs("latency-window", l, 0.1)?.as_secs_f64(),
+            None => window,
+        };
+        Ok((window, short, latency))
+    }
+
+    /// `--gateway`, if given, is an `http://HOST:PORT` URL.
+    fn check_gateway(&self) -> Result<(), LocalError> {
+        if let Some(g) = &self.gateway {
+            let ok = g
+                .parse::<hyper::Uri>()
+                .is_ok_and(|u| u.scheme_str() == Some("http") && u.host().is_some());
+            if !ok {
+                return Err(LocalError::Config(format!(
+                    "--gateway: '{g}' is not an http://HOST:PORT URL"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// How to start a replica: the `sluice` binary, its arguments, ports, logs and timeouts.
+    fn replica_command(&self, ports: Ports) -> Result<ReplicaCommand, LocalError> {
+        let binary = self
+            .sluice
+            .clone()
+            .unwrap_or_else(|| default_sluice(std::env::current_exe().ok().as_deref()));
+        let mut args = vec![
+            "--model".to_string(),
+            self.model.clone(),
+            "--model-dir".to_string(),
+            self.model_dir.display().to_string(),
+        ];
+        args.extend(self.replica_args.iter().cloned());
+        Ok(ReplicaCommand {
+            binary,
+            args,
+            host: self.replica_host.clone(),
+            ports,
+            log_dir: self.log_dir.clone(),
+            ready_timeout: secs("ready-timeout", self.ready_timeout, 0.1)?,
+            stop_timeout: secs("stop-timeout", self.stop_timeout, 0.1)?,
         })
     }
 }

@@ -11,15 +11,16 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use sluice_policy::decision::{Decision, Mode};
+use sluice_policy::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
+use sluice_policy::profile::CapacityType;
+use sluice_policy::signals::{Signals, VariantSignals};
+
 use super::announce::Announcer;
 use super::status::{self, Shared};
 use super::supervisor::{Event, Phase, Supervisor};
 use super::{LocalConfig, LocalError};
-use crate::decision::{Decision, Mode};
-use crate::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
-use crate::profile::CapacityType;
-use crate::scrape::{Observation, ScrapeConfig, Scraper, Target};
-use crate::signals::{Signals, VariantSignals};
+use crate::scrape::{Endpoint, Observation, ScrapeConfig, Scraper};
 
 /// Longest back-off between start attempts after consecutive failed starts.
 const MAX_START_BACKOFF: Duration = Duration::from_secs(30);
@@ -50,7 +51,7 @@ pub struct TickRecord {
 
 /// The loop's state.
 #[derive(Debug)]
-pub struct Controller {
+pub struct LocalAutoscaler {
     cfg: LocalConfig,
     sup: Supervisor,
     announcer: Announcer,
@@ -63,8 +64,8 @@ pub struct Controller {
     status: Shared,
 }
 
-impl Controller {
-    pub fn new(cfg: LocalConfig) -> Result<Controller, LocalError> {
+impl LocalAutoscaler {
+    pub fn new(cfg: LocalConfig) -> Result<LocalAutoscaler, LocalError> {
         let limits = vec![VariantLimits {
             variant: cfg.variant.clone(),
             min: cfg.min_replicas,
@@ -83,7 +84,7 @@ impl Controller {
             latency_window_s: cfg.latency_window_s,
             ..ScrapeConfig::default()
         });
-        Ok(Controller {
+        Ok(LocalAutoscaler {
             sup: Supervisor::new(cfg.replica.clone())?,
             announcer: Announcer::new(cfg.discovery_file.clone()),
             scraper,
@@ -247,17 +248,17 @@ impl Controller {
     }
 
     /// Ready and draining replicas (draining ones must be seen to go idle), and the gateway.
-    fn targets(&self) -> Vec<Target> {
-        let mut t: Vec<Target> = self
+    fn targets(&self) -> Vec<Endpoint> {
+        let mut t: Vec<Endpoint> = self
             .sup
             .replicas()
             .iter()
             .filter(|r| matches!(r.phase, Phase::Ready | Phase::Draining { .. }))
             .filter_map(|r| r.url.as_deref())
-            .map(|u| Target::replica(&self.cfg.variant, CapacityType::OnDemand, u))
+            .map(|u| Endpoint::replica(&self.cfg.variant, CapacityType::OnDemand, u))
             .collect();
         if let Some(g) = &self.cfg.gateway {
-            t.push(Target::gateway(g));
+            t.push(Endpoint::gateway(g));
         }
         t
     }

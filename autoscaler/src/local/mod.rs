@@ -1,9 +1,9 @@
-//! Local mode: the sluice policy — the same [`Sluice`](crate::policy::Sluice) code the
+//! Local mode: the sluice policy — the same [`Sluice`](sluice_policy::policy::Sluice) code the
 //! simulator runs — scaling `sluice serve --model` replica processes on this machine, so the
 //! whole loop can be watched and tested without a cluster.
 //!
 //! Each tick: poll the processes ([`supervisor`]), scrape the ready and draining replicas and
-//! the gateway ([`crate::scrape`]), build [`Signals`](crate::signals::Signals), ask the policy,
+//! the gateway ([`crate::scrape`]), build [`Signals`](sluice_policy::signals::Signals), ask the policy,
 //! and move the fleet towards its decision ([`control`]). A routing gateway
 //! (`sluice serve --discover file://PATH`) learns the replica set from the file [`announce`]
 //! writes.
@@ -32,9 +32,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::capacity::Slo;
-use crate::profile::Profile;
 use supervisor::ReplicaCommand;
+
+use sluice_policy::capacity::Slo;
+use sluice_policy::profile::Profile;
 
 /// Everything local mode needs, validated.
 #[derive(Debug, Clone)]
@@ -91,5 +92,5 @@ pub enum LocalError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Profile(#[from] crate::Error),
+    Profile(#[from] sluice_policy::Error),
 }

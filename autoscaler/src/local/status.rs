@@ -15,8 +15,9 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+use sluice_policy::decision::Mode;
+
 use super::control::TickRecord;
-use crate::decision::Mode;
 
 /// Counters since start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -256,7 +257,7 @@ mod tests {
         let mut scraper = crate::scrape::Scraper::new(crate::scrape::ScrapeConfig::default());
         let o = scraper
             .scrape(
-                &[crate::scrape::Target::gateway(&format!("http://{addr}"))],
+                &[crate::scrape::Endpoint::gateway(&format!("http://{addr}"))],
                 0.0,
             )
             .await;

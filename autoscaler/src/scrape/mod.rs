@@ -31,10 +31,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::profile::CapacityType;
-use crate::signals::{Arrivals, Latency, Queue, Signals};
 pub use snapshot::{normalise_url, Histogram, Snapshot};
 use window::{History, Increase};
+
+use sluice_policy::profile::CapacityType;
+use sluice_policy::signals::{Arrivals, Latency, Queue, Signals};
 
 /// Largest `/metrics` body read (a replica's is ~20 kB).
 const MAX_BODY: usize = 8 << 20;
@@ -50,16 +51,16 @@ pub enum Role {
 /// One endpoint to scrape: `url` is the server's base (`http://10.0.0.7:8000`), the path is
 /// the scraper's.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Target {
+pub struct Endpoint {
     pub variant: String,
     pub capacity: CapacityType,
     pub url: String,
     pub role: Role,
 }
 
-impl Target {
-    pub fn replica(variant: &str, capacity: CapacityType, url: &str) -> Target {
-        Target {
+impl Endpoint {
+    pub fn replica(variant: &str, capacity: CapacityType, url: &str) -> Endpoint {
+        Endpoint {
             variant: variant.to_string(),
             capacity,
             url: normalise_url(url),
@@ -67,8 +68,8 @@ impl Target {
         }
     }
 
-    pub fn gateway(url: &str) -> Target {
-        Target {
+    pub fn gateway(url: &str) -> Endpoint {
+        Endpoint {
             variant: String::new(),
             capacity: CapacityType::OnDemand,
             url: normalise_url(url),
@@ -137,7 +138,7 @@ pub enum ScrapeError {
 /// One target's state after a tick.
 #[derive(Debug, Clone)]
 pub struct TargetStatus {
-    pub target: Target,
+    pub target: Endpoint,
     /// This tick's scrape failed (the error, with its causes); `None` when fresh.
     pub error: Option<String>,
     /// The last good snapshot (this tick's when fresh), if the target ever answered.
@@ -210,9 +211,12 @@ impl Observation {
     }
 }
 
+/// Per (variant, capacity type).
+type ByVariant<T> = BTreeMap<(String, CapacityType), T>;
+
 #[derive(Debug)]
 struct Tracked {
-    target: Target,
+    target: Endpoint,
     history: History,
     last_seen_s: f64,
 }
@@ -248,7 +252,7 @@ impl Scraper {
 
     /// Scrapes every target at once (each bounded by the timeout) at time `now_s` (seconds
     /// on the caller's monotonic clock), and computes the windows.
-    pub async fn scrape(&mut self, targets: &[Target], now_s: f64) -> Observation {
+    pub async fn scrape(&mut self, targets: &[Endpoint], now_s: f64) -> Observation {
         let mut set = tokio::task::JoinSet::new();
         for (i, t) in targets.iter().enumerate() {
             let client = self.client.clone();
@@ -283,7 +287,7 @@ impl Scraper {
     /// snapshots and times.
     pub fn record(
         &mut self,
-        targets: &[Target],
+        targets: &[Endpoint],
         results: Vec<Result<Snapshot, ScrapeError>>,
         now_s: f64,
     ) -> Observation {
@@ -328,6 +332,29 @@ impl Scraper {
 
     fn observe(&self, statuses: Vec<TargetStatus>, now: f64, started: f64) -> Observation {
         let c = &self.config;
+        let (arrivals, latency, per_variant) = self.windows(now, started);
+        let (queue, mut variants, routed) = current_load(&statuses);
+        for (key, v) in variants.iter_mut() {
+            if let Some(l) = per_variant.get(key) {
+                v.ttft_p99_s = l.ttft.quantile(c.ttft_quantile);
+                v.tpot_p99_s = l.tpot.quantile(c.tpot_quantile);
+            }
+        }
+        Observation {
+            time_s: now,
+            targets: statuses,
+            arrivals,
+            queue,
+            latency,
+            variants,
+            routed,
+        }
+    }
+
+    /// The window figures over every replica tracked (departed ones too): arrivals, latency,
+    /// and each variant's latency-window increase.
+    fn windows(&self, now: f64, started: f64) -> (Arrivals, Latency, ByVariant<Increase>) {
+        let c = &self.config;
         let elapsed = (now - started).max(0.0);
         let span = |w: f64| w.min(elapsed).max(1e-3);
         let mut long = Increase::default();
@@ -366,69 +393,66 @@ impl Scraper {
             tpot_p50_s: lat.tpot.quantile(0.5),
             tpot_p99_s: lat.tpot.quantile(c.tpot_quantile),
         };
-        let mut queue = Queue::default();
-        let mut variants: BTreeMap<(String, CapacityType), VariantLoad> = BTreeMap::new();
-        let mut sums: BTreeMap<(String, CapacityType), (f64, f64, f64)> = BTreeMap::new();
-        let mut routed: Option<BTreeSet<String>> = None;
-        for st in &statuses {
-            let t = &st.target;
-            match t.role {
-                Role::Gateway => {
-                    if let Some(s) = &st.last {
-                        queue.waiting += s.gateway_queue.unwrap_or(0.0).max(0.0).round() as u64;
-                        // A fresh gateway without replica series routes to none.
-                        if !st.is_stale() {
-                            routed
-                                .get_or_insert_with(BTreeSet::new)
-                                .extend(snapshot::routed(s).unwrap_or_default());
-                        }
-                    }
-                }
-                Role::Replica => {
-                    let key = (t.variant.clone(), t.capacity);
-                    let v = variants.entry(key.clone()).or_default();
-                    // Stale: the last good figures still count towards the queue.
-                    if let Some(s) = &st.last {
-                        queue.waiting += s.waiting_total().max(0.0).round() as u64;
-                        queue.running += s.running.unwrap_or(0.0).max(0.0).round() as u64;
-                    }
-                    if st.is_stale() {
-                        v.stale += 1;
-                        continue;
-                    }
-                    v.fresh += 1;
-                    if let Some(s) = &st.last {
-                        let e = sums.entry(key).or_default();
-                        e.0 += s.running.unwrap_or(0.0);
-                        e.1 += s.waiting_total();
-                        e.2 += s.kv_usage.unwrap_or(0.0);
+        (arrivals, latency, per_variant)
+    }
+}
+
+/// The current gauges from this tick's scrapes: the queue (a gateway's admission queue and
+/// every replica's), each variant's fresh and stale replicas and their mean load, and the
+/// replicas the gateways route to (`None` without a fresh gateway).
+fn current_load(
+    statuses: &[TargetStatus],
+) -> (Queue, ByVariant<VariantLoad>, Option<BTreeSet<String>>) {
+    let mut queue = Queue::default();
+    let mut variants: BTreeMap<(String, CapacityType), VariantLoad> = BTreeMap::new();
+    let mut sums: BTreeMap<(String, CapacityType), (f64, f64, f64)> = BTreeMap::new();
+    let mut routed: Option<BTreeSet<String>> = None;
+    for st in statuses {
+        let t = &st.target;
+        match t.role {
+            Role::Gateway => {
+                if let Some(s) = &st.last {
+                    queue.waiting += s.gateway_queue.unwrap_or(0.0).max(0.0).round() as u64;
+                    // A fresh gateway without replica series routes to none.
+                    if !st.is_stale() {
+                        routed
+                            .get_or_insert_with(BTreeSet::new)
+                            .extend(snapshot::routed(s).unwrap_or_default());
                     }
                 }
             }
-        }
-        for (key, v) in variants.iter_mut() {
-            if v.fresh > 0 {
-                let (r, q, kv) = sums.get(key).copied().unwrap_or_default();
-                let n = f64::from(v.fresh);
-                v.running_per_replica = r / n;
-                v.waiting_per_replica = q / n;
-                v.kv_cache_usage = kv / n;
+            Role::Replica => {
+                let key = (t.variant.clone(), t.capacity);
+                let v = variants.entry(key.clone()).or_default();
+                // Stale: the last good figures still count towards the queue.
+                if let Some(s) = &st.last {
+                    queue.waiting += s.waiting_total().max(0.0).round() as u64;
+                    queue.running += s.running.unwrap_or(0.0).max(0.0).round() as u64;
+                }
+                if st.is_stale() {
+                    v.stale += 1;
+                    continue;
+                }
+                v.fresh += 1;
+                if let Some(s) = &st.last {
+                    let e = sums.entry(key).or_default();
+                    e.0 += s.running.unwrap_or(0.0);
+                    e.1 += s.waiting_total();
+                    e.2 += s.kv_usage.unwrap_or(0.0);
+                }
             }
-            if let Some(l) = per_variant.get(key) {
-                v.ttft_p99_s = l.ttft.quantile(c.ttft_quantile);
-                v.tpot_p99_s = l.tpot.quantile(c.tpot_quantile);
-            }
-        }
-        Observation {
-            time_s: now,
-            targets: statuses,
-            arrivals,
-            queue,
-            latency,
-            variants,
-            routed,
         }
     }
+    for (key, v) in variants.iter_mut() {
+        if v.fresh > 0 {
+            let (r, q, kv) = sums.get(key).copied().unwrap_or_default();
+            let n = f64::from(v.fresh);
+            v.running_per_replica = r / n;
+            v.waiting_per_replica = q / n;
+            v.kv_cache_usage = kv / n;
+        }
+    }
+    (queue, variants, routed)
 }
 
 /// An error and its causes on one line.

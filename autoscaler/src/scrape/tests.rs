@@ -49,8 +49,8 @@ fn a_real_sluice_replica_is_read() {
 #[test]
 fn windows_over_real_snapshots_give_rates_queue_and_load() {
     let mut s = Scraper::new(cfg());
-    let a = Target::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:1/");
-    let b = Target::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:2");
+    let a = Endpoint::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:1/");
+    let b = Endpoint::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:2");
     let targets = [a.clone(), b.clone()];
     let o = s.record(&targets, vec![Ok(snap(IDLE)), Ok(snap(IDLE))], 100.0);
     assert_eq!(
@@ -73,7 +73,7 @@ fn windows_over_real_snapshots_give_rates_queue_and_load() {
     assert_eq!(v.running_per_replica, 0.5);
     // Into the policy's signals: the load fields of the matching entry.
     let mut sig = Signals {
-        variants: vec![crate::signals::VariantSignals {
+        variants: vec![sluice_policy::signals::VariantSignals {
             variant: "cpu".into(),
             ready: 2,
             ..Default::default()
@@ -91,8 +91,8 @@ fn windows_over_real_snapshots_give_rates_queue_and_load() {
 #[test]
 fn a_target_that_fails_is_stale_and_its_last_load_still_counts() {
     let mut s = Scraper::new(cfg());
-    let a = Target::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:1");
-    let b = Target::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:2");
+    let a = Endpoint::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:1");
+    let b = Endpoint::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:2");
     let targets = [a.clone(), b.clone()];
     s.record(&targets, vec![Ok(snap(BUSY)), Ok(snap(IDLE))], 0.0);
     let failed = || {
@@ -112,7 +112,7 @@ fn a_target_that_fails_is_stale_and_its_last_load_still_counts() {
     assert_eq!((v.fresh, v.stale), (1, 1));
     assert_eq!(v.waiting_per_replica, 0.0, "means over fresh replicas only");
     // A target that never answered is stale with nothing known.
-    let c = Target::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:3");
+    let c = Endpoint::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:3");
     let o = s.record(
         std::slice::from_ref(&c),
         vec![Err(ScrapeError::Url { url: c.url.clone() })],
@@ -124,7 +124,7 @@ fn a_target_that_fails_is_stale_and_its_last_load_still_counts() {
 #[test]
 fn departed_targets_count_until_they_leave_the_window() {
     let mut s = Scraper::new(cfg());
-    let a = Target::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:1");
+    let a = Endpoint::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:1");
     s.record(std::slice::from_ref(&a), vec![Ok(snap(IDLE))], 0.0);
     s.record(std::slice::from_ref(&a), vec![Ok(snap(BUSY))], 1.0);
     // a was removed: its six arrivals still count in the 10 s window...
@@ -142,7 +142,7 @@ fn departed_targets_count_until_they_leave_the_window() {
 #[test]
 fn a_gateway_target_gives_its_queue_and_routed_replicas() {
     let mut s = Scraper::new(cfg());
-    let g = Target::gateway("http://127.0.0.1:9");
+    let g = Endpoint::gateway("http://127.0.0.1:9");
     let text = "sluice_gateway_queue_depth{priority=\"0\"} 4\n\
                 sluice_gateway_replica_eligible{replica=\"http://127.0.0.1:7001\"} 1\n";
     let o = s.record(std::slice::from_ref(&g), vec![Ok(snap(text))], 0.0);
@@ -206,9 +206,9 @@ async fn over_http_fresh_and_every_kind_of_failure() {
         format!("http://{}", l.local_addr().unwrap())
     };
     let urls = [&ok, &status, &html, &hang, &closed];
-    let targets: Vec<Target> = urls
+    let targets: Vec<Endpoint> = urls
         .iter()
-        .map(|u| Target::replica("cpu", CapacityType::OnDemand, u))
+        .map(|u| Endpoint::replica("cpu", CapacityType::OnDemand, u))
         .collect();
     let mut s = Scraper::new(cfg());
     let started = std::time::Instant::now();
@@ -228,7 +228,7 @@ async fn over_http_fresh_and_every_kind_of_failure() {
     assert!(err(4).contains("request failed"), "{}", err(4));
     let v = &o.variants[&("cpu".to_string(), CapacityType::OnDemand)];
     assert_eq!((v.fresh, v.stale), (1, 4));
-    let bad = Target::replica("cpu", CapacityType::OnDemand, "ftp://x");
+    let bad = Endpoint::replica("cpu", CapacityType::OnDemand, "ftp://x");
     let o = s.scrape(&[bad], 1.0).await;
     assert!(o.targets[0]
         .error
@@ -240,8 +240,8 @@ async fn over_http_fresh_and_every_kind_of_failure() {
 #[test]
 fn a_request_retried_on_another_replica_arrives_once() {
     let mut s = Scraper::new(cfg());
-    let a = Target::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:1");
-    let b = Target::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:2");
+    let a = Endpoint::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:1");
+    let b = Endpoint::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:2");
     let at = |finished: f64, waiting: f64| Snapshot {
         finished: Some(finished),
         waiting: Some(waiting),

@@ -52,14 +52,14 @@ pub struct Fake {
 
 /// A parsed request path.
 #[derive(Debug, Clone)]
-struct Target {
+struct ApiPath {
     resource: String,
     namespace: Option<String>,
     name: Option<String>,
     sub: Option<String>,
 }
 
-fn parse_path(path: &str) -> Option<Target> {
+fn parse_path(path: &str) -> Option<ApiPath> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (gv, rest): (String, &[&str]) = match parts.as_slice() {
         ["api", v, rest @ ..] => (format!("/{v}"), rest),
@@ -76,7 +76,7 @@ fn parse_path(path: &str) -> Option<Target> {
         [p, n, s] => (p, Some(n.to_string()), Some(s.to_string())),
         _ => return None,
     };
-    Some(Target {
+    Some(ApiPath {
         resource: format!("{gv}/{plural}"),
         namespace,
         name,
@@ -346,7 +346,7 @@ async fn handle(
     }
 }
 
-fn key(t: &Target, name: &str) -> Key {
+fn key(t: &ApiPath, name: &str) -> Key {
     (
         t.resource.clone(),
         t.namespace.clone().unwrap_or_default(),
@@ -354,7 +354,7 @@ fn key(t: &Target, name: &str) -> Key {
     )
 }
 
-fn list(fake: &Fake, t: &Target, selector: Option<&String>) -> Response {
+fn list(fake: &Fake, t: &ApiPath, selector: Option<&String>) -> Response {
     let s = fake.store.lock().unwrap();
     let items: Vec<&Value> = s
         .objects
@@ -377,7 +377,7 @@ fn scale_of(d: &Value) -> Value {
         "status": {"replicas": d["status"]["replicas"].as_u64().unwrap_or(0)}})
 }
 
-fn get_one(fake: &Fake, t: &Target, name: &str) -> Response {
+fn get_one(fake: &Fake, t: &ApiPath, name: &str) -> Response {
     let s = fake.store.lock().unwrap();
     match s.objects.get(&key(t, name)) {
         None => status(404, "NotFound", &format!("{} {name} not found", t.resource)),
@@ -397,7 +397,7 @@ fn commit(fake: &Fake, s: &mut Store, k: Key, mut obj: Value, kind: &'static str
     obj
 }
 
-fn create(fake: &Fake, t: &Target, mut obj: Value) -> Response {
+fn create(fake: &Fake, t: &ApiPath, mut obj: Value) -> Response {
     let Some(name) = obj["metadata"]["name"].as_str().map(str::to_string) else {
         return status(422, "Invalid", "metadata.name is required");
     };
@@ -421,7 +421,7 @@ fn create(fake: &Fake, t: &Target, mut obj: Value) -> Response {
     (StatusCode::CREATED, axum::Json(out)).into_response()
 }
 
-fn replace(fake: &Fake, t: &Target, name: &str, mut obj: Value) -> Response {
+fn replace(fake: &Fake, t: &ApiPath, name: &str, mut obj: Value) -> Response {
     let mut s = fake.store.lock().unwrap();
     let k = key(t, name);
     let Some(old) = s.objects.get(&k).cloned() else {
@@ -441,7 +441,7 @@ fn replace(fake: &Fake, t: &Target, name: &str, mut obj: Value) -> Response {
     axum::Json(out).into_response()
 }
 
-fn patch(fake: &Fake, t: &Target, name: &str, body: Value) -> Response {
+fn patch(fake: &Fake, t: &ApiPath, name: &str, body: Value) -> Response {
     let mut s = fake.store.lock().unwrap();
     let k = key(t, name);
     let Some(mut obj) = s.objects.get(&k).cloned() else {
@@ -473,7 +473,7 @@ fn patch(fake: &Fake, t: &Target, name: &str, body: Value) -> Response {
     }
 }
 
-fn delete(fake: &Fake, t: &Target, name: &str) -> Response {
+fn delete(fake: &Fake, t: &ApiPath, name: &str) -> Response {
     let mut s = fake.store.lock().unwrap();
     let k = key(t, name);
     let Some(mut obj) = s.objects.remove(&k) else {
@@ -487,14 +487,14 @@ fn delete(fake: &Fake, t: &Target, name: &str) -> Response {
     axum::Json(obj).into_response()
 }
 
-fn watch_stream(fake: Arc<Fake>, t: Target, q: HashMap<String, String>) -> Response {
+fn watch_stream(fake: Arc<Fake>, t: ApiPath, q: HashMap<String, String>) -> Response {
     let from: u64 = q
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let selector = q.get("labelSelector").cloned();
     let changes = fake.changed.subscribe();
-    let relevant = move |res: &str, obj: &Value, t: &Target, sel: Option<&String>| {
+    let relevant = move |res: &str, obj: &Value, t: &ApiPath, sel: Option<&String>| {
         res == t.resource
             && t.namespace
                 .as_ref()

@@ -5,7 +5,8 @@ use std::path::Path;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use serde::{Deserialize, Serialize};
 
-use crate::capacity::Slo;
+use sluice_policy::capacity::Slo;
+
 use crate::error::{Error, Result};
 use crate::sim::{Outcome, Run};
 

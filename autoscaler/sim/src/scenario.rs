@@ -5,18 +5,19 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::baselines::hpa::{Hpa, HpaConfig, HpaMetric};
-use crate::baselines::kpa::{Kpa, KpaConfig};
-use crate::baselines::oracle::{Oracle, OracleConfig};
-use crate::baselines::static_peak::StaticPeak;
-use crate::capacity::{self, Planning, Slo, Workload};
+use sluice_policy::baselines::hpa::{Hpa, HpaConfig, HpaMetric};
+use sluice_policy::baselines::kpa::{Kpa, KpaConfig};
+use sluice_policy::baselines::oracle::{peak_window, Oracle, OracleConfig, Sizing};
+use sluice_policy::baselines::static_peak::StaticPeak;
+use sluice_policy::capacity::{self, Planning, Slo, Workload};
+use sluice_policy::mix;
+use sluice_policy::policy::plan::{self, VariantLimits};
+use sluice_policy::policy::{Policy, Sluice, SluiceConfig};
+use sluice_policy::profile::{CapacityType, Profile};
+use sluice_policy::timeline::{Request, Timeline};
+
 use crate::error::{Error, Result};
-use crate::mix;
-use crate::policy::plan::{self, VariantLimits};
-use crate::policy::{Policy, Sluice, SluiceConfig};
-use crate::profile::{CapacityType, Profile};
 use crate::sim::{self, Run, SimConfig};
-use crate::trace::{Request, Timeline};
 
 /// Every policy the simulator knows, in report order.
 pub const POLICIES: &[&str] = &[
@@ -155,7 +156,7 @@ pub fn mean_shape(requests: &[Request]) -> Workload {
     Workload {
         mean_prompt_tokens: p / n.max(1.0),
         mean_output_tokens: o / n.max(1.0),
-        prompt_cv2: crate::sim::observe::cv2(n, p, p2),
+        prompt_cv2: sluice_policy::capacity::cv2(n, p, p2),
     }
 }
 
@@ -174,131 +175,97 @@ impl std::fmt::Debug for Prepared {
     }
 }
 
-/// Builds the named policies for a scenario and trace. Every policy starts with the fleet the
-/// capacity model sizes for the arrivals before the first replica it could add is up, on the
-/// variants it manages.
-pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result<Vec<Prepared>> {
-    scn.validate()?;
-    let timeline = Arc::new(Timeline::new(requests, TIMELINE_BUCKET_S));
-    let limits = scn.limits();
-    let keys = plan::offer_keys(&limits);
-    let cap_type = scn.capacity_type();
-    let mean = mean_shape(requests);
-    let (base_variant, base_cap) = scn.baseline_choice(&mean)?;
-    // The trace is cut from a running service: every policy starts with the fleet the capacity
-    // model sizes for the busiest window before a replica asked for at time zero could serve.
+/// What building any policy for a scenario and trace needs.
+struct Setup<'a> {
+    scn: &'a Scenario,
+    timeline: Arc<Timeline>,
+    limits: Vec<VariantLimits>,
+    cap_type: CapacityType,
+    mean: Workload,
+    /// The variant single-variant baselines scale, and its capacity at SLO.
+    base_variant: String,
+    base_cap: capacity::Capacity,
+    /// The starting fleet per offer key: over every variant, and over the baseline's only.
+    all: Vec<u32>,
+    single: Vec<u32>,
+}
+
+impl<'a> Setup<'a> {
+    fn new(scn: &'a Scenario, requests: &[Request]) -> Result<Setup<'a>> {
+        let timeline = Arc::new(Timeline::new(requests, TIMELINE_BUCKET_S));
+        let limits = scn.limits();
+        let cap_type = scn.capacity_type();
+        let mean = mean_shape(requests);
+        let (base_variant, base_cap) = scn.baseline_choice(&mean)?;
+        let all = initial_fleet(scn, &limits, &timeline, &|_| true);
+        let single = initial_fleet(scn, &limits, &timeline, &|n| n == base_variant);
+        Ok(Setup {
+            scn,
+            timeline,
+            limits,
+            cap_type,
+            mean,
+            base_variant,
+            base_cap,
+            all,
+            single,
+        })
+    }
+}
+
+/// The trace is cut from a running service: every policy starts with the fleet the capacity
+/// model sizes for the busiest window before a replica asked for at time zero could serve —
+/// the cheapest for that window over the `allowed` variants, as counts per offer key.
+fn initial_fleet(
+    scn: &Scenario,
+    limits: &[VariantLimits],
+    timeline: &Timeline,
+    allowed: &dyn Fn(&str) -> bool,
+) -> Vec<u32> {
+    let keys = plan::offer_keys(limits);
     let lead = scn
         .profile
         .variants
         .iter()
         .map(|v| v.startup_s(true))
         .fold(0.0, f64::max);
-    let sizing = crate::baselines::oracle::Sizing {
+    let sizing = Sizing {
         profile: &scn.profile,
-        limits: &limits,
+        limits,
         slo: &scn.slo,
         planning: &scn.planning,
     };
-    let first =
-        crate::baselines::oracle::peak_window(sizing, &timeline, scn.sim.window_s, 0.0, lead);
-    // Cheapest fleet for the first window over `allowed` variants, as counts per key.
-    let sized = |allowed: &dyn Fn(&str) -> bool| -> Vec<u32> {
-        let Some((rate, w)) = first else {
-            return vec![0; keys.len()];
-        };
-        let (caps, _) = plan::capacities(&scn.profile, &limits, &w, &scn.slo, &scn.planning);
-        let zero = vec![0; keys.len()];
-        let offers = plan::offers(
-            &scn.profile,
-            &limits,
-            &caps,
-            &zero,
-            |n, c| c == cap_type && allowed(n),
-            |l| l.min,
-        );
-        mix::cheapest(&offers, rate).counts
+    let Some((rate, w)) = peak_window(sizing, timeline, scn.sim.window_s, 0.0, lead) else {
+        return vec![0; keys.len()];
     };
+    let (caps, _) = plan::capacities(&scn.profile, limits, &w, &scn.slo, &scn.planning);
+    let zero = vec![0; keys.len()];
+    let cap_type = scn.capacity_type();
+    let offers = plan::offers(
+        &scn.profile,
+        limits,
+        &caps,
+        &zero,
+        |n, c| c == cap_type && allowed(n),
+        |l| l.min,
+    );
+    mix::cheapest(&offers, rate).counts
+}
+
+/// Builds the named policies for a scenario and trace. Every policy starts with the fleet the
+/// capacity model sizes for the arrivals before the first replica it could add is up, on the
+/// variants it manages.
+pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result<Vec<Prepared>> {
+    scn.validate()?;
+    let setup = Setup::new(scn, requests)?;
     let mut out = Vec::new();
     for name in names {
-        let all = sized(&|_| true);
-        let single = sized(&|n| n == base_variant);
-        let (policy, initial): (Box<dyn Policy + Send>, Vec<u32>) = match name.as_str() {
-            "sluice" => {
-                let mut cfg = SluiceConfig::new(scn.slo, limits.clone());
-                cfg.planning = scn.planning;
-                cfg.spot = scn.spot;
-                (Box::new(Sluice::new(scn.profile.clone(), cfg)), all)
-            }
-            "static-peak" => {
-                let mut p = StaticPeak::new(
-                    scn.profile.clone(),
-                    limits.clone(),
-                    &scn.slo,
-                    &scn.planning,
-                    cap_type,
-                    &timeline,
-                    scn.sim.window_s,
-                );
-                let counts = p
-                    .decide(&Default::default())
-                    .targets
-                    .iter()
-                    .map(|t| t.replicas)
-                    .collect();
-                (Box::new(p), counts)
-            }
-            "oracle" => {
-                let cfg = OracleConfig {
-                    slo: scn.slo,
-                    planning: scn.planning,
-                    limits: limits.clone(),
-                    capacity: cap_type,
-                    window_s: scn.sim.window_s,
-                    hold_s: 60.0,
-                    switch_amortise_s: 600.0,
-                };
-                (
-                    Box::new(Oracle::new(scn.profile.clone(), cfg, timeline.clone())),
-                    all,
-                )
-            }
-            "hpa-cpu" | "hpa-concurrency" => {
-                let (metric, target) = if name == "hpa-cpu" {
-                    (HpaMetric::Cpu, 0.6)
-                } else {
-                    // What a replica holds at 70 % of its capacity at SLO: the usual headroom,
-                    // taken on the rate since in-flight grows steeply near saturation.
-                    let v = scn.profile.variant(&base_variant)?;
-                    let b = capacity::batch_at_rate(v, &mean, 0.7 * base_cap.requests_per_s);
-                    (HpaMetric::Concurrency, b.unwrap_or(base_cap.batch).max(1.0))
-                };
-                let cfg = HpaConfig {
-                    metric,
-                    target,
-                    tolerance: 0.1,
-                    scale_down_window_s: 300.0,
-                    min: 1,
-                    max: scn.max_replicas_per_variant,
-                    variant: base_variant.clone(),
-                    capacity: cap_type,
-                };
-                (Box::new(Hpa::new(scn.profile.clone(), cfg)), single)
-            }
-            "kpa" => {
-                let cfg = KpaConfig {
-                    target: base_cap.batch.max(1.0),
-                    utilisation: 0.7,
-                    stable_window_s: 60.0,
-                    panic_window_s: 6.0,
-                    panic_threshold: 2.0,
-                    scale_to_zero_grace_s: 30.0,
-                    max_scale_down_rate: 2.0,
-                    max: scn.max_replicas_per_variant,
-                    variant: base_variant.clone(),
-                    capacity: cap_type,
-                };
-                (Box::new(Kpa::new(scn.profile.clone(), cfg)), single)
-            }
+        let (policy, initial) = match name.as_str() {
+            "sluice" => sluice(&setup),
+            "static-peak" => static_peak(&setup),
+            "oracle" => oracle(&setup),
+            "hpa-cpu" | "hpa-concurrency" => hpa(&setup, name)?,
+            "kpa" => kpa(&setup),
             other => {
                 return Err(Error::Scenario(format!(
                     "unknown policy {other:?} (known: {})",
@@ -309,6 +276,105 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
         out.push(Prepared { policy, initial });
     }
     Ok(out)
+}
+
+/// A policy and the fleet it starts with, per offer key.
+type Built = (Box<dyn Policy + Send>, Vec<u32>);
+
+fn sluice(s: &Setup<'_>) -> Built {
+    let mut cfg = SluiceConfig::new(s.scn.slo, s.limits.clone());
+    cfg.planning = s.scn.planning;
+    cfg.spot = s.scn.spot;
+    (
+        Box::new(Sluice::new(s.scn.profile.clone(), cfg)),
+        s.all.clone(),
+    )
+}
+
+/// Static peak starts where it stays.
+fn static_peak(s: &Setup<'_>) -> Built {
+    let scn = s.scn;
+    let mut p = StaticPeak::new(
+        scn.profile.clone(),
+        s.limits.clone(),
+        &scn.slo,
+        &scn.planning,
+        s.cap_type,
+        &s.timeline,
+        scn.sim.window_s,
+    );
+    let counts = p
+        .decide(&Default::default())
+        .targets
+        .iter()
+        .map(|t| t.replicas)
+        .collect();
+    (Box::new(p), counts)
+}
+
+fn oracle(s: &Setup<'_>) -> Built {
+    let cfg = OracleConfig {
+        slo: s.scn.slo,
+        planning: s.scn.planning,
+        limits: s.limits.clone(),
+        capacity: s.cap_type,
+        window_s: s.scn.sim.window_s,
+        hold_s: 60.0,
+        switch_amortise_s: 600.0,
+    };
+    (
+        Box::new(Oracle::new(s.scn.profile.clone(), cfg, s.timeline.clone())),
+        s.all.clone(),
+    )
+}
+
+fn hpa(s: &Setup<'_>, name: &str) -> Result<Built> {
+    let scn = s.scn;
+    let (metric, target) = if name == "hpa-cpu" {
+        (HpaMetric::Cpu, 0.6)
+    } else {
+        // What a replica holds at 70 % of its capacity at SLO: the usual headroom, taken on
+        // the rate since in-flight grows steeply near saturation.
+        let v = scn.profile.variant(&s.base_variant)?;
+        let b = capacity::batch_at_rate(v, &s.mean, 0.7 * s.base_cap.requests_per_s);
+        (
+            HpaMetric::Concurrency,
+            b.unwrap_or(s.base_cap.batch).max(1.0),
+        )
+    };
+    let cfg = HpaConfig {
+        metric,
+        target,
+        tolerance: 0.1,
+        scale_down_window_s: 300.0,
+        min: 1,
+        max: scn.max_replicas_per_variant,
+        variant: s.base_variant.clone(),
+        capacity: s.cap_type,
+    };
+    Ok((
+        Box::new(Hpa::new(scn.profile.clone(), cfg)),
+        s.single.clone(),
+    ))
+}
+
+fn kpa(s: &Setup<'_>) -> Built {
+    let cfg = KpaConfig {
+        target: s.base_cap.batch.max(1.0),
+        utilisation: 0.7,
+        stable_window_s: 60.0,
+        panic_window_s: 6.0,
+        panic_threshold: 2.0,
+        scale_to_zero_grace_s: 30.0,
+        max_scale_down_rate: 2.0,
+        max: s.scn.max_replicas_per_variant,
+        variant: s.base_variant.clone(),
+        capacity: s.cap_type,
+    };
+    (
+        Box::new(Kpa::new(s.scn.profile.clone(), cfg)),
+        s.single.clone(),
+    )
 }
 
 /// Runs every prepared policy over the same requests, in parallel threads.

@@ -2,7 +2,7 @@
 //!
 //! `Signals → Policy::decide → Decision`: a policy is a state machine fed one [`Signals`] per
 //! tick. It keeps its own memory (forecaster, stabilisation history, panic deadline) and never
-//! touches the fleet: an actuator (the simulator's fleet, later the Kubernetes controller)
+//! touches the fleet: an actuator (the simulator's fleet, the Kubernetes controller, local mode)
 //! applies the [`Decision`].
 
 pub mod plan;

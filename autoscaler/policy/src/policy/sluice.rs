@@ -14,9 +14,10 @@ use serde::{Deserialize, Serialize};
 
 use super::plan::{self, VariantLimits};
 use super::Policy;
-use crate::capacity::{Planning, Slo, Workload};
+use crate::capacity::{Capacity, Planning, Slo, Workload};
 use crate::decision::{Decision, Demand, Mode, ReasonKind};
 use crate::forecast::Holt;
+use crate::mix::{self, Offer};
 use crate::profile::{CapacityType, Profile};
 use crate::signals::Signals;
 
@@ -236,52 +237,80 @@ impl Sluice {
     }
 }
 
-impl Policy for Sluice {
-    fn name(&self) -> &str {
-        "sluice"
+/// The demand a tick plans for, before a mix is chosen.
+#[derive(Debug, Clone, Copy)]
+struct Planned {
+    /// The arrival rate forecast over the start-up lead (0 until a full window was measured).
+    forecast: f64,
+    /// Extra rate to drain the queue.
+    backlog: f64,
+    /// What the fleet should serve: the base rate with headroom and margin, plus the backlog.
+    planned: f64,
+    /// Still measuring the first full window of arrivals.
+    warming: bool,
+}
+
+/// The lowest count a variant keeps: `min`, or `keep_warm` while traffic is recent.
+fn floor(l: &VariantLimits, idle: bool) -> u32 {
+    if idle {
+        l.min
+    } else {
+        l.min.max(l.keep_warm)
     }
+}
 
-    fn decide(&mut self, s: &Signals) -> Decision {
-        let t = s.time_s;
-        let mut d = Decision {
-            time_s: t,
-            model: s.model.clone(),
-            ..Decision::default()
-        };
-        let a = &s.arrivals;
+/// Requests/s the ready replicas serve at SLO.
+fn ready_capacity(s: &Signals, keys: &[(String, CapacityType)], caps: &[Capacity]) -> f64 {
+    keys.iter()
+        .enumerate()
+        .map(|(k, (n, c))| {
+            f64::from(s.variant(n, *c).map_or(0, |v| v.ready)) * caps[k / 2].requests_per_s
+        })
+        .sum()
+}
 
-        if a.requests_per_s > 0.0 || s.queue.waiting > 0 || s.queue.running > 0 {
-            self.last_traffic_s = t;
+impl Sluice {
+    /// Remembers when traffic was last seen and the latest request shape; whether the model
+    /// has been idle past the scale-to-zero delay.
+    fn note_traffic(&mut self, s: &Signals) -> bool {
+        if s.arrivals.requests_per_s > 0.0 || s.queue.waiting > 0 || s.queue.running > 0 {
+            self.last_traffic_s = s.time_s;
         }
         if let Some(w) = s.workload() {
             self.shape = Some(w);
         }
-        let limits = self.config.limits.clone();
-        let current = plan::current_counts(s, &limits);
-        let idle = t - self.last_traffic_s > self.config.scale_to_zero_after_s;
-        let floor = |l: &VariantLimits| if idle { l.min } else { l.min.max(l.keep_warm) };
-        let Some(w) = self.shape else {
-            // Nothing ever arrived: floors only.
-            let counts: Vec<u32> = plan::offer_keys(&limits)
-                .iter()
-                .enumerate()
-                .map(|(k, (_, c))| {
-                    if *c == CapacityType::OnDemand {
-                        floor(&limits[k / 2])
-                    } else {
-                        0
-                    }
-                })
-                .collect();
-            d.reason(ReasonKind::MinMax, None, "no traffic seen yet: floors only");
-            plan::fill_targets(&mut d, &self.profile, &limits, &counts);
-            return d;
-        };
-        self.update_margin(s, &mut d);
+        s.time_s - self.last_traffic_s > self.config.scale_to_zero_after_s
+    }
+
+    /// Nothing ever arrived: each variant's floor, on demand.
+    fn floors_only(&self, mut d: Decision, limits: &[VariantLimits], idle: bool) -> Decision {
+        let counts: Vec<u32> = plan::offer_keys(limits)
+            .iter()
+            .enumerate()
+            .map(|(k, (_, c))| {
+                if *c == CapacityType::OnDemand {
+                    floor(&limits[k / 2], idle)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        d.reason(ReasonKind::MinMax, None, "no traffic seen yet: floors only");
+        plan::fill_targets(&mut d, &self.profile, limits, &counts);
+        d
+    }
+
+    /// Each variant's capacity at SLO for the shape, divided by its latency margin.
+    fn capacities(
+        &self,
+        limits: &[VariantLimits],
+        w: &Workload,
+        d: &mut Decision,
+    ) -> Vec<Capacity> {
         let (mut caps, relaxed) = plan::capacities(
             &self.profile,
-            &limits,
-            &w,
+            limits,
+            w,
             &self.config.slo,
             &self.config.planning,
         );
@@ -304,17 +333,13 @@ impl Policy for Sluice {
                 "no variant meets the TTFT target for this prompt length; sized for TPOT only",
             );
         }
-        let keys = plan::offer_keys(&limits);
-        let ready_capacity: f64 = keys
-            .iter()
-            .enumerate()
-            .map(|(k, (n, c))| {
-                f64::from(s.variant(n, *c).map_or(0, |v| v.ready)) * caps[k / 2].requests_per_s
-            })
-            .sum();
+        caps
+    }
 
-        // Panic: a spike the long window has not caught up with, or a queue the ready fleet
-        // cannot drain soon.
+    /// Panic: a spike the long window has not caught up with, or a queue the ready fleet
+    /// cannot drain soon. Whether the policy is in panic now.
+    fn update_panic(&mut self, s: &Signals, ready_capacity: f64, d: &mut Decision) -> bool {
+        let (a, t) = (&s.arrivals, s.time_s);
         let spike = a.short_requests_per_s > self.config.panic_rate_ratio * ready_capacity;
         let queue_spike =
             s.queue.waiting as f64 > self.config.panic_queue_s * ready_capacity.max(1e-9);
@@ -331,9 +356,13 @@ impl Policy for Sluice {
             }
             self.panic_until = t + self.config.panic_window_s;
         }
-        let panic = t < self.panic_until;
-        d.mode = if panic { Mode::Panic } else { Mode::Stable };
+        t < self.panic_until
+    }
 
+    /// The rate to plan for: the larger of the observed and forecast rate (the short-window
+    /// rate too in panic), with headroom and margin, plus the backlog's drain rate.
+    fn plan_demand(&mut self, s: &Signals, panic: bool, idle: bool, d: &mut Decision) -> Planned {
+        let (a, t) = (&s.arrivals, s.time_s);
         let horizon = self.horizon_s();
         // A trend needs a full window of history before it means anything.
         let first = *self.first_seen_s.get_or_insert(t);
@@ -384,17 +413,26 @@ impl Policy for Sluice {
                 "idle past the scale-to-zero delay",
             );
         }
+        Planned {
+            forecast,
+            backlog,
+            planned,
+            warming: t - first < a.window_s,
+        }
+    }
 
-        let spot_ok = self.spot_allowed(s, &mut d);
+    /// Replicas per offer key that will serve: Spot replicas still pending in a stockout are
+    /// not coming, so the plan goes without them.
+    fn coming_counts(
+        &self,
+        s: &Signals,
+        limits: &[VariantLimits],
+        spot_ok: &HashMap<String, bool>,
+    ) -> Vec<u32> {
         let spot = self.config.spot;
-        let allow = |n: &str, c: CapacityType| match c {
-            CapacityType::Spot => spot && spot_ok.get(n).copied().unwrap_or(false),
-            CapacityType::OnDemand => !(spot && spot_ok.get(n).copied().unwrap_or(false)),
-        };
-        // Spot replicas still pending in a stockout are not coming: plan without them.
-        let current: Vec<u32> = keys
+        plan::offer_keys(limits)
             .iter()
-            .zip(&current)
+            .zip(&plan::current_counts(s, limits))
             .map(|((n, c), &k)| {
                 let stocked_out =
                     *c == CapacityType::Spot && spot && !spot_ok.get(n).copied().unwrap_or(false);
@@ -404,16 +442,24 @@ impl Policy for Sluice {
                     k
                 }
             })
-            .collect();
-        let offers = plan::offers(&self.profile, &limits, &caps, &current, allow, floor);
-        // Stabilisation (HPA's, on the planned demand rather than per variant, so a switch of
-        // mix is never half held back): up at once, down only to the highest demand planned
-        // within the window; in panic, not down at all; and not before a full window of
-        // arrivals has been measured (taking over a running fleet, the first rates are not yet
-        // rates).
-        let current_capacity = crate::mix::evaluate(&offers, &current).requests_per_s;
-        let warming = t - first < a.window_s;
-        let held_now = if panic || warming {
+            .collect()
+    }
+
+    /// Stabilisation (HPA's, on the planned demand rather than per variant, so a switch of
+    /// mix is never half held back): up at once, down only to the highest demand planned
+    /// within the window; in panic, not down at all; and not before a full window of arrivals
+    /// has been measured (taking over a running fleet, the first rates are not yet rates).
+    /// The demand the mix is sized for.
+    fn stabilise(
+        &mut self,
+        t: f64,
+        p: &Planned,
+        current_capacity: f64,
+        panic: bool,
+        d: &mut Decision,
+    ) -> f64 {
+        let planned = p.planned;
+        let held_now = if panic || p.warming {
             planned.max(current_capacity)
         } else {
             planned
@@ -444,7 +490,7 @@ impl Policy for Sluice {
                     planned,
                     if panic {
                         ": panic, no scale-down"
-                    } else if warming {
+                    } else if p.warming {
                         ": still measuring the first window"
                     } else {
                         " for the scale-down window"
@@ -452,10 +498,25 @@ impl Policy for Sluice {
                 ),
             );
         }
-        let startup = plan::startup_times(&self.profile, &limits);
+        stable
+    }
+
+    /// The replicas per offer key for `stable` req/s: the cheapest mix (or the current one
+    /// when switching pays back too slowly), keeping ready replicas until their
+    /// replacements are ready.
+    fn choose_counts(
+        &self,
+        s: &Signals,
+        limits: &[VariantLimits],
+        offers: &[Offer],
+        current: &[u32],
+        stable: f64,
+        d: &mut Decision,
+    ) -> Vec<u32> {
+        let startup = plan::startup_times(&self.profile, limits);
         let (mix, why) = plan::keep_or_switch(
-            &offers,
-            &current,
+            offers,
+            current,
             stable,
             &startup,
             self.config.switch_amortise_s,
@@ -476,23 +537,65 @@ impl Policy for Sluice {
             );
         }
         let mut counts = mix.counts.clone();
-        let ready = plan::ready_counts(s, &limits);
-        if plan::make_before_break(&offers, &current, &ready, &mut counts, stable) {
+        let ready = plan::ready_counts(s, limits);
+        if plan::make_before_break(offers, current, &ready, &mut counts, stable) {
             d.reason(
                 ReasonKind::Stabilisation,
                 None,
                 "keeping ready replicas until their replacements are ready",
             );
         }
+        counts
+    }
+}
+
+impl Policy for Sluice {
+    fn name(&self) -> &str {
+        "sluice"
+    }
+
+    /// One tick: traffic and shape → capacity per variant → panic → planned demand → Spot
+    /// availability → offers → stabilised demand → the mix → targets.
+    fn decide(&mut self, s: &Signals) -> Decision {
+        let mut d = Decision {
+            time_s: s.time_s,
+            model: s.model.clone(),
+            ..Decision::default()
+        };
+        let idle = self.note_traffic(s);
+        let limits = self.config.limits.clone();
+        let Some(w) = self.shape else {
+            return self.floors_only(d, &limits, idle);
+        };
+        self.update_margin(s, &mut d);
+        let caps = self.capacities(&limits, &w, &mut d);
+        let keys = plan::offer_keys(&limits);
+        let panic = self.update_panic(s, ready_capacity(s, &keys, &caps), &mut d);
+        d.mode = if panic { Mode::Panic } else { Mode::Stable };
+        let p = self.plan_demand(s, panic, idle, &mut d);
+        let spot_ok = self.spot_allowed(s, &mut d);
+        let spot = self.config.spot;
+        let allow = |n: &str, c: CapacityType| match c {
+            CapacityType::Spot => spot && spot_ok.get(n).copied().unwrap_or(false),
+            CapacityType::OnDemand => !(spot && spot_ok.get(n).copied().unwrap_or(false)),
+        };
+        let current = self.coming_counts(s, &limits, &spot_ok);
+        let offers = plan::offers(&self.profile, &limits, &caps, &current, allow, |l| {
+            floor(l, idle)
+        });
+        let current_capacity = mix::evaluate(&offers, &current).requests_per_s;
+        let stable = self.stabilise(s.time_s, &p, current_capacity, panic, &mut d);
+        let counts = self.choose_counts(s, &limits, &offers, &current, stable, &mut d);
+        let chosen = mix::evaluate(&offers, &counts);
         d.demand = Demand {
-            observed_requests_per_s: a.requests_per_s,
-            forecast_requests_per_s: forecast,
-            backlog_requests_per_s: backlog,
-            planned_requests_per_s: planned,
+            observed_requests_per_s: s.arrivals.requests_per_s,
+            forecast_requests_per_s: p.forecast,
+            backlog_requests_per_s: p.backlog,
+            planned_requests_per_s: p.planned,
             mean_prompt_tokens: w.mean_prompt_tokens,
             mean_output_tokens: w.mean_output_tokens,
-            capacity_requests_per_s: crate::mix::evaluate(&offers, &counts).requests_per_s,
-            cost_per_hour: crate::mix::evaluate(&offers, &counts).cost_per_hour,
+            capacity_requests_per_s: chosen.requests_per_s,
+            cost_per_hour: chosen.cost_per_hour,
         };
         plan::fill_targets(&mut d, &self.profile, &limits, &counts);
         d

@@ -3,13 +3,13 @@
 
 use std::path::PathBuf;
 
-use sluice_autoscaler::profile::Profile;
-use sluice_autoscaler::report::{self, Summary};
-use sluice_autoscaler::scenario::{self, Scenario, POLICIES};
-use sluice_autoscaler::trace;
+use sluice_policy::profile::Profile;
+use sluice_sim::report::{self, Summary};
+use sluice_sim::scenario::{self, Scenario, POLICIES};
+use sluice_sim::trace;
 
 fn traces() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/traces")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/traces")
 }
 
 fn run(file: &str, rate_scale: f64) -> Vec<(String, Summary)> {

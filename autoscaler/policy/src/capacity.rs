@@ -71,6 +71,15 @@ impl Workload {
     }
 }
 
+/// Squared coefficient of variation from a count, a sum and a sum of squares.
+pub fn cv2(n: f64, sum: f64, sum_sq: f64) -> f64 {
+    if n < 2.0 || sum <= 0.0 {
+        return 0.0;
+    }
+    let mean = sum / n;
+    (sum_sq / n / (mean * mean) - 1.0).max(0.0)
+}
+
 /// What bound a variant's capacity.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -172,45 +181,22 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
     let lambda_tpot = (t - alpha) / (t * (prefill_s + beta * out));
     // At the KV bound the batch is fixed, TPOT falls below `t`.
     let lambda_kv = 1.0 / (out * (alpha + beta * b_kv) / b_kv + prefill_s);
-    // M/G/1 prefill queue: mean wait ρS(1 + C²)/(2(1−ρ)) plus service S within the TTFT
-    // budget, C² the prompts' squared coefficient of variation. When
-    // the service alone nearly fills the budget, queueing is not what makes first tokens late
-    // and more replicas would not help: prefill utilisation is never planned below one half
-    // (where the mean wait is S/2), so capacity does not collapse to zero as prompts approach
-    // the budget.
-    let k = (ttft_budget - prefill_s) / prefill_s.max(1e-9);
-    let spread = 1.0 + w.prompt_cv2.max(0.0);
-    let rho_max = (2.0 * k / (spread + 2.0 * k)).clamp(MIN_PREFILL_UTILISATION, 1.0);
-    let lambda_prefill = if prefill_s > 0.0 {
-        rho_max / prefill_s
+    let lambda_prefill = prefill_rate(prefill_s, ttft_budget, w.prompt_cv2);
+    // What caps the batch when it is fixed below the TPOT batch.
+    let kv_bound = if b_kv >= b_step {
+        Bound::Tpot
+    } else if b_kv >= f64::from(p.max_num_seqs) {
+        Bound::MaxSeqs
     } else {
-        f64::INFINITY
+        Bound::KvCache
     };
-    let (lambda, bound) = [
+    let (lambda, bound) = lowest([
         (lambda_tpot, Bound::Tpot),
-        (
-            lambda_kv,
-            if b_kv >= b_step {
-                Bound::Tpot
-            } else if b_kv >= f64::from(p.max_num_seqs) {
-                Bound::MaxSeqs
-            } else {
-                Bound::KvCache
-            },
-        ),
+        (lambda_kv, kv_bound),
         (lambda_prefill, Bound::Prefill),
-    ]
-    .into_iter()
-    .fold((f64::INFINITY, Bound::Tpot), |acc, x| {
-        if x.0 < acc.0 {
-            x
-        } else {
-            acc
-        }
-    });
-    let u_prefill = lambda * prefill_s;
+    ]);
     // Solve b = λ·O·(α + βb)/(1 − u) for the batch at this rate.
-    let share = (1.0 - u_prefill).max(1e-9);
+    let share = (1.0 - lambda * prefill_s).max(1e-9);
     let denom = share - lambda * out * beta;
     let batch = if denom > 0.0 {
         lambda * out * alpha / denom
@@ -224,6 +210,36 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
         batch,
         tpot_s,
         bound,
+    }
+}
+
+/// The lowest rate and what bounds it; the first on a tie.
+fn lowest(rates: [(f64, Bound); 3]) -> (f64, Bound) {
+    rates
+        .into_iter()
+        .fold((f64::INFINITY, Bound::Tpot), |acc, x| {
+            if x.0 < acc.0 {
+                x
+            } else {
+                acc
+            }
+        })
+}
+
+/// The arrival rate one replica's prefill serves within the TTFT budget. An M/G/1 prefill
+/// queue: mean wait ρS(1 + C²)/(2(1−ρ)) plus service S within the budget, C² the prompts'
+/// squared coefficient of variation. When the service alone nearly fills the budget, queueing
+/// is not what makes first tokens late and more replicas would not help: prefill utilisation
+/// is never planned below one half (where the mean wait is S/2), so capacity does not collapse
+/// to zero as prompts approach the budget.
+fn prefill_rate(prefill_s: f64, ttft_budget: f64, prompt_cv2: f64) -> f64 {
+    let k = (ttft_budget - prefill_s) / prefill_s.max(1e-9);
+    let spread = 1.0 + prompt_cv2.max(0.0);
+    let rho_max = (2.0 * k / (spread + 2.0 * k)).clamp(MIN_PREFILL_UTILISATION, 1.0);
+    if prefill_s > 0.0 {
+        rho_max / prefill_s
+    } else {
+        f64::INFINITY
     }
 }
 

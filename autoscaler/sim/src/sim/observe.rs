@@ -4,10 +4,12 @@
 
 use std::collections::VecDeque;
 
-use crate::signals::{Arrivals, Latency, PoolSignals, Queue, Signals, VariantSignals};
+use sluice_policy::capacity::cv2;
+use sluice_policy::signals::{Arrivals, Latency, PoolSignals, Queue, Signals, VariantSignals};
+use sluice_policy::timeline::Request;
+
 use crate::sim::fleet::Fleet;
 use crate::sim::replica::Phase;
-use crate::trace::Request;
 
 /// CPU utilisation of a GPU replica's container: the engine's scheduler loop keeps about one
 /// of the four requested cores busy whether it batches one sequence or two hundred, and
@@ -27,15 +29,6 @@ pub struct Observer {
     output_sum: f64,
     ttft: VecDeque<(f64, f64, usize)>,
     tpot: VecDeque<(f64, f64, usize)>,
-}
-
-/// Squared coefficient of variation from a count, a sum and a sum of squares.
-pub fn cv2(n: f64, sum: f64, sum_sq: f64) -> f64 {
-    if n < 2.0 || sum <= 0.0 {
-        return 0.0;
-    }
-    let mean = sum / n;
-    (sum_sq / n / (mean * mean) - 1.0).max(0.0)
 }
 
 fn percentile(xs: &mut [f64], q: f64) -> Option<f64> {
@@ -110,6 +103,37 @@ impl Observer {
         preempted: &[u32],
     ) -> Signals {
         self.expire(now);
+        let mut running = 0u64;
+        let mut variants = Vec::new();
+        let mut pools = Vec::new();
+        // One entry per pool key, as `preempted` has.
+        for (key, &preempted) in preempted.iter().enumerate() {
+            let (vs, seqs) = self.variant(fleet, key, preempted, now);
+            running += seqs;
+            variants.push(vs);
+            pools.push(pool_signals(fleet, key, now));
+        }
+        let waiting_prompt_tokens = waiting
+            .iter()
+            .map(|&i| u64::from(requests[i as usize].prompt_tokens))
+            .sum();
+        Signals {
+            time_s: now,
+            model: model.to_string(),
+            arrivals: self.arrivals(now),
+            queue: Queue {
+                waiting: waiting.len() as u64,
+                waiting_prompt_tokens,
+                running,
+            },
+            latency: self.latency(),
+            variants,
+            pools,
+        }
+    }
+
+    /// Arrival rates and shape over the windows ending at `now`.
+    fn arrivals(&self, now: f64) -> Arrivals {
         let span = self.window_s.min(now.max(self.short_window_s));
         let n = self.arrivals.len() as f64;
         let short = self
@@ -118,7 +142,7 @@ impl Observer {
             .rev()
             .take_while(|&&(t, _, _)| t >= now - self.short_window_s)
             .count() as f64;
-        let arrivals = Arrivals {
+        Arrivals {
             window_s: self.window_s,
             requests_per_s: n / span,
             prompt_tokens_per_s: self.prompt_sum.max(0.0) / span,
@@ -132,115 +156,106 @@ impl Observer {
                 .max()
                 .unwrap_or(0),
             prompt_tokens_cv2: cv2(n, self.prompt_sum, self.prompt_sq_sum),
-        };
+        }
+    }
+
+    /// Fleet-wide latency percentiles over the latency window.
+    fn latency(&self) -> Latency {
         let mut ttft: Vec<f64> = self.ttft.iter().map(|&(_, x, _)| x).collect();
         let mut tpot: Vec<f64> = self.tpot.iter().map(|&(_, x, _)| x).collect();
-        let latency = Latency {
+        Latency {
             window_s: self.latency_window_s,
             ttft_p50_s: percentile(&mut ttft, 0.5),
             ttft_p99_s: percentile(&mut ttft, 0.99),
             tpot_p50_s: percentile(&mut tpot, 0.5),
             tpot_p99_s: percentile(&mut tpot, 0.99),
+        }
+    }
+
+    /// Pool `key`'s replicas by phase, their load and latency; and the sequences it runs.
+    fn variant(
+        &self,
+        fleet: &Fleet,
+        key: usize,
+        preempted: u32,
+        now: f64,
+    ) -> (VariantSignals, u64) {
+        let pool = &fleet.pools[key];
+        let p99 = |xs: &VecDeque<(f64, f64, usize)>| {
+            percentile(
+                &mut xs
+                    .iter()
+                    .filter(|e| e.2 == key)
+                    .map(|e| e.1)
+                    .collect::<Vec<_>>(),
+                0.99,
+            )
         };
-        let mut running = 0u64;
-        let mut variants = Vec::new();
-        let mut pools = Vec::new();
-        for (key, pool) in fleet.pools.iter().enumerate() {
-            let mut vs = VariantSignals {
-                variant: pool.variant.name.clone(),
-                capacity: pool.capacity,
-                preempted: preempted[key],
-                ttft_p99_s: percentile(
-                    &mut self
-                        .ttft
-                        .iter()
-                        .filter(|e| e.2 == key)
-                        .map(|e| e.1)
-                        .collect::<Vec<_>>(),
-                    0.99,
-                ),
-                tpot_p99_s: percentile(
-                    &mut self
-                        .tpot
-                        .iter()
-                        .filter(|e| e.2 == key)
-                        .map(|e| e.1)
-                        .collect::<Vec<_>>(),
-                    0.99,
-                ),
-                ..VariantSignals::default()
-            };
-            let (mut seqs, mut prefilling, mut kv, mut cpu) = (0usize, 0usize, 0.0, 0.0);
-            for r in fleet.replicas.iter().filter(|r| r.key == key) {
-                match r.phase {
-                    Phase::Ready => {
-                        vs.ready += 1;
-                        seqs += r.seqs();
-                        prefilling += r.prefilling();
-                        kv += r.kv_usage();
-                        cpu += cpu_utilisation(r.seqs(), r.max_seqs());
-                    }
-                    Phase::Starting { .. } => {
-                        if fleet.nodes[r.node].ready_s > now {
-                            vs.pending += 1;
-                            let age = now - fleet.nodes[r.node].created_s;
-                            vs.oldest_pending_s = vs.oldest_pending_s.max(age);
-                        } else {
-                            vs.starting += 1;
-                        }
-                    }
-                    Phase::Draining => {
-                        vs.draining += 1;
-                        seqs += r.seqs();
-                    }
-                    Phase::Gone => {}
+        let mut vs = VariantSignals {
+            variant: pool.variant.name.clone(),
+            capacity: pool.capacity,
+            preempted,
+            ttft_p99_s: p99(&self.ttft),
+            tpot_p99_s: p99(&self.tpot),
+            ..VariantSignals::default()
+        };
+        let (mut seqs, mut prefilling, mut kv, mut cpu) = (0usize, 0usize, 0.0, 0.0);
+        for r in fleet.replicas.iter().filter(|r| r.key == key) {
+            match r.phase {
+                Phase::Ready => {
+                    vs.ready += 1;
+                    seqs += r.seqs();
+                    prefilling += r.prefilling();
+                    kv += r.kv_usage();
+                    cpu += cpu_utilisation(r.seqs(), r.max_seqs());
                 }
-            }
-            running += seqs as u64;
-            if vs.ready > 0 {
-                let n = f64::from(vs.ready);
-                vs.running_per_replica = (seqs - prefilling.min(seqs)) as f64 / n;
-                vs.waiting_per_replica = prefilling as f64 / n;
-                vs.kv_cache_usage = kv / n;
-                vs.cpu_utilisation = cpu / n;
-            }
-            let live_nodes = fleet
-                .nodes
-                .iter()
-                .filter(|n| n.key == key && n.released_s.is_none());
-            let (mut nodes, mut provisioning) = (0, 0);
-            for n in live_nodes {
-                if n.ready_s > now {
-                    provisioning += 1;
-                } else {
-                    nodes += 1;
+                Phase::Starting { .. } => {
+                    if fleet.nodes[r.node].ready_s > now {
+                        vs.pending += 1;
+                        let age = now - fleet.nodes[r.node].created_s;
+                        vs.oldest_pending_s = vs.oldest_pending_s.max(age);
+                    } else {
+                        vs.starting += 1;
+                    }
                 }
+                Phase::Draining => {
+                    vs.draining += 1;
+                    seqs += r.seqs();
+                }
+                Phase::Gone => {}
             }
-            pools.push(PoolSignals {
-                pool: format!("{}-{}", pool.variant.name, pool.capacity.as_str()),
-                variant: pool.variant.name.clone(),
-                capacity: pool.capacity,
-                nodes,
-                provisioning,
-            });
-            variants.push(vs);
         }
-        let waiting_prompt_tokens = waiting
-            .iter()
-            .map(|&i| u64::from(requests[i as usize].prompt_tokens))
-            .sum();
-        Signals {
-            time_s: now,
-            model: model.to_string(),
-            arrivals,
-            queue: Queue {
-                waiting: waiting.len() as u64,
-                waiting_prompt_tokens,
-                running,
-            },
-            latency,
-            variants,
-            pools,
+        if vs.ready > 0 {
+            let n = f64::from(vs.ready);
+            vs.running_per_replica = (seqs - prefilling.min(seqs)) as f64 / n;
+            vs.waiting_per_replica = prefilling as f64 / n;
+            vs.kv_cache_usage = kv / n;
+            vs.cpu_utilisation = cpu / n;
         }
+        (vs, seqs as u64)
+    }
+}
+
+/// Pool `key`'s live nodes: up, and still provisioning.
+fn pool_signals(fleet: &Fleet, key: usize, now: f64) -> PoolSignals {
+    let pool = &fleet.pools[key];
+    let live_nodes = fleet
+        .nodes
+        .iter()
+        .filter(|n| n.key == key && n.released_s.is_none());
+    let (mut nodes, mut provisioning) = (0, 0);
+    for n in live_nodes {
+        if n.ready_s > now {
+            provisioning += 1;
+        } else {
+            nodes += 1;
+        }
+    }
+    PoolSignals {
+        pool: format!("{}-{}", pool.variant.name, pool.capacity.as_str()),
+        variant: pool.variant.name.clone(),
+        capacity: pool.capacity,
+        nodes,
+        provisioning,
     }
 }

@@ -4,7 +4,7 @@
 //! - [`replica`]: one replica's batching in closed form between events.
 //! - [`fleet`]: nodes, replicas, start-up delays, billing; the simulator's actuator.
 //! - [`gateway`]: the central queue and least-load routing.
-//! - [`observe`]: the windows that become each tick's [`Signals`](crate::signals::Signals).
+//! - [`observe`]: the windows that become each tick's [`Signals`](sluice_policy::signals::Signals).
 //! - [`run`](self::run()): the event loop.
 //!
 //! Events are arrivals (read in order from the trace), replica completions (one pending per
@@ -23,12 +23,13 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::capacity::{self, Planning, Slo};
-use crate::decision::Decision;
-use crate::policy::plan::offer_keys;
-use crate::policy::{Policy, VariantLimits};
-use crate::profile::{CapacityType, Profile};
-use crate::trace::Request;
+use sluice_policy::capacity::{self, Planning, Slo};
+use sluice_policy::decision::Decision;
+use sluice_policy::policy::plan::offer_keys;
+use sluice_policy::policy::{Policy, VariantLimits};
+use sluice_policy::profile::{CapacityType, Profile};
+use sluice_policy::timeline::Request;
+
 use fleet::{Fleet, Pool};
 use gateway::Gateway;
 use observe::Observer;
@@ -154,6 +155,9 @@ struct Sim<'a> {
     weights: Vec<f64>,
     slo: Slo,
     planning: Planning,
+    model: String,
+    /// The profile's variants, in the samples' order.
+    variants: Vec<String>,
 }
 
 impl Sim<'_> {
@@ -246,7 +250,7 @@ impl Sim<'_> {
         applied.changed_keys
     }
 
-    fn update_weights(&mut self, s: &crate::signals::Signals) {
+    fn update_weights(&mut self, s: &sluice_policy::signals::Signals) {
         let Some(w) = s.workload() else {
             return;
         };
@@ -309,6 +313,172 @@ impl Sim<'_> {
     }
 }
 
+/// What a run counts besides the fleet's own books.
+#[derive(Debug, Default)]
+struct Tally {
+    scale_events: usize,
+    samples: Vec<Sample>,
+    last_decision: Option<Decision>,
+}
+
+/// Requests no replica can hold: longer than the largest KV cache or the model's context.
+#[derive(Debug, Clone, Copy)]
+struct Fit {
+    max_kv: u64,
+    max_context: u64,
+}
+
+impl Fit {
+    fn of(profile: &Profile) -> Fit {
+        Fit {
+            max_kv: profile
+                .variants
+                .iter()
+                .map(|v| v.perf.kv_cache_tokens)
+                .max()
+                .unwrap_or(0),
+            max_context: profile.model.max_context_tokens,
+        }
+    }
+
+    fn holds(&self, r: &Request) -> bool {
+        let total = u64::from(r.prompt_tokens) + u64::from(r.output_tokens);
+        total <= self.max_kv && total <= self.max_context
+    }
+}
+
+impl<'a> Sim<'a> {
+    /// A simulator over `requests` with `initial` ready replicas per pool key.
+    fn new(
+        cfg: &'a SimConfig,
+        profile: &Profile,
+        slo: &Slo,
+        planning: &Planning,
+        requests: &'a [Request],
+        initial: &[u32],
+    ) -> Sim<'a> {
+        let (_, pools) = pools(profile);
+        let keys = pools.len();
+        let mut sim = Sim {
+            cfg,
+            requests,
+            fleet: Fleet::new(pools),
+            gateway: Gateway::default(),
+            observer: Observer::new(cfg.window_s, cfg.short_window_s, cfg.latency_window_s),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            outcomes: requests
+                .iter()
+                .map(|r| Outcome {
+                    arrival_s: r.arrival_s,
+                    ttft_s: None,
+                    tpot_s: None,
+                    failed: false,
+                })
+                .collect(),
+            first_token: vec![0.0; requests.len()],
+            active: Vec::new(),
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            preempted: vec![0; keys],
+            spot_preemptions: 0,
+            progress: Vec::new(),
+            settled: 0,
+            weights: vec![1.0; keys],
+            slo: *slo,
+            planning: *planning,
+            model: profile.model.name.clone(),
+            variants: profile.variant_names(),
+        };
+        let mut applied = fleet::Applied::default();
+        for (key, &n) in initial.iter().enumerate() {
+            for _ in 0..n {
+                let id = sim.fleet.add_replica(key, 0.0, true, &mut applied);
+                sim.active.push(id);
+            }
+        }
+        for &node in &applied.new_nodes {
+            sim.maybe_preempt(node, 0.0);
+        }
+        sim
+    }
+
+    /// Request `next` arrives: refused if no replica holds it, else queued at the gateway.
+    fn on_arrival(&mut self, next: usize, fit: &Fit) -> f64 {
+        let r = &self.requests[next];
+        let now = r.arrival_s;
+        self.observer.on_arrival(now, r);
+        if fit.holds(r) {
+            self.gateway.push(next as u32);
+        } else {
+            self.outcomes[next].failed = true;
+            self.settled += 1;
+        }
+        self.dispatch(now);
+        now
+    }
+
+    /// A fleet event (not a tick) at `now`.
+    fn on_event(&mut self, kind: Kind, now: f64) {
+        match kind {
+            Kind::Ready(id) => {
+                if matches!(self.fleet.replicas[id].phase, Phase::Starting { .. }) {
+                    self.fleet.replicas[id].phase = Phase::Ready;
+                    self.fleet.replicas[id].advance(now);
+                }
+                self.dispatch(now);
+            }
+            Kind::Step(id, epoch) => {
+                if self.fleet.replicas[id].epoch == epoch
+                    && self.fleet.replicas[id].phase != Phase::Gone
+                {
+                    self.on_step(id, now);
+                    self.dispatch(now);
+                }
+            }
+            Kind::SpotNotice(node) => self.on_spot_notice(node, now),
+            Kind::SpotKill(node) => {
+                self.on_spot_kill(node, now);
+                self.dispatch(now);
+            }
+            Kind::Tick => unreachable!("ticks are the policy's, handled by on_tick"),
+        }
+    }
+
+    /// A policy tick: signals, the decision applied, a sample. False once every request has
+    /// arrived and settled (the run is over).
+    fn on_tick(
+        &mut self,
+        now: f64,
+        all_arrived: bool,
+        policy: &mut dyn Policy,
+        tally: &mut Tally,
+    ) -> bool {
+        let fleet = &self.fleet;
+        self.active
+            .retain(|&id| fleet.replicas[id].phase != Phase::Gone);
+        if all_arrived && self.settled == self.requests.len() {
+            return false;
+        }
+        let signals = self.observer.signals(
+            now,
+            &self.model,
+            &self.fleet,
+            self.gateway.waiting(),
+            self.requests,
+            &self.preempted,
+        );
+        self.preempted.iter_mut().for_each(|p| *p = 0);
+        self.update_weights(&signals);
+        let d = policy.decide(&signals);
+        tally.scale_events += self.apply(&d, now);
+        tally.samples.push(sample(&self.variants, &signals, now));
+        tally.last_decision = Some(d);
+        self.dispatch(now);
+        self.push(now + self.cfg.tick_s, Kind::Tick);
+        true
+    }
+}
+
 /// Runs one policy over the requests. `initial` is the fleet at time zero per pool key (ready:
 /// the trace is a window cut from a running service).
 pub fn run(
@@ -320,61 +490,12 @@ pub fn run(
     policy: &mut dyn Policy,
     initial: &[u32],
 ) -> Run {
-    let (_, pools) = pools(profile);
-    let keys = pools.len();
-    let variants = profile.variant_names();
-    let mut sim = Sim {
-        cfg,
-        requests,
-        fleet: Fleet::new(pools),
-        gateway: Gateway::default(),
-        observer: Observer::new(cfg.window_s, cfg.short_window_s, cfg.latency_window_s),
-        heap: BinaryHeap::new(),
-        seq: 0,
-        outcomes: requests
-            .iter()
-            .map(|r| Outcome {
-                arrival_s: r.arrival_s,
-                ttft_s: None,
-                tpot_s: None,
-                failed: false,
-            })
-            .collect(),
-        first_token: vec![0.0; requests.len()],
-        active: Vec::new(),
-        rng: ChaCha8Rng::seed_from_u64(cfg.seed),
-        preempted: vec![0; keys],
-        spot_preemptions: 0,
-        progress: Vec::new(),
-        settled: 0,
-        weights: vec![1.0; keys],
-        slo: *slo,
-        planning: *planning,
-    };
-    let mut applied = fleet::Applied::default();
-    for (key, &n) in initial.iter().enumerate() {
-        for _ in 0..n {
-            let id = sim.fleet.add_replica(key, 0.0, true, &mut applied);
-            sim.active.push(id);
-        }
-    }
-    for &node in &applied.new_nodes {
-        sim.maybe_preempt(node, 0.0);
-    }
-    let max_fit = profile
-        .variants
-        .iter()
-        .map(|v| v.perf.kv_cache_tokens)
-        .max()
-        .unwrap_or(0);
-    let max_context = profile.model.max_context_tokens;
-    let last_arrival = requests.last().map_or(0.0, |r| r.arrival_s);
-    let deadline = last_arrival + cfg.max_drain_s;
+    let mut sim = Sim::new(cfg, profile, slo, planning, requests, initial);
+    let fit = Fit::of(profile);
+    let deadline = requests.last().map_or(0.0, |r| r.arrival_s) + cfg.max_drain_s;
     sim.push(0.0, Kind::Tick);
     let mut next = 0usize;
-    let mut scale_events = 0;
-    let mut samples = Vec::new();
-    let mut last_decision = None;
+    let mut tally = Tally::default();
     let mut now = 0.0;
     loop {
         let next_arrival = requests.get(next).map(|r| r.arrival_s);
@@ -386,18 +507,8 @@ pub fn run(
             (None, None) => break,
         };
         if take_arrival {
-            let r = &requests[next];
-            now = r.arrival_s;
-            sim.observer.on_arrival(now, r);
-            let total = u64::from(r.prompt_tokens) + u64::from(r.output_tokens);
-            if total > max_fit || total > max_context {
-                sim.outcomes[next].failed = true;
-                sim.settled += 1;
-            } else {
-                sim.gateway.push(next as u32);
-            }
+            now = sim.on_arrival(next, &fit);
             next += 1;
-            sim.dispatch(now);
             continue;
         }
         let Reverse((t, _, kind)) = sim.heap.pop().expect("peeked");
@@ -405,72 +516,30 @@ pub fn run(
         if now > deadline {
             break;
         }
-        match kind {
-            Kind::Ready(id) => {
-                if matches!(sim.fleet.replicas[id].phase, Phase::Starting { .. }) {
-                    sim.fleet.replicas[id].phase = Phase::Ready;
-                    sim.fleet.replicas[id].advance(now);
-                }
-                sim.dispatch(now);
-            }
-            Kind::Step(id, epoch) => {
-                if sim.fleet.replicas[id].epoch == epoch
-                    && sim.fleet.replicas[id].phase != Phase::Gone
-                {
-                    sim.on_step(id, now);
-                    sim.dispatch(now);
-                }
-            }
-            Kind::SpotNotice(node) => sim.on_spot_notice(node, now),
-            Kind::SpotKill(node) => {
-                sim.on_spot_kill(node, now);
-                sim.dispatch(now);
-            }
-            Kind::Tick => {
-                sim.active
-                    .retain(|&id| sim.fleet.replicas[id].phase != Phase::Gone);
-                let done = next == requests.len() && sim.settled == requests.len();
-                if done {
-                    break;
-                }
-                let signals = sim.observer.signals(
-                    now,
-                    &profile.model.name,
-                    &sim.fleet,
-                    sim.gateway.waiting(),
-                    requests,
-                    &sim.preempted,
-                );
-                sim.preempted.iter_mut().for_each(|p| *p = 0);
-                sim.update_weights(&signals);
-                let d = policy.decide(&signals);
-                scale_events += sim.apply(&d, now);
-                samples.push(sample(&variants, &signals, now));
-                last_decision = Some(d);
-                sim.dispatch(now);
-                sim.push(now + cfg.tick_s, Kind::Tick);
-            }
+        if kind != Kind::Tick {
+            sim.on_event(kind, now);
+        } else if !sim.on_tick(now, next == requests.len(), policy, &mut tally) {
+            break;
         }
     }
     let end_s = now.min(deadline);
     sim.fleet.close(end_s);
-    let replicas_started = sim.fleet.replicas.len();
     Run {
         policy: policy.name().to_string(),
+        replicas_started: sim.fleet.replicas.len(),
         outcomes: sim.outcomes,
         cost_usd: sim.fleet.billing.cost_usd,
         gpu_hours: sim.fleet.billing.gpu_hours,
-        scale_events,
-        replicas_started,
+        scale_events: tally.scale_events,
         spot_preemptions: sim.spot_preemptions,
         end_s,
-        samples,
-        variants,
-        last_decision,
+        samples: tally.samples,
+        variants: sim.variants,
+        last_decision: tally.last_decision,
     }
 }
 
-fn sample(variants: &[String], s: &crate::signals::Signals, now: f64) -> Sample {
+fn sample(variants: &[String], s: &sluice_policy::signals::Signals, now: f64) -> Sample {
     let mut ready = vec![0; variants.len()];
     let mut starting = vec![0; variants.len()];
     for v in &s.variants {

@@ -13,8 +13,8 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 
-use crate::profile::Variant;
-use crate::trace::Request;
+use sluice_policy::profile::Variant;
+use sluice_policy::timeline::Request;
 
 /// Where a replica is in its life.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -22,7 +22,7 @@ use crate::policy::plan::{self, VariantLimits};
 use crate::policy::Policy;
 use crate::profile::{CapacityType, Profile};
 use crate::signals::Signals;
-use crate::trace::Timeline;
+use crate::timeline::Timeline;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct OracleConfig {
@@ -67,7 +67,7 @@ impl Oracle {
 
 /// What sizing a fleet needs besides the demand.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Sizing<'a> {
+pub struct Sizing<'a> {
     pub profile: &'a Profile,
     pub limits: &'a [VariantLimits],
     pub slo: &'a Slo,
@@ -76,7 +76,7 @@ pub(crate) struct Sizing<'a> {
 
 /// The most demanding sliding window in `[from, to]`: its rate and shape, judged by replicas of
 /// the most efficient variant it would need.
-pub(crate) fn peak_window(
+pub fn peak_window(
     sizing: Sizing<'_>,
     timeline: &Timeline,
     window_s: f64,

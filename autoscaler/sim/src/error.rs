@@ -1,43 +1,21 @@
-//! The library's one error type.
+//! The simulator's error type: traces, scenarios, reports and plots.
 
 use std::path::PathBuf;
 
-/// Everything that can go wrong in the library: reading profiles and traces, and scenarios
-/// that cannot be simulated. Each variant names what it was reading, so a message says where.
+/// Everything that can go wrong in the simulator: reading traces and profiles, scenarios that
+/// cannot be simulated, writing the results. Each variant names what it was reading, so a
+/// message says where.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A file could not be read.
+    /// A profile could not be loaded (its message is the policy crate's).
+    #[error(transparent)]
+    Profile(#[from] sluice_policy::Error),
+    /// A trace file could not be read.
     #[error("cannot read {path}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
-    },
-    /// A profile is not valid TOML for [`crate::profile::Profile`].
-    #[error("profile {name} is not valid")]
-    ProfileToml {
-        name: String,
-        #[source]
-        source: toml::de::Error,
-    },
-    /// A profile parsed but one of its figures makes no sense.
-    #[error("profile {profile}, variant {variant}: {message}")]
-    ProfileInvalid {
-        profile: String,
-        variant: String,
-        message: String,
-    },
-    /// No built-in profile has that name, and it is not a file either.
-    #[error(
-        "unknown profile {0:?} (built in: llama-3-8b, cpu, cpu-local; or a path to a TOML file)"
-    )]
-    UnknownProfile(String),
-    /// A variant named on the command line or in a scenario is not in the profile.
-    #[error("variant {variant:?} is not in profile {profile} (it has: {known})")]
-    UnknownVariant {
-        variant: String,
-        profile: String,
-        known: String,
     },
     /// A trace line could not be parsed.
     #[error("{path}, line {line}: {message}")]
@@ -75,5 +53,5 @@ pub enum Error {
     Json(#[source] serde_json::Error),
 }
 
-/// The library's result type.
+/// The simulator's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -13,9 +13,9 @@ use crate::error::{Error, Result};
 
 /// The profiles shipped in `autoscaler/profiles/`, by name.
 const BUILT_IN: &[(&str, &str)] = &[
-    ("llama-3-8b", include_str!("../profiles/llama-3-8b.toml")),
-    ("cpu", include_str!("../profiles/cpu.toml")),
-    ("cpu-local", include_str!("../profiles/cpu-local.toml")),
+    ("llama-3-8b", include_str!("../../profiles/llama-3-8b.toml")),
+    ("cpu", include_str!("../../profiles/cpu.toml")),
+    ("cpu-local", include_str!("../../profiles/cpu-local.toml")),
 ];
 
 /// One model and the variants it can be served on.
@@ -88,6 +88,11 @@ pub struct Startup {
 /// How capacity is bought: Spot is cheaper and can be taken back with short notice.
 #[derive(
     Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(description = "Spot or on-demand capacity.")
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum CapacityType {
@@ -272,8 +277,8 @@ mod tests {
 
     #[test]
     fn invalid_profiles_are_refused_with_the_variant_named() {
-        let text =
-            include_str!("../profiles/cpu.toml").replace("gpus_per_node = 1", "gpus_per_node = 0");
+        let text = include_str!("../../profiles/cpu.toml")
+            .replace("gpus_per_node = 1", "gpus_per_node = 0");
         let err = Profile::parse("broken", &text).unwrap_err();
         assert!(err.to_string().contains("cpu-2core"), "{err}");
         assert!(matches!(

@@ -6,8 +6,9 @@
 //! cancels one still starting (newest first) or drains the ready one holding the least work.
 //! A node is billed from creation until its last replica is gone, then released at once.
 
-use crate::mix;
-use crate::profile::{CapacityType, Variant};
+use sluice_policy::mix;
+use sluice_policy::profile::{CapacityType, Variant};
+
 use crate::sim::replica::{Phase, Replica};
 
 #[derive(Debug, Clone)]

@@ -11,7 +11,7 @@ use crate::policy::plan::{self, VariantLimits};
 use crate::policy::Policy;
 use crate::profile::{CapacityType, Profile};
 use crate::signals::Signals;
-use crate::trace::Timeline;
+use crate::timeline::Timeline;
 
 #[derive(Debug, Clone)]
 pub struct StaticPeak {

@@ -4,13 +4,13 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use sluice_autoscaler::capacity::{self, Planning, Slo, Workload};
-use sluice_autoscaler::decision::{Decision, Target};
-use sluice_autoscaler::policy::Policy;
-use sluice_autoscaler::profile::Profile;
-use sluice_autoscaler::signals::Signals;
-use sluice_autoscaler::sim::{self, SimConfig};
-use sluice_autoscaler::trace::Request;
+use sluice_policy::capacity::{self, Planning, Slo, Workload};
+use sluice_policy::decision::{Decision, Target};
+use sluice_policy::policy::Policy;
+use sluice_policy::profile::Profile;
+use sluice_policy::signals::Signals;
+use sluice_policy::timeline::Request;
+use sluice_sim::sim::{self, SimConfig};
 
 /// Keeps whatever fleet the run started with.
 #[derive(Debug)]

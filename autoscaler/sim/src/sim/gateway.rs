@@ -12,8 +12,9 @@
 
 use std::collections::VecDeque;
 
+use sluice_policy::timeline::Request;
+
 use crate::sim::fleet::Fleet;
-use crate::trace::Request;
 
 /// How far past the head the router looks for requests the head's blocking does not concern.
 const SCAN: usize = 64;

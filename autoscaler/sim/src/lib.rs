@@ -1,0 +1,22 @@
+//! `sluice-sim`: replays a request trace through a fleet model under each scaling policy and
+//! compares them on cost and SLO.
+//!
+//! The policies come from `sluice-policy`; this crate is their actuator in simulated time. It
+//! reads traces, runs the discrete-event fleet, and writes what happened as a table, JSON and
+//! SVG. Everything is deterministic for a seed.
+//!
+//! # Modules
+//! - [`trace`]: Azure CSV and Mooncake JSONL traces, rate scaling.
+//! - [`sim`]: the discrete-event simulator (gateway queue, routing, replicas, nodes, Spot).
+//! - [`scenario`]: the default scenario and running every policy side by side.
+//! - [`report`], [`plot`]: the table, JSON and SVG.
+//! - [`error`]: the crate's error type.
+
+pub mod error;
+pub mod plot;
+pub mod report;
+pub mod scenario;
+pub mod sim;
+pub mod trace;
+
+pub use error::{Error, Result};
