@@ -134,6 +134,44 @@ fn main() -> Result<()> {
         batched.push((b, decode(b, &mut kv)?));
     }
 
+    let figures = Figures {
+        load_s,
+        rss_mib,
+        prefill,
+        prefill_s,
+        single,
+        batched,
+    };
+    print_figures(&model, &location.path, &figures);
+    match &args.peer {
+        Some(peer) => print_peer(peer, &figures)?,
+        None => println!("peer: not measured (make bench runs it when the llama.cpp venv exists; see ../shared/peers)"),
+    }
+    Ok(())
+}
+
+/// What one run measured.
+struct Figures {
+    load_s: f64,
+    rss_mib: f64,
+    prefill: f64,
+    prefill_s: f64,
+    single: f64,
+    batched: Vec<(usize, f64)>,
+}
+
+/// Prints sluice's figures with the bandwidth and FLOP rates they imply.
+fn print_figures(model: &Model, path: &std::path::Path, f: &Figures) {
+    let Figures {
+        load_s,
+        rss_mib,
+        prefill,
+        prefill_s,
+        single,
+        batched,
+    } = f;
+    let (load_s, rss_mib, prefill, prefill_s, single) =
+        (*load_s, *rss_mib, *prefill, *prefill_s, *single);
     let llama = model.llama();
     let gb = llama.weight_bytes() as f64 / 1e9;
     // A step reads the weights once whatever its batch; prefill of the prompt is one step.
@@ -147,7 +185,7 @@ fn main() -> Result<()> {
     println!(
         "sluice forward pass ({} threads, {})",
         llama.threads(),
-        location.path.display()
+        path.display()
     );
     println!(
         "  weights per step {:.1} MB; {:.3} GFLOP per token at context 512",
@@ -162,49 +200,50 @@ fn main() -> Result<()> {
         "  decode at context 512  {single:>8.1} tok/s   {}",
         rates(single, single, CONTEXT)
     );
-    for (b, v) in &batched {
+    for (b, v) in batched.iter() {
         let r = rates(*v, v / *b as f64, CONTEXT);
         println!(
             "  batched decode, {b:>3}    {v:>8.1} tok/s   {r}  ({:.2}x single stream)",
             v / single
         );
     }
-    if let Some(peer) = &args.peer {
-        let text =
-            std::fs::read_to_string(peer).with_context(|| format!("reading {}", peer.display()))?;
-        let line = text
-            .lines()
-            .rev()
-            .find(|l| l.trim_start().starts_with('{'))
-            .context("no JSON in the peer output")?;
-        let p: serde_json::Value = serde_json::from_str(line)?;
-        let pp = p["prefill_512_tok_s"]
-            .as_f64()
-            .context("peer prefill figure")?;
-        let tg = p["decode_tok_s_at_ctx_512"]
-            .as_f64()
-            .context("peer decode figure")?;
+}
+
+/// Prints the peer's figures, measured in the same run, and sluice's ratios to them.
+fn print_peer(peer: &std::path::Path, f: &Figures) -> Result<()> {
+    let (prefill, single, batched) = (f.prefill, f.single, &f.batched);
+    let text =
+        std::fs::read_to_string(peer).with_context(|| format!("reading {}", peer.display()))?;
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .context("no JSON in the peer output")?;
+    let p: serde_json::Value = serde_json::from_str(line)?;
+    let pp = p["prefill_512_tok_s"]
+        .as_f64()
+        .context("peer prefill figure")?;
+    let tg = p["decode_tok_s_at_ctx_512"]
+        .as_f64()
+        .context("peer decode figure")?;
+    println!(
+        "peer: {} ({} threads), same run",
+        p["peer"].as_str().unwrap_or("?"),
+        p["threads"]
+    );
+    println!(
+        "  prefill, 512 tokens    {pp:>8.1} tok/s   sluice/peer {:.2}",
+        prefill / pp
+    );
+    println!(
+        "  decode at context 512  {tg:>8.1} tok/s   sluice/peer {:.2}",
+        single / tg
+    );
+    for (b, v) in batched.iter() {
         println!(
-            "peer: {} ({} threads), same run",
-            p["peer"].as_str().unwrap_or("?"),
-            p["threads"]
+            "  batched decode, {b:>3}    sluice/peer single stream {:.2}",
+            v / tg
         );
-        println!(
-            "  prefill, 512 tokens    {pp:>8.1} tok/s   sluice/peer {:.2}",
-            prefill / pp
-        );
-        println!(
-            "  decode at context 512  {tg:>8.1} tok/s   sluice/peer {:.2}",
-            single / tg
-        );
-        for (b, v) in &batched {
-            println!(
-                "  batched decode, {b:>3}    sluice/peer single stream {:.2}",
-                v / tg
-            );
-        }
-    } else {
-        println!("peer: not measured (make bench runs it when the llama.cpp venv exists; see ../shared/peers)");
     }
     Ok(())
 }

@@ -222,6 +222,77 @@ impl fmt::Debug for Tokenizer {
     }
 }
 
+/// `tokenizer.ggml.tokens`, empty entries renamed as llama.cpp does.
+fn gguf_tokens(md: &HashMap<String, Value>) -> Result<Vec<String>> {
+    let tokens = req_array(md, "tokenizer.ggml.tokens")?
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let s = v
+                .to_string()
+                .map_err(|e| ModelError::Metadata(format!("tokenizer.ggml.tokens[{i}]: {e}")))?;
+            // llama.cpp renames empty entries so that every id has a distinct text.
+            Ok(if s.is_empty() {
+                format!("[EMPTY_{i}]")
+            } else {
+                s.clone()
+            })
+        })
+        .collect::<Result<Vec<String>>>()?;
+    let n_vocab = tokens.len();
+    if n_vocab == 0 || u32::try_from(n_vocab).is_err() {
+        return Err(ModelError::Metadata(format!(
+            "tokenizer.ggml.tokens has {n_vocab} entries"
+        )));
+    }
+    Ok(tokens)
+}
+
+/// `tokenizer.ggml.token_type`, one per token (all normal when absent).
+fn gguf_token_types(md: &HashMap<String, Value>, n_vocab: usize) -> Result<Vec<i32>> {
+    Ok(match md.get("tokenizer.ggml.token_type") {
+        Some(v) => {
+            let arr = v
+                .to_vec()
+                .map_err(|e| ModelError::Metadata(format!("tokenizer.ggml.token_type: {e}")))?;
+            if arr.len() != n_vocab {
+                return Err(ModelError::Metadata(format!(
+                    "tokenizer.ggml.token_type has {} entries for {n_vocab} tokens",
+                    arr.len()
+                )));
+            }
+            arr.iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.to_i32().map_err(|e| {
+                        ModelError::Metadata(format!("tokenizer.ggml.token_type[{i}]: {e}"))
+                    })
+                })
+                .collect::<Result<Vec<i32>>>()?
+        }
+        None => vec![1; n_vocab],
+    })
+}
+
+/// `tokenizer.ggml.merges` as pairs.
+fn gguf_merges(md: &HashMap<String, Value>) -> Result<Vec<(String, String)>> {
+    req_array(md, "tokenizer.ggml.merges")?
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let s = v
+                .to_string()
+                .map_err(|e| ModelError::Metadata(format!("tokenizer.ggml.merges[{i}]: {e}")))?;
+            // Byte-level tokens never contain a literal space, so the first one separates.
+            s.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| {
+                    ModelError::Metadata(format!("tokenizer.ggml.merges[{i}] = {s:?}: no space"))
+                })
+        })
+        .collect::<Result<Vec<_>>>()
+}
+
 impl Tokenizer {
     /// Builds the tokenizer embedded in a GGUF file.
     pub fn from_gguf(content: &Content) -> Result<Self> {
@@ -251,66 +322,9 @@ impl Tokenizer {
         };
         let pre = PreKind::from_name(pre)?;
 
-        let tokens = req_array(md, "tokenizer.ggml.tokens")?
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                let s = v.to_string().map_err(|e| {
-                    ModelError::Metadata(format!("tokenizer.ggml.tokens[{i}]: {e}"))
-                })?;
-                // llama.cpp renames empty entries so that every id has a distinct text.
-                Ok(if s.is_empty() {
-                    format!("[EMPTY_{i}]")
-                } else {
-                    s.clone()
-                })
-            })
-            .collect::<Result<Vec<String>>>()?;
-        let n_vocab = tokens.len();
-        if n_vocab == 0 || u32::try_from(n_vocab).is_err() {
-            return Err(ModelError::Metadata(format!(
-                "tokenizer.ggml.tokens has {n_vocab} entries"
-            )));
-        }
-        let token_types = match md.get("tokenizer.ggml.token_type") {
-            Some(v) => {
-                let arr = v
-                    .to_vec()
-                    .map_err(|e| ModelError::Metadata(format!("tokenizer.ggml.token_type: {e}")))?;
-                if arr.len() != n_vocab {
-                    return Err(ModelError::Metadata(format!(
-                        "tokenizer.ggml.token_type has {} entries for {n_vocab} tokens",
-                        arr.len()
-                    )));
-                }
-                arr.iter()
-                    .enumerate()
-                    .map(|(i, v)| {
-                        v.to_i32().map_err(|e| {
-                            ModelError::Metadata(format!("tokenizer.ggml.token_type[{i}]: {e}"))
-                        })
-                    })
-                    .collect::<Result<Vec<i32>>>()?
-            }
-            None => vec![1; n_vocab],
-        };
-        let merges = req_array(md, "tokenizer.ggml.merges")?
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                let s = v.to_string().map_err(|e| {
-                    ModelError::Metadata(format!("tokenizer.ggml.merges[{i}]: {e}"))
-                })?;
-                // Byte-level tokens never contain a literal space, so the first one separates.
-                s.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| {
-                        ModelError::Metadata(format!(
-                            "tokenizer.ggml.merges[{i}] = {s:?}: no space"
-                        ))
-                    })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let tokens = gguf_tokens(md)?;
+        let token_types = gguf_token_types(md, tokens.len())?;
+        let merges = gguf_merges(md)?;
 
         // Later duplicates win, as in llama.cpp's `token_to_id[word] = i`.
         let vocab: Vocab = tokens
