@@ -7,7 +7,7 @@ LLAMACPP_PY ?= /tmp/llamacpp/bin/python
 PEERS ?= $(CURDIR)/../shared/peers
 
 .PHONY: model run release test bench bench-kernels bench-engine bench-loadtest bench-gateway simulate lint fmt \
-	check-deploy check-cuda
+	check-deploy check-cuda check-gpu
 
 ## Fetch the default model (SmolLM2-135M-Instruct Q4_1) into $(SLUICE_MODEL_DIR), verified.
 model:
@@ -71,6 +71,11 @@ check-deploy:
 ## Build `sluice` with --features cuda, nvcc from PyPI's CUDA wheels (slow; not in CI).
 check-cuda:
 	scripts/check-cuda.sh
+
+## On an NVIDIA machine (no Rust needed): runs what check-cuda put in target/gpu-carry, writes
+## check-gpu.json (scripts/check-gpu.sh says what it measures).
+check-gpu:
+	scripts/check-gpu.sh
 
 ## Formatting and clippy, warnings as errors.
 lint:

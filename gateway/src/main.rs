@@ -206,6 +206,7 @@ fn load(
         path,
         &ModelOptions {
             threads: cfg.threads,
+            device: cfg.device,
             ..ModelOptions::default()
         },
     )
