@@ -11,7 +11,8 @@
 # node the real libcuda.so.1 comes from the driver.
 #
 # It also assembles target/gpu-carry, what `make check-gpu` runs on a GPU machine without Rust:
-# the `gpucheck` and `synth` examples built in release with `--features cuda`, stripped, and the
+# the `gpucheck` and `synth` examples built in release with `--features cuda`, stripped and
+# gzipped, and the
 # default model cut to its embeddings and first 4 layers (under 64 MiB in all).
 #
 # Not in CI: building candle with nvcc from scratch takes far longer than CI's budget on two
@@ -87,8 +88,10 @@ cargo build --locked --release -p sluice-models --features cuda --example gpuche
 carry="$root/target/gpu-carry"
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/models"
+# Stripped and gzipped (candle's embedded PTX compresses well): check-gpu.sh unpacks them.
 for b in gpucheck synth; do
   strip -o "$carry/bin/$b" "$CARGO_TARGET_DIR/release/examples/$b"
+  gzip -9 "$carry/bin/$b"
 done
 # The truncated model is written by a CPU build of synth (same code, no CUDA needed to run).
 unset CUDA_HOME CUDA_PATH NVCC CUDA_COMPUTE_CAP CARGO_TARGET_DIR

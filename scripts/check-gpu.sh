@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make check-gpu`: the device check, for an NVIDIA machine with CUDA and Python but no Rust and
 # no network. It runs the release binaries `make check-cuda` built into the carry folder
-# (target/gpu-carry: bin/gpucheck and bin/synth, stripped, and models/smollm2-4l.gguf, the
+# (target/gpu-carry: bin/gpucheck and bin/synth, stripped, gzipped or not, and
+# models/smollm2-4l.gguf, the
 # default model's embeddings and first 4 layers), and writes one JSON file with:
 #   - the device's name, compute capability, driver and memory (nvidia-smi);
 #   - CUDA-against-CPU agreement (teacher-forced logprobs) on the truncated default model and
@@ -29,11 +30,21 @@ backend="${SLUICE_GPU_BACKEND:-candle}"
 out="${SLUICE_GPU_OUT:-${OUT:-.}/check-gpu.json}"
 work="$(mktemp -d "${TMPDIR:-/tmp}/sluice-gpu.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-bin="$carry/bin"
+bin="$work/bin"
 truncated="$carry/models/smollm2-4l.gguf"
-for f in "$bin/gpucheck" "$bin/synth" "$truncated"; do
-  [ -e "$f" ] || { echo "check-gpu: $f is missing: run 'make check-cuda' where Rust is" >&2; exit 1; }
+mkdir -p "$bin"
+missing() { echo "check-gpu: $1 is missing: run 'make check-cuda' where Rust is" >&2; exit 1; }
+for b in gpucheck synth; do
+  if [ -e "$carry/bin/$b.gz" ]; then
+    gzip -dc "$carry/bin/$b.gz" >"$bin/$b"
+  elif [ -e "$carry/bin/$b" ]; then
+    cp "$carry/bin/$b" "$bin/$b"
+  else
+    missing "$carry/bin/$b(.gz)"
+  fi
+  chmod +x "$bin/$b"
 done
+[ -e "$truncated" ] || missing "$truncated"
 if [ "${SLUICE_GPU_DRY:-0}" = 1 ]; then
   ctx=32 batches=1,4 steps=3 full_layers=2 big_layers=1 tokens=24 limit=600
 else

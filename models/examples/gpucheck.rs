@@ -25,16 +25,16 @@ use sluice_models::{DeviceSpec, KvStore, LlamaConfig, Logits, SeqChunk, StepBatc
 #[command(about = "GPU check measurements (one JSON object per run)")]
 struct Args {
     /// The model (a .gguf file or a Hugging Face directory).
-    #[arg(long, global = true, default_value = "")]
+    #[arg(long)]
     model: PathBuf,
     /// cpu, cuda or cuda:N.
-    #[arg(long, global = true, default_value = "cpu")]
+    #[arg(long, default_value = "cpu")]
     device: String,
     /// kernels (CPU only) or candle.
-    #[arg(long, global = true, default_value = "kernels")]
+    #[arg(long, default_value = "kernels")]
     backend: String,
     /// Compute threads for CPU backends (0: one per core).
-    #[arg(long, global = true, default_value_t = 0)]
+    #[arg(long, default_value_t = 0)]
     threads: usize,
     #[command(subcommand)]
     mode: Mode,
@@ -125,7 +125,7 @@ fn main() -> Result<()> {
 /// Deterministic token ids below the vocabulary size (no tokenizer needed: synthetic models
 /// and real ones alike).
 fn tokens(seed: usize, n: usize, vocab: usize) -> Vec<u32> {
-    let mut x = seed as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
+    let mut x = (seed as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
             x ^= x << 13;

@@ -286,14 +286,21 @@ fn tensor_specs(s: &Shape) -> Vec<(String, Vec<usize>, bool)> {
     specs
 }
 
-/// Rows per independently seeded and quantized chunk: the unit of parallel work.
+/// Rows per independently seeded chunk: the unit of parallel work.
 const CHUNK_ROWS: usize = 256;
 
-/// A `rows × cols` matrix of N(0, 0.02²) values in `dtype` (Q8_0 where a Q4_K row would not
-/// fill whole super-blocks). Each chunk of rows has its own stream, so the result does not
-/// depend on the thread count.
+/// Standard deviation of the weights.
+const STD: f32 = 0.02;
+
+/// A `rows × cols` matrix of random weights with mean 0 and std 0.02 in `dtype` (Q8_0 where a
+/// Q4_K row would not fill whole super-blocks). Each chunk of rows has its own stream, so the
+/// result does not depend on the thread count.
+///
+/// f16 weights are normal. Quantized weights are written as blocks directly (random quants
+/// under fixed scales, so uniform values): quantizing normal floats would cost minutes for
+/// Llama-3-8B's shape, which the device check writes on the GPU machine.
 fn random_matrix(rows: usize, cols: usize, dtype: GgmlDType, seed: u64) -> Result<QTensor> {
-    let dtype = if dtype == GgmlDType::Q4K && cols % 256 != 0 {
+    let dtype = if dtype == GgmlDType::Q4K && !cols.is_multiple_of(256) {
         GgmlDType::Q8_0
     } else {
         dtype
@@ -302,11 +309,8 @@ fn random_matrix(rows: usize, cols: usize, dtype: GgmlDType, seed: u64) -> Resul
         .into_par_iter()
         .map(|c| {
             let n = CHUNK_ROWS.min(rows - c * CHUNK_ROWS);
-            let mut rng =
-                SplitMix(seed.wrapping_add((c as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)));
-            let data: Vec<f32> = (0..n * cols).map(|_| 0.02 * rng.normal()).collect();
-            let t = Tensor::from_vec(data, (n, cols), &Device::Cpu)?;
-            Ok(QTensor::quantize(&t, dtype)?.data()?.into_owned())
+            let stream = seed.wrapping_add((c as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
+            random_rows(n, cols, dtype, &mut SplitMix(stream))
         })
         .collect::<Result<_>>()?;
     Ok(qtensor_from_ggml(
@@ -315,6 +319,50 @@ fn random_matrix(rows: usize, cols: usize, dtype: GgmlDType, seed: u64) -> Resul
         vec![rows, cols],
         &Device::Cpu,
     )?)
+}
+
+/// `n` rows of `cols` weights in `dtype`'s storage format.
+fn random_rows(n: usize, cols: usize, dtype: GgmlDType, rng: &mut SplitMix) -> Result<Vec<u8>> {
+    if dtype == GgmlDType::F16 {
+        let data: Vec<f32> = (0..n * cols).map(|_| STD * rng.normal()).collect();
+        let t = Tensor::from_vec(data, (n, cols), &Device::Cpu)?;
+        return Ok(QTensor::quantize(&t, dtype)?.data()?.into_owned());
+    }
+    let blocks = n * cols / dtype.block_size();
+    let size = dtype.type_size();
+    let mut bytes = vec![0u8; blocks * size];
+    for chunk in bytes.chunks_mut(8) {
+        let r = rng.next().to_le_bytes();
+        chunk.copy_from_slice(&r[..chunk.len()]);
+    }
+    // A uniform 4-bit quant has std √((16² − 1) / 12) ≈ 4.61 and mean 7.5; a uniform i8 one
+    // std ≈ 73.9 and mean −0.5.
+    let d4 = STD / 4.61;
+    for block in bytes.chunks_exact_mut(size) {
+        match dtype {
+            // d, m (f16), then 16 bytes of 4-bit quants: d·q + m.
+            GgmlDType::Q4_1 => set_f16s(block, &[d4, -7.5 * d4]),
+            // d (f16), then 32 signed bytes: d·q.
+            GgmlDType::Q8_0 => set_f16s(block, &[STD / 73.9]),
+            // d, dmin (f16), 12 bytes of 6-bit scales and mins (all 1 here), 128 bytes of
+            // 4-bit quants: d·1·q − dmin·1.
+            GgmlDType::Q4K => {
+                set_f16s(block, &[d4, 7.5 * d4]);
+                block[4..8].fill(1);
+                block[8..12].fill(1);
+                block[12..16].fill(0x11);
+            }
+            other => bail!("no random block writer for {other:?}"),
+        }
+    }
+    Ok(bytes)
+}
+
+/// Writes little-endian f16 values at the start of a block.
+fn set_f16s(block: &mut [u8], values: &[f32]) {
+    for (i, v) in values.iter().enumerate() {
+        block[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+    }
 }
 
 /// splitmix64: small, fast and the same everywhere.

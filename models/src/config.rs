@@ -169,13 +169,13 @@ impl LlamaConfig {
                 config.head_count, config.head_count_kv
             )));
         }
-        if config.head_count % config.head_count_kv != 0 {
+        if !config.head_count.is_multiple_of(config.head_count_kv) {
             return Err(ModelError::Unsupported(format!(
                 "{} query heads cannot be grouped over {} KV heads",
                 config.head_count, config.head_count_kv
             )));
         }
-        if config.rope_dimension != config.head_dim || config.head_dim % 2 != 0 {
+        if config.rope_dimension != config.head_dim || !config.head_dim.is_multiple_of(2) {
             return Err(ModelError::Unsupported(format!(
                 "partial or odd RoPE (dimension {}, head dim {})",
                 config.rope_dimension, config.head_dim

@@ -120,7 +120,7 @@ pub fn unpermute_rope_rows(t: &Tensor, heads: usize) -> Result<Tensor> {
 /// Views each head's `d` rows as `[outer, d/outer]` and transposes that to `[d/outer, outer]`.
 fn regroup_head_rows(t: &Tensor, heads: usize, outer: usize) -> Result<Tensor> {
     let (rows, cols) = t.dims2()?;
-    if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+    if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
         return Err(ModelError::Unsupported(format!(
             "cannot split {rows} rows into {heads} heads of even size"
         )));

@@ -116,10 +116,9 @@ fn tokenizer_config_json(
     tokenizer: &Tokenizer,
     chat_template: Option<String>,
 ) -> Result<serde_json::Value> {
-    let bos = match tokenizer.bos_id() {
-        Some(id) => Some(tokenizer.id_to_token(id).unwrap_or_default()),
-        None => None,
-    };
+    let bos = tokenizer
+        .bos_id()
+        .map(|id| tokenizer.id_to_token(id).unwrap_or_default());
     let eos = tokenizer.id_to_token(tokenizer.eos_id()).ok_or_else(|| {
         ModelError::Tokenizer(format!("eos id {} has no token", tokenizer.eos_id()))
     })?;

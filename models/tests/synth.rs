@@ -138,8 +138,8 @@ fn a_truncated_default_model_keeps_its_first_layers() {
     std::fs::remove_file(&path).unwrap();
 }
 
-/// Llama-3-8B's shape cut to one layer: the 128256 × 4096 embedding and output in Q4_K (about
-/// 590 MB) take tens of seconds to generate on two cores, so this runs on request
+/// Llama-3-8B's shape cut to one layer: a 715 MB file (the 128256 × 4096 embedding and output
+/// in Q4_K), about 25 s here, mostly writing it; on request, to keep CI's budget
 /// (`cargo test -p sluice-models --test synth -- --ignored`).
 #[test]
 #[ignore]
