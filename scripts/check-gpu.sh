@@ -46,9 +46,9 @@ for b in gpucheck synth; do
 done
 [ -e "$truncated" ] || missing "$truncated"
 if [ "${SLUICE_GPU_DRY:-0}" = 1 ]; then
-  ctx=32 batches=1,4 steps=3 full_layers=2 big_layers=1 tokens=24 limit=600
+  ctx=32 batches=1,4 steps=3 full_layers=2 big_layers=1 tokens=24 greedy=4 limit=600
 else
-  ctx=512 batches=1,16,64 steps=32 full_layers= big_layers= tokens=96 limit=240
+  ctx=512 batches=1,16,64 steps=32 full_layers= big_layers= tokens=96 greedy=24 limit=240
 fi
 results="$work/results"
 mkdir -p "$results"
@@ -61,7 +61,11 @@ step() {
   echo "check-gpu: $name: $*" >&2
   local start=$SECONDS
   if timeout "$limit" "$@" >"$results/$name.out" 2>"$results/$name.err"; then
-    tail -n 1 "$results/$name.out" >"$results/$name.json"
+    if [ -s "$results/$name.out" ]; then
+      tail -n 1 "$results/$name.out" >"$results/$name.json"
+    else
+      echo "{\"ok\": true, \"seconds\": $((SECONDS - start)), \"log\": $(tail -n 1 "$results/$name.err" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read().strip()))')}" >"$results/$name.json"
+    fi
   else
     local rc=$?
     python3 - "$name" "$rc" "$results/$name.err" >"$results/$name.json" <<'EOF'
@@ -87,7 +91,7 @@ step synth_smollm2 300 "$bin/synth" --shape smollm2-135m $(layers "$full_layers"
   --seed 2 --tokenizer-from "$truncated" --out "$work/smollm2.gguf"
 step bench_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
-step identical_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" identical
+step identical_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" identical --tokens "$greedy"
 rm -f "$work/smollm2.gguf"
 
 # shellcheck disable=SC2046
@@ -95,7 +99,7 @@ step synth_llama3_8b 400 "$bin/synth" --shape llama3-8b $(layers "$big_layers") 
   --seed 3 --tokenizer-from "$truncated" --out "$work/llama3-8b.gguf"
 step bench_llama3_8b "$limit" "$bin/gpucheck" --model "$work/llama3-8b.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
-step identical_llama3_8b "$limit" "$bin/gpucheck" --model "$work/llama3-8b.gguf" "${gpu[@]}" identical
+step identical_llama3_8b "$limit" "$bin/gpucheck" --model "$work/llama3-8b.gguf" "${gpu[@]}" identical --tokens "$greedy"
 rm -f "$work/llama3-8b.gguf"
 
 if command -v nvidia-smi >/dev/null 2>&1; then
