@@ -207,7 +207,6 @@ fn load(
         &ModelOptions {
             threads: cfg.threads,
             device: cfg.device,
-            ..ModelOptions::default()
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;
