@@ -7,7 +7,7 @@ LLAMACPP_PY ?= /tmp/llamacpp/bin/python
 PEERS ?= $(CURDIR)/../shared/peers
 
 .PHONY: model run release test bench bench-kernels bench-engine bench-loadtest bench-gateway simulate lint fmt \
-	check-deploy check-cuda
+	check-deploy check-cuda check-gpu check-gpu-dry
 
 ## Fetch the default model (SmolLM2-135M-Instruct Q4_1) into $(SLUICE_MODEL_DIR), verified.
 model:
@@ -71,6 +71,21 @@ check-deploy:
 ## Build `sluice` with --features cuda, nvcc from PyPI's CUDA wheels (slow; not in CI).
 check-cuda:
 	scripts/check-cuda.sh
+
+## On an NVIDIA machine (no Rust needed): runs what check-cuda put in target/gpu-carry, writes
+## check-gpu.json (scripts/check-gpu.sh says what it measures).
+check-gpu:
+	scripts/check-gpu.sh
+
+## The same script on this machine's CPU, tiny shapes (a few minutes): tests it without a GPU.
+check-gpu-dry:
+	$(CARGO) build -p sluice-models --example gpucheck --example synth
+	rm -rf target/gpu-carry-dry && mkdir -p target/gpu-carry-dry/bin target/gpu-carry-dry/models
+	cp target/debug/examples/gpucheck target/debug/examples/synth target/gpu-carry-dry/bin/
+	target/debug/examples/synth --truncate-from $${SLUICE_MODEL_DIR:-models/cache}/SmolLM2-135M-Instruct.Q4_1.gguf \
+	  --layers 4 --out target/gpu-carry-dry/models/smollm2-4l.gguf
+	SLUICE_GPU_DRY=1 SLUICE_GPU_DEVICE=cpu SLUICE_GPU_BACKEND=kernels \
+	  SLUICE_GPU_OUT=target/gpu-carry-dry/check-gpu.json scripts/check-gpu.sh target/gpu-carry-dry
 
 ## Formatting and clippy, warnings as errors.
 lint:

@@ -10,6 +10,11 @@
 # lib64/stubs/libcuda.so is. The binary is linked against it and never runs with it: on a GPU
 # node the real libcuda.so.1 comes from the driver.
 #
+# It also assembles target/gpu-carry, what `make check-gpu` runs on a GPU machine without Rust:
+# the `gpucheck` and `synth` examples built in release with `--features cuda`, stripped and
+# gzipped, and the
+# default model cut to its embeddings and first 4 layers (under 64 MiB in all).
+#
 # Not in CI: building candle with nvcc from scratch takes far longer than CI's budget on two
 # cores. Output goes to target/cuda (its own target dir, so the CPU builds are left alone).
 set -euo pipefail
@@ -77,4 +82,27 @@ echo "check-cuda: built $bin in $((SECONDS - start)) s; it links:"
 LD_LIBRARY_PATH="$tk/lib:$tk/lib/stubs" ldd "$bin" | grep -E 'cuda|cublas|curand|nvrtc|cudart'
 # The CUDA build parses and validates flags like the CPU one (no GPU is opened for this).
 LD_LIBRARY_PATH="$tk/lib:$tk/lib/stubs" "$bin" serve --check-config --model smollm2-135m-instruct
-echo "check-cuda: ok"
+
+echo "check-cuda: cargo build --release -p sluice-models --features cuda --example gpucheck --example synth"
+cargo build --locked --release -p sluice-models --features cuda --example gpucheck --example synth
+carry="$root/target/gpu-carry"
+rm -rf "$carry"
+mkdir -p "$carry/bin" "$carry/models"
+# Stripped and gzipped (candle's embedded PTX compresses well): check-gpu.sh unpacks them.
+for b in gpucheck synth; do
+  strip -o "$carry/bin/$b" "$CARGO_TARGET_DIR/release/examples/$b"
+  gzip -9 "$carry/bin/$b"
+done
+# The truncated model is written by a CPU build of synth (same code, no CUDA needed to run).
+unset CUDA_HOME CUDA_PATH NVCC CUDA_COMPUTE_CAP CARGO_TARGET_DIR
+model_dir="${SLUICE_MODEL_DIR:-$root/models/cache}"
+cargo run --locked -q -p sluice-models --example synth -- \
+  --truncate-from "$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf" --layers 4 \
+  --out "$carry/models/smollm2-4l.gguf"
+size=$(du -sb "$carry" | cut -f1)
+du -ah "$carry"
+if [ "$size" -gt $((64 << 20)) ]; then
+  echo "error: $carry is $((size >> 20)) MiB, over the 64 MiB a device run carries" >&2
+  exit 1
+fi
+echo "check-cuda: ok ($carry: $((size >> 20)) MiB; on the GPU machine: make check-gpu)"

@@ -10,7 +10,10 @@ For every kustomization under deploy/k8s (base, overlays/*, examples/*):
      environment pass `sluice serve --check-config` (the real parser and validation), its
      probes and ports are the port and paths that configuration serves, its grace period
      outlasts preStop plus --drain-timeout, a replica's startupProbe leaves time for a model
-     load and its --model-dir is a mounted volume; a gateway's k8s:// discovery target is a
+     load and its --model-dir is a mounted volume; a container of the CUDA image or one that
+     requests nvidia.com/gpu runs its model on `--device cuda:N` and requests exactly one GPU
+     (one replica per GPU; tensor parallelism is out of scope), and the CPU image is never
+     given a GPU device; a gateway's k8s:// discovery target is a
      headless Service of the same render, in the gateway's namespace, with that port, selecting
      every replica pod and no gateway pod, and the gateway's ServiceAccount may watch its
      EndpointSlices; Services' target ports exist on the pods they select; a PDB selects pods;
@@ -265,6 +268,7 @@ def check_consistency(objs: list[dict], where: str, rep: Report, bins: dict) -> 
                     rep.error(at, f"SLUICE_* variables from sources this check cannot read: {unknown}")
                 serve[(o["metadata"]["name"], c["name"])] = cfg
                 check_serve_container(o, c, cfg, at, rep)
+                check_device(c, cfg, at, rep)
             elif cmd and os.path.basename(cmd[0]) == "sluice-autoscaler":
                 check_autoscaler_args(bins["sluice-autoscaler"], cmd[1:] + args, at, rep)
             elif cmd is None and image_name(c["image"]) in SERVE_IMAGES:
@@ -345,6 +349,33 @@ def check_serve_container(o: dict, c: dict, cfg: dict, at: str, rep: Report) -> 
         mounts = {m["mountPath"].rstrip("/") for m in c.get("volumeMounts", []) or []}
         if str(cfg["model_dir"]).rstrip("/") not in mounts:
             rep.error(at, f"--model-dir {cfg['model_dir']} is not a mounted volume ({sorted(mounts)})")
+
+
+def gpus_requested(c: dict) -> int:
+    res = c.get("resources", {}) or {}
+    counts = [int(str((res.get(k) or {}).get("nvidia.com/gpu", 0))) for k in ("limits", "requests")]
+    return max(counts)
+
+
+def check_device(c: dict, cfg: dict, at: str, rep: Report) -> None:
+    """GPU pods compute on their GPU, one GPU each; the CPU image never asks for one."""
+    device = cfg.get("device", "cpu")
+    gpus = gpus_requested(c)
+    image = image_name(c["image"])
+    if image == "sluice-cuda" or gpus:
+        if not cfg.get("model"):
+            rep.error(at, f"image {image} with {gpus} GPU(s) runs no model")
+        elif not device.startswith("cuda"):
+            rep.error(at, f"image {image} with {gpus} GPU(s) runs its model on --device {device}: "
+                          "add --device=cuda:0")
+        if gpus != 1:
+            rep.error(at, f"requests {gpus} nvidia.com/gpu: a replica uses exactly one GPU "
+                          "(tensor parallelism is out of scope)")
+        if not cfg.get("cuda_in_binary", False):
+            rep.note("GPU containers' --check-config ran on a binary without CUDA: the device's "
+                     "syntax and placement are checked, not that CUDA works")
+    elif device.startswith("cuda"):
+        rep.error(at, f"image {image} (no CUDA) is given --device {device}")
 
 
 def check_discovery(g, cfg, services, replicas, gateways, objs, at, rep) -> None:
@@ -558,7 +589,19 @@ def self_test(renders: dict, bins: dict, crd) -> list[str]:
     def b_crd_field(objs):
         find(objs, "ServingPool", "sluice")["spec"]["variants"][0]["maxReplica"] = 3
 
-    breaks = [b_discover_wrong_service, b_unknown_flag, b_invalid_value, b_probe_port, b_probe_path,
+    def b_gpu_on_cpu(objs):
+        c = container(find(objs, "Deployment", "sluice-replica-h100"), "replica")
+        c["args"] = [a for a in c["args"] if not a.startswith("--device")]
+
+    def b_bad_device(objs):
+        c = container(find(objs, "Deployment", "sluice-replica-l4"), "replica")
+        c["args"] = [a.replace("--device=cuda:0", "--device=gpu:0") for a in c["args"]]
+
+    def b_two_gpus(objs):
+        c = container(find(objs, "Deployment", "sluice-replica-h100-spot"), "replica")
+        c["resources"]["limits"]["nvidia.com/gpu"] = "2"
+
+    breaks = [b_gpu_on_cpu, b_bad_device, b_two_gpus, b_discover_wrong_service, b_unknown_flag, b_invalid_value, b_probe_port, b_probe_path,
               b_grace, b_headless, b_selector, b_rbac, b_schema, b_model_dir, b_servingpool]
     if crd is not None:
         breaks.append(b_crd_field)

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use sluice_models::DeviceSpec;
 
 use crate::discovery::Source;
 use crate::router::health::EjectionPolicy;
@@ -41,6 +42,9 @@ pub struct ServeArgs {
     /// Compute threads (0: one per core).
     #[arg(long, env = "SLUICE_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// Where the in-process model runs: cpu, cuda or cuda:N (one GPU per replica).
+    #[arg(long, env = "SLUICE_DEVICE", default_value = "cpu")]
+    pub device: String,
     /// API keys and tenants (TOML or JSON). Without it the server is open.
     #[arg(long, env = "SLUICE_API_KEYS")]
     pub api_keys: Option<PathBuf>,
@@ -280,6 +284,7 @@ pub struct ServeConfig {
     pub model_dir: PathBuf,
     pub served_model_name: Option<String>,
     pub threads: usize,
+    pub device: DeviceSpec,
     pub api_keys: Option<PathBuf>,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
@@ -341,6 +346,8 @@ impl ServeConfig {
             "drain_timeout_s": self.drain_timeout.as_secs_f64(),
             "max_num_seqs": self.max_num_seqs,
             "kv_cache_mib": self.kv_cache_bytes >> 20,
+            "device": self.device.to_string(),
+            "cuda_in_binary": cfg!(feature = "cuda"),
         })
     }
 }
@@ -373,6 +380,22 @@ pub fn parse_duration(flag: &str, s: &str) -> Result<Duration, String> {
 }
 
 impl ServeArgs {
+    /// `--device`: its syntax, and that a GPU has a model to run. Whether this binary has CUDA
+    /// is not checked here (deployment checks validate GPU manifests with a CPU build): the
+    /// summary reports it, and loading the model on a GPU fails clearly without it.
+    fn device_for(&self, has_model: bool) -> Result<DeviceSpec, String> {
+        let device: DeviceSpec = self
+            .device
+            .parse()
+            .map_err(|e: sluice_models::ModelError| format!("--device: {e}"))?;
+        if device != DeviceSpec::Cpu && !has_model {
+            return Err(format!(
+                "--device {device}: a gateway that only routes runs no model (add --model)"
+            ));
+        }
+        Ok(device)
+    }
+
     pub fn validate(&self) -> Result<ServeConfig, String> {
         let ip: IpAddr = self
             .host
@@ -411,6 +434,7 @@ impl ServeArgs {
             (None, None) => Some(DEFAULT_MODEL.to_string()),
             (None, Some(_)) => None,
         };
+        let device = self.device_for(model.is_some())?;
         Ok(ServeConfig {
             addr: SocketAddr::new(ip, self.port),
             model,
@@ -418,6 +442,7 @@ impl ServeArgs {
             model_dir: self.model_dir.clone(),
             served_model_name: self.served_model_name.clone(),
             threads: self.threads,
+            device,
             api_keys: self.api_keys.clone(),
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
@@ -524,6 +549,25 @@ mod tests {
     }
 
     #[test]
+    fn device_is_checked_for_syntax_and_a_model() {
+        let gpu = cfg(&["--model", "m", "--device", "cuda:1"]).unwrap();
+        assert_eq!(gpu.device, DeviceSpec::Cuda(1));
+        assert_eq!(gpu.summary()["device"], "cuda:1");
+        assert_eq!(gpu.summary()["cuda_in_binary"], cfg!(feature = "cuda"));
+        for (args, want) in [
+            (&["--device", "gpu0"][..], "--device"),
+            (&["--device", "cuda:x"][..], "cuda:x"),
+            (
+                &["--upstream", "http://a:1", "--device", "cuda:0"][..],
+                "--model",
+            ),
+        ] {
+            let e = cfg(args).unwrap_err();
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
     fn check_config_summary_names_what_a_deployment_is_checked_against() {
         let gw = cfg(&[
             "--check-config",
@@ -565,6 +609,7 @@ mod tests {
         .unwrap()
         .summary();
         assert_eq!(replica["model"], "smollm2-135m-instruct");
+        assert_eq!(replica["device"], "cpu");
         assert_eq!(
             replica["discovery"][0],
             serde_json::json!({ "kind": "dns", "host": "r", "port": 8000 })

@@ -241,7 +241,7 @@ fn load(
         path,
         &ModelOptions {
             threads: cfg.threads,
-            ..ModelOptions::default()
+            device: cfg.device,
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;

@@ -173,44 +173,6 @@ impl GgufFile {
             source,
         })
     }
-
-    /// Reads a tensor and dequantizes it to f32, flattened in row-major order.
-    pub fn read_f32(&mut self, name: &str) -> Result<Vec<f32>> {
-        let tensor = self.read_qtensor(name)?.dequantize(&Device::Cpu)?;
-        Ok(tensor.flatten_all()?.to_vec1::<f32>()?)
-    }
-
-    /// A tensor's type and its raw bytes as stored (ggml blocks).
-    pub fn read_raw(&mut self, name: &str) -> Result<(GgmlDType, Vec<u8>)> {
-        let q = self.read_qtensor(name)?;
-        Ok((q.dtype(), q.data()?.into_owned()))
-    }
-
-    /// Reads a 1-D tensor of the expected length.
-    pub fn read_vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>> {
-        let dims = self.tensor_dims(name)?;
-        if dims != [len] {
-            return Err(ModelError::Unsupported(format!(
-                "tensor '{name}' has shape {dims:?}, expected [{len}]"
-            )));
-        }
-        self.read_f32(name)
-    }
-
-    /// Reads a matrix of the expected shape (`rows` outputs × `cols` inputs).
-    pub fn read_matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        let dims = self.tensor_dims(name)?;
-        if dims != [rows, cols] {
-            return Err(ModelError::Unsupported(format!(
-                "tensor '{name}' has shape {dims:?}, expected [{rows}, {cols}]"
-            )));
-        }
-        Ok(Matrix {
-            rows,
-            cols,
-            data: self.read_f32(name)?,
-        })
-    }
 }
 
 impl Matrix {

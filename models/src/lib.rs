@@ -7,6 +7,8 @@
 //! # Layout
 //! - [`registry`]: registry names (`smollm2-135m-instruct`) and paths to model files.
 //! - [`gguf`]: GGUF metadata and tensors, with errors that name the file.
+//! - [`hf`]: Hugging Face model directories (safetensors) in GGUF's names and layout;
+//!   [`hf_export`] writes one from a GGUF file.
 //! - [`config`]: the architecture read from metadata ([`LlamaConfig`]).
 //! - [`tokenizer`] and [`chat_template`]: text in and out, exactly as llama.cpp does it.
 //! - [`batch`]: the ragged batch ([`StepBatch`]) a forward call takes.
@@ -23,6 +25,8 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod gguf;
+pub mod hf;
+pub mod hf_export;
 #[allow(unsafe_code)]
 pub mod kernels;
 pub mod kv;
@@ -40,5 +44,5 @@ pub use device::DeviceSpec;
 pub use error::{ModelError, Result};
 pub use kv::KvStore;
 pub use llama::Llama;
-pub use model::{Model, ModelOptions};
+pub use model::{Model, ModelOptions, ModelSource};
 pub use weights::WeightSource;

@@ -2,14 +2,16 @@
 //! multiplied directly with 8-bit activations, anything else dequantized to f32 at load.
 
 use candle_core::quantized::GgmlDType;
+use candle_core::Device;
 
-use crate::error::{ModelError, Result};
-use crate::gguf::{GgufFile, Matrix};
+use crate::error::Result;
+use crate::gguf::Matrix;
 use crate::kernels::kqmatmul::{kqmatmul, KWeights};
 use crate::kernels::kquant::{Q4KMatrix, Q6KMatrix};
 use crate::kernels::matmul::matmul_t;
 use crate::kernels::qmatmul::{qmatmul, QPath, QWeights};
 use crate::kernels::quant::{Q4_1Matrix, Q8_0Matrix, QuantActs};
+use crate::weights::{expect_dims, WeightSource};
 
 /// `rows` outputs × `cols` inputs, applied as `x · Wᵀ`.
 #[derive(Debug, Clone)]
@@ -22,22 +24,30 @@ pub enum Linear {
 }
 
 impl Linear {
-    /// Loads a matrix of the expected shape, keeping quantized blocks where a kernel runs them.
-    pub fn load(file: &mut GgufFile, name: &str, rows: usize, cols: usize) -> Result<Self> {
-        let dims = file.tensor_dims(name)?;
-        if dims != [rows, cols] {
-            return Err(ModelError::Unsupported(format!(
-                "tensor '{name}' has shape {dims:?}, expected [{rows}, {cols}]"
-            )));
-        }
-        let (dtype, raw) = file.read_raw(name)?;
-        Ok(match dtype {
-            GgmlDType::Q4_1 => Self::Q4_1(Q4_1Matrix::from_q4_1(&raw, rows, cols)?),
-            GgmlDType::Q4_0 => Self::Q4_1(Q4_1Matrix::from_q4_0(&raw, rows, cols)?),
-            GgmlDType::Q8_0 => Self::Q8_0(Q8_0Matrix::from_q8_0(&raw, rows, cols)?),
-            GgmlDType::Q4K => Self::Q4K(Q4KMatrix::from_q4_k(&raw, rows, cols)?),
-            GgmlDType::Q6K => Self::Q6K(Q6KMatrix::from_q6_k(&raw, rows, cols)?),
-            _ => Self::F32(file.read_matrix(name, rows, cols)?),
+    /// Loads a matrix of the expected shape, keeping quantized blocks where a kernel runs them;
+    /// dense (F32, F16, BF16) and other quantized types are widened to f32.
+    pub fn load(
+        source: &mut dyn WeightSource,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        expect_dims(name, &source.tensor_dims(name)?, &[rows, cols])?;
+        let q = source.read_qtensor(name)?;
+        let raw = || -> Result<Vec<u8>> { Ok(q.data()?.into_owned()) };
+        Ok(match q.dtype() {
+            GgmlDType::Q4_1 => Self::Q4_1(Q4_1Matrix::from_q4_1(&raw()?, rows, cols)?),
+            GgmlDType::Q4_0 => Self::Q4_1(Q4_1Matrix::from_q4_0(&raw()?, rows, cols)?),
+            GgmlDType::Q8_0 => Self::Q8_0(Q8_0Matrix::from_q8_0(&raw()?, rows, cols)?),
+            GgmlDType::Q4K => Self::Q4K(Q4KMatrix::from_q4_k(&raw()?, rows, cols)?),
+            GgmlDType::Q6K => Self::Q6K(Q6KMatrix::from_q6_k(&raw()?, rows, cols)?),
+            _ => {
+                let data = q
+                    .dequantize(&Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                Self::F32(Matrix { rows, cols, data })
+            }
         })
     }
 

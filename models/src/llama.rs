@@ -10,7 +10,6 @@ use rayon::prelude::*;
 use crate::batch::{Logits, StepBatch};
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
-use crate::gguf::GgufFile;
 use crate::kernels::activation::silu_mul;
 use crate::kernels::attention::attend;
 use crate::kernels::dot::best_path;
@@ -19,6 +18,7 @@ use crate::kernels::quant::QuantActs;
 use crate::kernels::rope::RopeTable;
 use crate::kv::KvStore;
 use crate::linear::Linear;
+use crate::weights::WeightSource;
 
 #[derive(Debug)]
 struct Layer {
@@ -48,7 +48,7 @@ pub struct Llama {
 
 impl Llama {
     /// Loads every tensor of the network, checking each shape against the config.
-    pub fn load(file: &mut GgufFile, config: LlamaConfig, threads: usize) -> Result<Self> {
+    pub fn load(file: &mut dyn WeightSource, config: LlamaConfig, threads: usize) -> Result<Self> {
         file.check_tensor_types()?;
         let (d, ff, hd) = (
             config.embedding_length,

@@ -8,8 +8,10 @@ use crate::config::LlamaConfig;
 use crate::device::DeviceSpec;
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
+use crate::hf::{self, HfDir};
 use crate::llama::Llama;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{SpecialIds, Tokenizer};
+use crate::weights::WeightSource;
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -28,7 +30,70 @@ impl Default for ModelOptions {
     }
 }
 
-/// A loaded model: network, tokenizer and chat template, read from one GGUF file.
+/// A model as read from disk, before its network is built for a backend: the weights (still
+/// in the files, read tensor by tensor), the architecture, the tokenizer and the chat template.
+#[derive(Debug)]
+pub struct ModelSource {
+    pub weights: Box<dyn WeightSource>,
+    pub config: LlamaConfig,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+}
+
+impl ModelSource {
+    /// Opens a model in either format: a directory is a Hugging Face model (`config.json`,
+    /// `tokenizer.json`, `*.safetensors`), a file is GGUF. Beside a GGUF file, a
+    /// `tokenizer.json`, when present, replaces the tokenizer built from the GGUF metadata.
+    pub fn open(path: &Path) -> Result<Self> {
+        let source = if path.is_dir() {
+            Self::open_hf(path)?
+        } else {
+            Self::open_gguf(path)?
+        };
+        if source.tokenizer.vocab_size() > source.config.vocab_size {
+            return Err(ModelError::Unsupported(format!(
+                "the tokenizer has {} tokens but the model's vocabulary is {}",
+                source.tokenizer.vocab_size(),
+                source.config.vocab_size
+            )));
+        }
+        source.weights.check_tensor_types()?;
+        Ok(source)
+    }
+
+    fn open_hf(path: &Path) -> Result<Self> {
+        let weights = HfDir::open(path)?;
+        let tokenizer = hf::tokenizer(path)?;
+        let chat_template = hf::chat_template(path, &tokenizer)?;
+        Ok(Self {
+            config: weights.config().clone(),
+            weights: Box::new(weights),
+            tokenizer,
+            chat_template,
+        })
+    }
+
+    fn open_gguf(path: &Path) -> Result<Self> {
+        let file = GgufFile::open(path)?;
+        let config = LlamaConfig::from_gguf(&file)?;
+        let json = path.with_file_name("tokenizer.json");
+        let tokenizer = if json.is_file() {
+            Tokenizer::from_json_file(&json, SpecialIds::from_gguf(file.content())?)?
+        } else {
+            Tokenizer::from_gguf(file.content())?
+        };
+        let chat_template = ChatTemplate::from_gguf(file.content(), &tokenizer)?;
+        Ok(Self {
+            weights: Box::new(file),
+            config,
+            tokenizer,
+            chat_template,
+        })
+    }
+}
+
+/// A loaded model: network, tokenizer and chat template, read from one GGUF file or Hugging
+/// Face directory.
 #[derive(Debug)]
 pub struct Model {
     path: PathBuf,
@@ -39,8 +104,7 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads a GGUF file. A `tokenizer.json` beside it, when present, replaces the tokenizer
-    /// built from the GGUF metadata.
+    /// Loads a GGUF file or a Hugging Face model directory (see [`ModelSource::open`]).
     pub fn load(path: &Path, options: &ModelOptions) -> Result<Self> {
         let started = Instant::now();
         if options.device != DeviceSpec::Cpu {
@@ -52,35 +116,17 @@ impl Model {
                 options.device
             )));
         }
-        let mut file = GgufFile::open(path)?;
-        let config = LlamaConfig::from_gguf(&file)?;
-        let json = path.with_file_name("tokenizer.json");
-        let tokenizer = if json.is_file() {
-            Tokenizer::from_json_file(
-                &json,
-                crate::tokenizer::SpecialIds::from_gguf(file.content())?,
-            )?
-        } else {
-            Tokenizer::from_gguf(file.content())?
-        };
-        if tokenizer.vocab_size() > config.vocab_size {
-            return Err(ModelError::Unsupported(format!(
-                "the tokenizer has {} tokens but the model's vocabulary is {}",
-                tokenizer.vocab_size(),
-                config.vocab_size
-            )));
-        }
-        let chat_template = ChatTemplate::from_gguf(file.content(), &tokenizer)?;
+        let mut source = ModelSource::open(path)?;
         let threads = match options.threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
-        let llama = Llama::load(&mut file, config, threads)?;
+        let llama = Llama::load(source.weights.as_mut(), source.config, threads)?;
         Ok(Self {
             path: path.to_owned(),
             llama,
-            tokenizer,
-            chat_template,
+            tokenizer: source.tokenizer,
+            chat_template: source.chat_template,
             load_time: started.elapsed(),
         })
     }

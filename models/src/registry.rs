@@ -1,5 +1,5 @@
 //! Model names: a registry name (`smollm2-135m-instruct`) resolves to a file in the model cache,
-//! anything else is a path.
+//! anything else is a path (a GGUF file, or a Hugging Face model directory).
 
 use std::path::{Path, PathBuf};
 
@@ -35,7 +35,8 @@ pub struct ModelLocation {
     pub name: String,
 }
 
-/// Resolves a registry name or a path to an existing file. `cache_dir` is where registry
+/// Resolves a registry name or a path to an existing file or Hugging Face directory (served
+/// under the directory's name). `cache_dir` is where registry
 /// models live (the binaries take it from `SLUICE_MODEL_DIR`, default `models/cache`).
 pub fn resolve(spec: &str, cache_dir: &Path) -> Result<ModelLocation> {
     if let Some(known) = KNOWN_MODELS
@@ -69,6 +70,14 @@ pub fn resolve(spec: &str, cache_dir: &Path) -> Result<ModelLocation> {
                 .unwrap_or("model")
                 .to_owned(),
         };
+        return Ok(ModelLocation { path, name });
+    }
+    if crate::hf::is_hf_dir(&path) {
+        let name = path
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().and_then(|f| f.to_str()).map(str::to_owned))
+            .unwrap_or_else(|| "model".to_owned());
         return Ok(ModelLocation { path, name });
     }
     let looks_like_path = spec.contains(std::path::MAIN_SEPARATOR) || spec.ends_with(".gguf");
@@ -106,6 +115,16 @@ mod tests {
         std::fs::write(&other, b"x").unwrap();
         let loc = resolve(other.to_str().unwrap(), &dir).unwrap();
         assert_eq!(loc.name, "my-model.Q8_0");
+
+        let hf = dir.join("SmolLM2-hf");
+        std::fs::create_dir_all(&hf).unwrap();
+        assert!(matches!(
+            resolve(hf.to_str().unwrap(), &dir),
+            Err(ModelError::NotFound { .. })
+        ));
+        std::fs::write(hf.join("config.json"), b"{}").unwrap();
+        let loc = resolve(&format!("{}/", hf.display()), &dir).unwrap();
+        assert_eq!(loc.name, "SmolLM2-hf");
 
         assert!(matches!(
             resolve("no-such-model", &dir),

@@ -487,6 +487,13 @@ impl Tokenizer {
     }
 
     /// The id of a vocabulary entry (byte-level form) or added token, if present.
+    /// The tokenizer as a Hugging Face `tokenizer.json` (for writing a model directory).
+    pub fn to_json(&self) -> Result<String> {
+        self.parse_special
+            .to_string(true)
+            .map_err(|e| ModelError::Tokenizer(format!("serialising: {e}")))
+    }
+
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.parse_special.token_to_id(token)
     }

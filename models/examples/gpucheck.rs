@@ -1,0 +1,324 @@
+//! The measurements of `make check-gpu` (scripts/check-gpu.sh runs this binary on a GPU
+//! machine and assembles its answers into one JSON file). Each mode prints one JSON object:
+//!
+//! - `agree`: teacher-forced logprobs of the model on `--device` against the CPU kernels, over
+//!   fixed token sequences: max and mean |Δ logprob| over each row's reference top 10, and the
+//!   share of rows whose top-1 token agrees;
+//! - `bench`: prefill tok/s over `--batches`' largest batch of `--ctx`-token prompts, then for
+//!   each batch size `--steps` decode steps at context `--ctx`: aggregate tok/s and the
+//!   inter-token latency (a step's time) mean, p50 and p90;
+//! - `identical`: whether a sequence's greedy tokens are the same alone and inside a batch of
+//!   16 sequences of other lengths.
+//!
+//! It runs on the CPU too (`--device cpu`), which is how the script is tested without a GPU.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use sluice_models::logits::{argmax, log_softmax};
+use sluice_models::{DeviceSpec, KvStore, LlamaConfig, Logits, SeqChunk, StepBatch};
+
+#[derive(Parser, Debug)]
+#[command(about = "GPU check measurements (one JSON object per run)")]
+struct Args {
+    /// The model (a .gguf file or a Hugging Face directory).
+    #[arg(long)]
+    model: PathBuf,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// kernels (CPU only) or candle.
+    #[arg(long, default_value = "kernels")]
+    backend: String,
+    /// Compute threads for CPU backends (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand, Debug)]
+enum Mode {
+    Agree {
+        /// Tokens per sequence (two sequences).
+        #[arg(long, default_value_t = 96)]
+        tokens: usize,
+    },
+    Bench {
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+        batches: Vec<usize>,
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
+        #[arg(long, default_value_t = 32)]
+        steps: usize,
+    },
+    Identical {
+        #[arg(long, default_value_t = 24)]
+        tokens: usize,
+    },
+}
+
+const BLOCK: usize = 16;
+
+// ---- Wiring to the models crate. The lead adapts this block when the candle backend merges:
+// `ModelOptions` takes the backend, and the KV store comes from the loaded model (on its
+// device). Everything below it uses only `Net`. ----
+
+struct Net {
+    model: sluice_models::Model,
+}
+
+impl Net {
+    fn load(path: &Path, device: &str, backend: &str, threads: usize) -> Result<Self> {
+        let device: DeviceSpec = device.parse()?;
+        if backend != "kernels" {
+            bail!("--backend {backend}: this build has the kernels backend only");
+        }
+        let options = sluice_models::ModelOptions { device, threads };
+        let model = sluice_models::Model::load(path, &options)
+            .with_context(|| format!("loading {}", path.display()))?;
+        Ok(Self { model })
+    }
+
+    fn config(&self) -> &LlamaConfig {
+        self.model.config()
+    }
+
+    fn new_kv(&self, tokens_per_seq: usize, seqs: usize) -> Result<KvStore> {
+        let blocks = seqs * tokens_per_seq.div_ceil(BLOCK);
+        Ok(KvStore::new(self.config(), blocks, BLOCK)?)
+    }
+
+    /// The logits rows the batch asks for, on the host.
+    fn forward(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Vec<Vec<f32>>> {
+        Ok(self.model.llama().forward(batch, kv)?.to_vec2::<f32>()?)
+    }
+}
+
+// ---- End of the wiring. ----
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let net = Net::load(&args.model, &args.device, &args.backend, args.threads)?;
+    let started = Instant::now();
+    let mut out = match &args.mode {
+        Mode::Agree { tokens } => agree(&net, &args, *tokens)?,
+        Mode::Bench {
+            batches,
+            ctx,
+            steps,
+        } => bench(&net, batches, *ctx, *steps)?,
+        Mode::Identical { tokens } => identical(&net, *tokens)?,
+    };
+    out["model"] = json!(args.model.display().to_string());
+    out["device"] = json!(args.device);
+    out["backend"] = json!(args.backend);
+    out["layers"] = json!(net.config().block_count);
+    out["seconds"] = json!(started.elapsed().as_secs_f64());
+    println!("{out}");
+    Ok(())
+}
+
+/// Deterministic token ids below the vocabulary size (no tokenizer needed: synthetic models
+/// and real ones alike).
+fn tokens(seed: usize, n: usize, vocab: usize) -> Vec<u32> {
+    let mut x = (seed as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Ordinary tokens: skip the first 1000 ids, where special tokens live.
+            (1000 + x % (vocab as u64 - 1000)) as u32
+        })
+        .collect()
+}
+
+/// A sequence's chunk with its own contiguous run of blocks in a pool shared by `slot`s.
+fn chunk(tokens: Vec<u32>, start: usize, slot: usize, per_seq: usize, logits: Logits) -> SeqChunk {
+    let blocks = per_seq.div_ceil(BLOCK);
+    SeqChunk {
+        block_table: ((slot * blocks) as u32..((slot + 1) * blocks) as u32).collect(),
+        tokens,
+        start_pos: start,
+        logits,
+    }
+}
+
+fn teacher_forced(net: &Net, seqs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+    let per_seq = seqs.iter().map(Vec::len).max().unwrap_or(0);
+    let mut kv = net.new_kv(per_seq, seqs.len())?;
+    let batch = StepBatch {
+        seqs: seqs
+            .iter()
+            .enumerate()
+            .map(|(s, t)| chunk(t.clone(), 0, s, per_seq, Logits::All))
+            .collect(),
+    };
+    Ok(net
+        .forward(&batch, &mut kv)?
+        .iter()
+        .map(|r| log_softmax(r))
+        .collect())
+}
+
+fn agree(net: &Net, args: &Args, n: usize) -> Result<serde_json::Value> {
+    let vocab = net.config().vocab_size;
+    let seqs = vec![tokens(1, n, vocab), tokens(2, n * 2 / 3, vocab)];
+    let reference = Net::load(&args.model, "cpu", "kernels", args.threads)?;
+    let want = teacher_forced(&reference, &seqs)?;
+    let got = teacher_forced(net, &seqs)?;
+    let (mut max, mut sum, mut count, mut top1) = (0f32, 0f64, 0usize, 0usize);
+    for (w, g) in want.iter().zip(&got) {
+        let mut order: Vec<usize> = (0..w.len()).collect();
+        order.sort_by(|&a, &b| w[b].total_cmp(&w[a]));
+        top1 += usize::from(argmax(g) as usize == order[0]);
+        for &i in &order[..10] {
+            let d = (w[i] - g[i]).abs();
+            max = max.max(d);
+            sum += f64::from(d);
+            count += 1;
+        }
+    }
+    Ok(json!({
+        "mode": "agree",
+        "reference": "cpu kernels",
+        "rows": want.len(),
+        "max_abs_dlogprob": max,
+        "mean_abs_dlogprob": sum / count.max(1) as f64,
+        "top1_agreement": top1 as f64 / want.len().max(1) as f64,
+    }))
+}
+
+fn bench(net: &Net, batches: &[usize], ctx: usize, steps: usize) -> Result<serde_json::Value> {
+    let vocab = net.config().vocab_size;
+    let most = batches.iter().copied().max().unwrap_or(1);
+    let per_seq = ctx + steps + 1;
+    let mut kv = net.new_kv(per_seq, most)?;
+    // Warm-up (kernel loading, first allocations), then every prompt prefilled once, one
+    // sequence per step.
+    let warm = StepBatch {
+        seqs: vec![chunk(tokens(0, 8, vocab), 0, 0, per_seq, Logits::Last)],
+    };
+    net.forward(&warm, &mut kv)?;
+    let started = Instant::now();
+    let mut last = Vec::with_capacity(most);
+    for s in 0..most {
+        let batch = StepBatch {
+            seqs: vec![chunk(
+                tokens(s + 10, ctx, vocab),
+                0,
+                s,
+                per_seq,
+                Logits::Last,
+            )],
+        };
+        last.push(argmax(&net.forward(&batch, &mut kv)?[0]));
+    }
+    let prefill_s = started.elapsed().as_secs_f64();
+    let mut decode = Vec::new();
+    for &b in batches {
+        decode.push(decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?);
+    }
+    Ok(json!({
+        "mode": "bench",
+        "ctx": ctx,
+        "prefill_tokens": most * ctx,
+        "prefill_tok_s": (most * ctx) as f64 / prefill_s,
+        "decode": decode,
+    }))
+}
+
+/// `steps` decode steps of `first.len()` sequences whose prompts fill `0..ctx`; each step
+/// rewrites positions from `ctx` on, so batch sizes can be measured one after the other.
+fn decode_steps(
+    net: &Net,
+    kv: &mut KvStore,
+    first: &[u32],
+    ctx: usize,
+    per_seq: usize,
+    steps: usize,
+) -> Result<serde_json::Value> {
+    let mut next = first.to_vec();
+    let mut times = Vec::with_capacity(steps);
+    for step in 0..=steps {
+        let batch = StepBatch {
+            seqs: next
+                .iter()
+                .enumerate()
+                .map(|(s, &t)| chunk(vec![t], ctx + step, s, per_seq, Logits::Last))
+                .collect(),
+        };
+        let started = Instant::now();
+        let rows = net.forward(&batch, kv)?;
+        // Step 0 warms this batch shape up.
+        if step > 0 {
+            times.push(started.elapsed().as_secs_f64());
+        }
+        next = rows.iter().map(|r| argmax(r)).collect();
+    }
+    let mut sorted = times.clone();
+    sorted.sort_by(f64::total_cmp);
+    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+    let pct = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize] * 1e3;
+    Ok(json!({
+        "batch": first.len(),
+        "steps": times.len(),
+        "tok_s": first.len() as f64 / mean,
+        "itl_ms_mean": mean * 1e3,
+        "itl_ms_p50": pct(0.5),
+        "itl_ms_p90": pct(0.9),
+    }))
+}
+
+/// Greedy tokens of each prompt, all decoded together in one batch per step.
+fn greedy(net: &Net, prompts: &[Vec<u32>], n: usize) -> Result<Vec<Vec<u32>>> {
+    let per_seq = prompts.iter().map(Vec::len).max().unwrap_or(0) + n + 1;
+    let mut kv = net.new_kv(per_seq, prompts.len())?;
+    let prefill = StepBatch {
+        seqs: prompts
+            .iter()
+            .enumerate()
+            .map(|(s, p)| chunk(p.clone(), 0, s, per_seq, Logits::Last))
+            .collect(),
+    };
+    let mut out: Vec<Vec<u32>> = net
+        .forward(&prefill, &mut kv)?
+        .iter()
+        .map(|r| vec![argmax(r)])
+        .collect();
+    for step in 1..n {
+        let batch = StepBatch {
+            seqs: out
+                .iter()
+                .enumerate()
+                .map(|(s, o)| {
+                    let pos = prompts[s].len() + step - 1;
+                    chunk(vec![o[step - 1]], pos, s, per_seq, Logits::Last)
+                })
+                .collect(),
+        };
+        for (o, r) in out.iter_mut().zip(net.forward(&batch, &mut kv)?) {
+            o.push(argmax(&r));
+        }
+    }
+    Ok(out)
+}
+
+fn identical(net: &Net, n: usize) -> Result<serde_json::Value> {
+    let vocab = net.config().vocab_size;
+    let prompts: Vec<Vec<u32>> = (0..16).map(|s| tokens(s + 100, 5 + 7 * s, vocab)).collect();
+    let alone = greedy(net, &prompts[3..4], n)?;
+    let together = greedy(net, &prompts, n)?;
+    Ok(json!({
+        "mode": "identical",
+        "tokens": n,
+        "batch": prompts.len(),
+        "identical_alone_and_in_batch": alone[0] == together[3],
+        "alone": alone[0],
+        "in_batch": together[3],
+    }))
+}
