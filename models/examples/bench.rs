@@ -168,10 +168,8 @@ fn print_figures(model: &Model, path: &std::path::Path, f: &Figures) {
         prefill,
         prefill_s,
         single,
-        batched,
-    } = f;
-    let (load_s, rss_mib, prefill, prefill_s, single) =
-        (*load_s, *rss_mib, *prefill, *prefill_s, *single);
+        ref batched,
+    } = *f;
     let llama = model.llama();
     let gb = llama.weight_bytes() as f64 / 1e9;
     // A step reads the weights once whatever its batch; prefill of the prompt is one step.
