@@ -183,3 +183,25 @@ impl EngineMetrics {
             .get()
     }
 }
+
+/// vLLM's `vllm:cache_config_info`: a gauge of 1 whose labels carry the KV pool's shape
+/// (`num_gpu_blocks`, `block_size`), which the Gateway API inference extension reads. vLLM
+/// names the count for GPUs; a CPU replica reports its pool under the same label.
+pub fn register_cache_config_info(
+    registry: &Registry,
+    model_name: &str,
+    num_blocks: usize,
+    block_size: usize,
+) -> prometheus::Result<()> {
+    let info = IntGaugeVec::new(
+        Opts::new(
+            "vllm:cache_config_info",
+            "Information of the KV cache configuration.",
+        ),
+        &["model_name", "num_gpu_blocks", "block_size"],
+    )?;
+    registry.register(Box::new(info.clone()))?;
+    info.with_label_values(&[model_name, &num_blocks.to_string(), &block_size.to_string()])
+        .set(1);
+    Ok(())
+}

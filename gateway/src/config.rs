@@ -41,6 +41,15 @@ pub struct ServeArgs {
     /// Compute threads (0: one per core).
     #[arg(long, env = "SLUICE_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// Where the forward pass runs: `cpu` or `cuda:N` (builds with the `cuda` feature).
+    #[arg(long, env = "SLUICE_DEVICE", default_value = "cpu")]
+    pub device: String,
+    /// The forward pass: `kernels` (CPU only, the CPU default) or `candle` (implied by cuda:N).
+    #[arg(long, env = "SLUICE_BACKEND")]
+    pub backend: Option<String>,
+    /// On a GPU: the share of the memory free after the weights load that the KV pool takes.
+    #[arg(long, env = "SLUICE_GPU_MEMORY_UTILIZATION", default_value_t = 0.90)]
+    pub gpu_memory_utilization: f64,
     /// API keys and tenants (TOML or JSON). Without it the server is open.
     #[arg(long, env = "SLUICE_API_KEYS")]
     pub api_keys: Option<PathBuf>,
@@ -268,6 +277,9 @@ pub struct ServeConfig {
     pub model_dir: PathBuf,
     pub served_model_name: Option<String>,
     pub threads: usize,
+    pub device: sluice_models::DeviceSpec,
+    pub backend: sluice_models::Backend,
+    pub gpu_memory_utilization: f64,
     pub api_keys: Option<PathBuf>,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
@@ -329,6 +341,8 @@ impl ServeConfig {
             "drain_timeout_s": self.drain_timeout.as_secs_f64(),
             "max_num_seqs": self.max_num_seqs,
             "kv_cache_mib": self.kv_cache_bytes >> 20,
+            "device": self.device.to_string(),
+            "backend": self.backend.to_string(),
         })
     }
 }
@@ -361,6 +375,27 @@ pub fn parse_duration(flag: &str, s: &str) -> Result<Duration, String> {
 }
 
 impl ServeArgs {
+    /// `--device`, `--backend` and `--gpu-memory-utilization`, checked together.
+    fn device_and_backend(
+        &self,
+    ) -> Result<(sluice_models::DeviceSpec, sluice_models::Backend), String> {
+        let device: sluice_models::DeviceSpec =
+            self.device.parse().map_err(|e| format!("--device: {e}"))?;
+        let backend = self
+            .backend
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| format!("--backend: {e}"))?;
+        let backend =
+            sluice_models::Backend::resolve(backend, device).map_err(|e| e.to_string())?;
+        let u = self.gpu_memory_utilization;
+        if !(u > 0.0 && u <= 1.0) {
+            return Err(format!("--gpu-memory-utilization {u} must be in (0, 1]"));
+        }
+        Ok((device, backend))
+    }
+
     pub fn validate(&self) -> Result<ServeConfig, String> {
         let ip: IpAddr = self
             .host
@@ -383,6 +418,7 @@ impl ServeArgs {
                 self.max_num_batched_tokens, self.max_num_seqs
             ));
         }
+        let (device, backend) = self.device_and_backend()?;
         let routing = self.routing.validate()?;
         // A gateway that only routes holds no sequences itself: its own limit is the replicas'
         // (each capped by --replica-max-in-flight), so its default admission cap is wide.
@@ -406,6 +442,9 @@ impl ServeArgs {
             model_dir: self.model_dir.clone(),
             served_model_name: self.served_model_name.clone(),
             threads: self.threads,
+            device,
+            backend,
+            gpu_memory_utilization: self.gpu_memory_utilization,
             api_keys: self.api_keys.clone(),
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
@@ -466,6 +505,27 @@ mod tests {
             .map_err(|e| e.to_string())?
             .serve
             .validate()
+    }
+
+    #[test]
+    fn device_and_backend_flags_are_checked_together() {
+        use sluice_models::{Backend, DeviceSpec};
+        let c = cfg(&[]).unwrap();
+        assert_eq!((c.device, c.backend), (DeviceSpec::Cpu, Backend::Kernels));
+        let c = cfg(&["--backend", "candle"]).unwrap();
+        assert_eq!(c.backend, Backend::Candle);
+        let c = cfg(&["--device", "cuda:1"]).unwrap();
+        assert_eq!(
+            (c.device, c.backend),
+            (DeviceSpec::Cuda(1), Backend::Candle)
+        );
+        let err = |args: &[&str]| cfg(args).unwrap_err();
+        assert!(err(&["--device", "gpu"]).contains("--device: device: unknown device 'gpu'"));
+        assert!(err(&["--backend", "torch"]).contains("--backend: device: unknown backend"));
+        let e = err(&["--device", "cuda:0", "--backend", "kernels"]);
+        assert!(e.contains("CPU only"), "{e}");
+        let e = err(&["--gpu-memory-utilization", "1.5"]);
+        assert!(e.contains("--gpu-memory-utilization"), "{e}");
     }
 
     #[test]

@@ -206,7 +206,8 @@ fn load(
         path,
         &ModelOptions {
             threads: cfg.threads,
-            ..ModelOptions::default()
+            device: cfg.device,
+            backend: cfg.backend,
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;
@@ -217,6 +218,7 @@ fn load(
     ec.max_num_batched_tokens = cfg.max_num_batched_tokens;
     ec.max_model_len = cfg.max_model_len;
     ec.kv_cache_bytes = cfg.kv_cache_bytes;
+    ec.gpu_memory_utilization = cfg.gpu_memory_utilization;
     ec.enable_prefix_caching = cfg.prefix_caching;
     let engine = Engine::start_with_registry(model.clone(), ec, registry)?;
     tracing::info!(
