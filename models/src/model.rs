@@ -27,6 +27,8 @@ pub struct ModelOptions {
 }
 
 /// The network in the form one backend runs it.
+// One per loaded model: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Network {
     Kernels(Llama),

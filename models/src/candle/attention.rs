@@ -1,8 +1,8 @@
 //! Attention over the block pool with candle ops, and the step's index tensors it reads.
 //!
-//! A step's sequences are attended in groups, each group one chain of batched ops padded to
-//! its longest member: every one-token decode together (padded to the longest context), every
-//! multi-token prefill chunk on its own (nothing to pad). A group gathers its sequences' key
+//! A step's sequences are attended in groups, each group one chain of batched ops: the
+//! one-token decodes by context bucket, every multi-token prefill chunk on its own; contexts are
+//! padded to the bucket (see [`CONTEXT_BUCKET`]). A group gathers its sequences' key
 //! and value rows from the pool by slot (`index_select`), so the number of ops per layer does
 //! not grow with the number of decodes. Padding is masked out with `-inf`; a prefill chunk's
 //! token `i` (position `start_pos + i`) sees positions `..= start_pos + i`.
@@ -99,16 +99,20 @@ fn plan_groups(
             Some(start)
         })
         .collect();
-    let decodes: Vec<usize> = (0..batch.seqs.len())
-        .filter(|&i| batch.seqs[i].tokens.len() == 1)
-        .collect();
+    let mut decodes = std::collections::BTreeMap::<usize, Vec<usize>>::new();
+    for (i, s) in batch.seqs.iter().enumerate() {
+        if s.tokens.len() == 1 {
+            decodes
+                .entry(padded_context(s.start_pos + 1))
+                .or_default()
+                .push(i);
+        }
+    }
     let mut members: Vec<Vec<usize>> = (0..batch.seqs.len())
         .filter(|&i| batch.seqs[i].tokens.len() > 1)
         .map(|i| vec![i])
         .collect();
-    if !decodes.is_empty() {
-        members.push(decodes);
-    }
+    members.extend(decodes.into_values());
     let mut out_rows = vec![0u32; batch.num_tokens()];
     let mut groups = Vec::with_capacity(members.len());
     let mut base = 0;
@@ -125,7 +129,18 @@ fn plan_groups(
     Ok((groups, out_rows))
 }
 
-/// The padded index tensors and mask of one group of sequences.
+/// Contexts are padded to a multiple of this, and decodes grouped by it: a sequence's attention
+/// then sums over the same length alone, beside any other decodes, or in prefill chunks
+/// (candle's reductions are ordered by length, and the activations' 8-bit rounding turns a
+/// last-bit difference into a visible one).
+const CONTEXT_BUCKET: usize = 64;
+
+fn padded_context(ctx: usize) -> usize {
+    ctx.div_ceil(CONTEXT_BUCKET) * CONTEXT_BUCKET
+}
+
+/// The padded index tensors and mask of one group: one prefill chunk, or decodes of one
+/// context bucket.
 fn group(
     batch: &StepBatch,
     members: &[usize],
@@ -136,11 +151,8 @@ fn group(
     let seqs: Vec<_> = members.iter().map(|&i| &batch.seqs[i]).collect();
     let b = seqs.len();
     let l = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(1);
-    let c = seqs
-        .iter()
-        .map(|s| s.start_pos + s.tokens.len())
-        .max()
-        .unwrap_or(1);
+    // Every member of a group has the same padded context (a prefill chunk is alone).
+    let c = padded_context(seqs[0].start_pos + seqs[0].tokens.len());
     let mut q_rows = vec![0u32; b * l];
     let mut kv_slots = vec![0u32; b * c];
     let mut mask = vec![f32::NEG_INFINITY; b * l * c];
@@ -219,7 +231,9 @@ fn attend_group(
     };
     let (k, v) = (gather(k_pool)?, gather(v_pool)?);
     let scale = 1.0 / (hd as f64).sqrt();
-    let scores = (q.matmul(&k.t()?)? * scale)?
+    // `k` transposed into a contiguous copy: candle 0.11's CPU batched matmul gave wrong rows
+    // for a transposed right-hand side at some shapes.
+    let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?
         .reshape((b, kv_heads, group, l, c))?
         .broadcast_add(&g.mask)?
         .reshape((b, kv_heads, group * l, c))?;
