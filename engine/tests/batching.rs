@@ -205,7 +205,7 @@ fn shutdown_drains_and_refuses_new_work() {
 }
 
 /// Sixteen requests with log-probabilities, each alone on a roomy engine, then together on an
-/// engine that chunks their prefills (32 tokens a step), preempts them (a pool of 40 blocks)
+/// engine that chunks their prefills (32 tokens a step), preempts them (a pool of 24 blocks)
 /// and serves half of them a cached prefix (they share the first request's long prompt, which
 /// runs first): every token is the same and every log-probability agrees within 1e-3.
 fn logprobs_agree_alone_and_in_a_batch_of_16(backend: sluice_models::Backend) {
@@ -217,7 +217,7 @@ fn logprobs_agree_alone_and_in_a_batch_of_16(backend: sluice_models::Backend) {
             } else {
                 format!("{} ({i})", TOPICS[i % TOPICS.len()])
             };
-            let mut params = SamplingParams::greedy(16 + i % 5);
+            let mut params = SamplingParams::greedy(40 + i % 5);
             params.logprobs = Some(1);
             request(prompt(&text), params)
         })
@@ -228,7 +228,7 @@ fn logprobs_agree_alone_and_in_a_batch_of_16(backend: sluice_models::Backend) {
         .map(|r| run(&solo_engine, r.clone()).remove(0))
         .collect();
     let engine = start_on(backend, |c| {
-        c.num_kv_blocks = Some(40);
+        c.num_kv_blocks = Some(24);
         c.max_model_len = Some(256);
         c.max_num_batched_tokens = 32;
         c.max_num_seqs = 16;
