@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make bench: measure the peer (llama.cpp through llama-cpp-python) when its venv exists, then
 # sluice's forward pass, printing sluice's figures and the ratios to the peer from this run.
+# Then the candle backend on the CPU beside it.
 set -euo pipefail
 py="$1"; peers="$2"
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -16,3 +17,8 @@ else
   echo "peer venv $py not found: sluice figures only (see $peers/llamacpp_bench.py to install it)"
 fi
 "$root/target/release/examples/bench" --model "$model" "${peer_args[@]}"
+# The candle backend on the same CPU, for comparison (it exists for correctness on the CPU and
+# for speed on a GPU): one repetition, a shorter run, batches 1 and 16.
+echo
+"$root/target/release/examples/bench" --model "$model" --backend candle --repeat 1 --steps 16 \
+  --batches 16

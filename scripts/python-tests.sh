@@ -6,5 +6,9 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${SLUICE_TEST_VENV:-$root/target/pyvenv}"
 "$root/scripts/python-venv.sh"
 export SLUICE_BIN="${SLUICE_BIN:-$root/target/debug/sluice}"
+# SLUICE_TEST_BACKEND=candle runs every server here on the candle backend (`sluice serve` reads
+# SLUICE_BACKEND); the default is the CPU kernels.
+export SLUICE_BACKEND="${SLUICE_TEST_BACKEND:-${SLUICE_BACKEND:-kernels}}"
+echo "python tests: sluice serve --backend $SLUICE_BACKEND"
 "$venv/bin/python" -m pytest -q "$root/tests/python"
 "$root/scripts/schemathesis.sh"

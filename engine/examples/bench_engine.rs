@@ -65,7 +65,7 @@ fn main() -> anyhow::Result<()> {
     config.max_num_batched_tokens = config.max_num_batched_tokens.max(max_c);
     println!(
         "sluice engine, closed loop on the handle ({} threads, step budget {} tokens, {} KV blocks)",
-        model.llama().threads(),
+        model.network().threads(),
         config.max_num_batched_tokens,
         config.num_kv_blocks.map_or("default".to_string(), |n| n.to_string())
     );

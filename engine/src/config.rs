@@ -21,8 +21,11 @@ pub struct EngineConfig {
     pub block_size: usize,
     /// KV blocks in the pool. `None`: as many as `kv_cache_bytes` holds.
     pub num_kv_blocks: Option<usize>,
-    /// Memory for the KV pool when `num_kv_blocks` is `None`.
+    /// Memory for the KV pool when `num_kv_blocks` is `None`, on the CPU.
     pub kv_cache_bytes: usize,
+    /// On a GPU, when `num_kv_blocks` is `None`: the share of the device memory left free after
+    /// the weights loaded that the KV pool takes (vLLM's `--gpu-memory-utilization`).
+    pub gpu_memory_utilization: f64,
     /// Longest prompt + completion. `None`: the model's trained context.
     pub max_model_len: Option<usize>,
     /// Fraction of blocks kept free when admitting a new sequence, so running sequences can
@@ -51,6 +54,7 @@ impl EngineConfig {
             block_size: sluice_models::kv::DEFAULT_BLOCK_SIZE,
             num_kv_blocks: None,
             kv_cache_bytes: 1 << 30,
+            gpu_memory_utilization: 0.90,
             max_model_len: None,
             watermark: 0.01,
             enable_prefix_caching: true,
@@ -89,7 +93,10 @@ impl EngineConfig {
         }
         let num_blocks = match self.num_kv_blocks {
             Some(n) => n,
-            None => self.kv_cache_bytes / KvStore::bytes_per_block(model.config(), self.block_size),
+            None => {
+                self.budget_bytes(model)?
+                    / KvStore::bytes_per_block(model.config(), self.block_size)
+            }
         };
         // One sequence of the longest allowed length must fit, or it could never finish.
         let needed = max_model_len.div_ceil(self.block_size);
@@ -105,6 +112,32 @@ impl EngineConfig {
             num_blocks,
             watermark_blocks: (self.watermark * num_blocks as f64) as usize,
         })
+    }
+}
+
+impl EngineConfig {
+    /// Bytes for the KV pool: on a GPU a share of its free memory, else `kv_cache_bytes`.
+    fn budget_bytes(&self, model: &Model) -> Result<usize, EngineError> {
+        let free = model
+            .device_memory()
+            .map_err(|e| EngineError::Config(e.to_string()))?;
+        let Some((free, total)) = free else {
+            return Ok(self.kv_cache_bytes);
+        };
+        let u = self.gpu_memory_utilization;
+        if !(u > 0.0 && u <= 1.0) {
+            return Err(EngineError::Config(format!(
+                "--gpu-memory-utilization {u} must be in (0, 1]"
+            )));
+        }
+        let bytes = (free as f64 * u) as usize;
+        tracing::info!(
+            free_mib = free >> 20,
+            total_mib = total >> 20,
+            kv_mib = bytes >> 20,
+            "KV pool sized from free device memory × --gpu-memory-utilization {u}"
+        );
+        Ok(bytes)
     }
 }
 

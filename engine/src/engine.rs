@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use prometheus::Registry;
-use sluice_models::{KvStore, Logits, Model, SeqChunk, StepBatch};
+use sluice_models::{KvStore, Logits, Model, ModelError, SeqChunk, StepBatch};
 use tokio::sync::{mpsc as tmpsc, watch};
 
 use crate::block_manager::BlockManager;
@@ -40,10 +40,25 @@ impl Engine {
         registry: Registry,
     ) -> Result<EngineHandle, EngineError> {
         let resolved = config.resolve(&model)?;
-        let kv = KvStore::new(model.config(), resolved.num_blocks, config.block_size)
-            .map_err(EngineError::Kv)?;
+        let kv = model
+            .new_kv_store(resolved.num_blocks, config.block_size)
+            .map_err(|e| kv_error(e, &resolved, &config, &model))?;
+        tracing::info!(
+            num_blocks = resolved.num_blocks,
+            block_size = config.block_size,
+            backend = %model.backend(),
+            device = %model.device(),
+            "KV pool allocated"
+        );
         let metrics =
             EngineMetrics::register(&registry, &config.model_name).map_err(EngineError::Metrics)?;
+        crate::metrics::register_cache_config_info(
+            &registry,
+            &config.model_name,
+            resolved.num_blocks,
+            config.block_size,
+        )
+        .map_err(EngineError::Metrics)?;
         let (tx, rx) = mpsc::channel();
         let (stopped_tx, stopped_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -79,6 +94,17 @@ impl Engine {
             .map_err(EngineError::Thread)?;
         Ok(EngineHandle { shared })
     }
+}
+
+/// A KV pool the device could not hold: the figure and the flags that set it.
+fn kv_error(e: ModelError, r: &Resolved, config: &EngineConfig, model: &Model) -> EngineError {
+    let mib = (r.num_blocks * KvStore::bytes_per_block(model.config(), config.block_size)) >> 20;
+    EngineError::Config(format!(
+        "the KV pool of {} blocks ({mib} MiB) does not fit on {}: {e}; lower \
+         --gpu-memory-utilization (GPU) or --kv-cache-mib (CPU)",
+        r.num_blocks,
+        model.device()
+    ))
 }
 
 /// A cheap, cloneable way to talk to a running engine.
@@ -399,7 +425,7 @@ impl Core {
         let model = self.model.clone();
         let kv = &mut self.kv;
         let result = catch_unwind(AssertUnwindSafe(|| {
-            let logits = model.llama().forward(&batch, kv)?;
+            let logits = model.forward(&batch, kv)?;
             logits.flatten_all()?.to_vec1::<f32>().map_err(Into::into)
         }));
         let logits: Vec<f32> = match result {

@@ -221,3 +221,25 @@ fn powers_of_two(max: f64) -> Vec<f64> {
     }
     b
 }
+
+/// vLLM's `vllm:cache_config_info`: a gauge of 1 whose labels carry the KV pool's shape
+/// (`num_gpu_blocks`, `block_size`), which the Gateway API inference extension reads. vLLM
+/// names the count for GPUs; a CPU replica reports its pool under the same label.
+pub fn register_cache_config_info(
+    registry: &Registry,
+    model_name: &str,
+    num_blocks: usize,
+    block_size: usize,
+) -> prometheus::Result<()> {
+    let info = IntGaugeVec::new(
+        Opts::new(
+            vllm::CACHE_CONFIG_INFO,
+            "Information of the KV cache configuration.",
+        ),
+        &[vllm::MODEL_NAME, vllm::NUM_GPU_BLOCKS, vllm::BLOCK_SIZE],
+    )?;
+    registry.register(Box::new(info.clone()))?;
+    info.with_label_values(&[model_name, &num_blocks.to_string(), &block_size.to_string()])
+        .set(1);
+    Ok(())
+}

@@ -203,3 +203,63 @@ fn shutdown_drains_and_refuses_new_work() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// Sixteen requests with log-probabilities, each alone on a roomy engine, then together on an
+/// engine that chunks their prefills (32 tokens a step), preempts them (a pool of 24 blocks)
+/// and serves half of them a cached prefix (they share the first request's long prompt, which
+/// runs first): every token is the same and every log-probability agrees within 1e-3.
+fn logprobs_agree_alone_and_in_a_batch_of_16(backend: sluice_models::Backend) {
+    let shared = format!("{} Answer briefly.", TOPICS[3].repeat(6));
+    let reqs: Vec<_> = (0..16)
+        .map(|i| {
+            let text = if i % 2 == 0 {
+                format!("{shared} ({i})")
+            } else {
+                format!("{} ({i})", TOPICS[i % TOPICS.len()])
+            };
+            let mut params = SamplingParams::greedy(40 + i % 5);
+            params.logprobs = Some(1);
+            request(prompt(&text), params)
+        })
+        .collect();
+    let solo_engine = start_on(backend, |c| c.enable_prefix_caching = false);
+    let solo: Vec<_> = reqs
+        .iter()
+        .map(|r| run(&solo_engine, r.clone()).remove(0))
+        .collect();
+    let engine = start_on(backend, |c| {
+        c.num_kv_blocks = Some(24);
+        c.max_model_len = Some(256);
+        c.max_num_batched_tokens = 32;
+        c.max_num_seqs = 16;
+    });
+    let first = run(&engine, reqs[0].clone()).remove(0);
+    let streams: Vec<_> = reqs[1..]
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    let together: Vec<_> = std::iter::once(first)
+        .chain(streams.into_iter().map(|s| collect(s, 1).remove(0)))
+        .collect();
+    for (i, (got, want)) in together.iter().zip(&solo).enumerate() {
+        assert_eq!(got.token_ids, want.token_ids, "request {i}");
+        for (j, (a, b)) in got.logprobs.iter().zip(&want.logprobs).enumerate() {
+            let d = (a.logprob - b.logprob).abs();
+            assert!(d <= 1e-3, "request {i} token {j}: |Δ logprob| {d}");
+        }
+    }
+    let m = engine.metrics();
+    assert!(m.preemptions.get() > 0, "no preemption happened");
+    assert!(m.prefix_hits.get() > 0, "no prefix-cache hit happened");
+    assert!(tokens_fed(&engine) > 0.0);
+}
+
+#[test]
+fn logprobs_agree_alone_and_in_a_batch_of_16_on_the_kernels() {
+    logprobs_agree_alone_and_in_a_batch_of_16(sluice_models::Backend::Kernels);
+}
+
+#[test]
+fn logprobs_agree_alone_and_in_a_batch_of_16_on_candle() {
+    logprobs_agree_alone_and_in_a_batch_of_16(sluice_models::Backend::Candle);
+}

@@ -42,9 +42,15 @@ pub struct ServeArgs {
     /// Compute threads (0: one per core).
     #[arg(long, env = "SLUICE_THREADS", default_value_t = 0)]
     pub threads: usize,
-    /// Where the in-process model runs: cpu, cuda or cuda:N (one GPU per replica).
+    /// Where the forward pass runs: `cpu` or `cuda:N` (builds with the `cuda` feature).
     #[arg(long, env = "SLUICE_DEVICE", default_value = "cpu")]
     pub device: String,
+    /// The forward pass: `kernels` (CPU only, the CPU default) or `candle` (implied by cuda:N).
+    #[arg(long, env = "SLUICE_BACKEND")]
+    pub backend: Option<String>,
+    /// On a GPU: the share of the memory free after the weights load that the KV pool takes.
+    #[arg(long, env = "SLUICE_GPU_MEMORY_UTILIZATION", default_value_t = 0.90)]
+    pub gpu_memory_utilization: f64,
     /// API keys and tenants (TOML or JSON). Without it the server is open.
     #[arg(long, env = "SLUICE_API_KEYS")]
     pub api_keys: Option<PathBuf>,
@@ -285,6 +291,8 @@ pub struct ServeConfig {
     pub served_model_name: Option<String>,
     pub threads: usize,
     pub device: DeviceSpec,
+    pub backend: sluice_models::Backend,
+    pub gpu_memory_utilization: f64,
     pub api_keys: Option<PathBuf>,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
@@ -348,6 +356,7 @@ impl ServeConfig {
             "kv_cache_mib": self.kv_cache_bytes >> 20,
             "device": self.device.to_string(),
             "cuda_in_binary": cfg!(feature = "cuda"),
+            "backend": self.backend.to_string(),
         })
     }
 }
@@ -380,10 +389,15 @@ pub fn parse_duration(flag: &str, s: &str) -> Result<Duration, String> {
 }
 
 impl ServeArgs {
-    /// `--device`: its syntax, and that a GPU has a model to run. Whether this binary has CUDA
-    /// is not checked here (deployment checks validate GPU manifests with a CPU build): the
-    /// summary reports it, and loading the model on a GPU fails clearly without it.
-    fn device_for(&self, has_model: bool) -> Result<DeviceSpec, String> {
+    /// `--device`, `--backend` and `--gpu-memory-utilization`, checked together: the device's
+    /// syntax, that a GPU has a model to run, and that the backend runs on the device. Whether
+    /// this binary has CUDA is not checked here (deployment checks validate GPU manifests with
+    /// a CPU build): the summary reports it, and loading the model on a GPU fails clearly
+    /// without it.
+    fn device_and_backend(
+        &self,
+        has_model: bool,
+    ) -> Result<(DeviceSpec, sluice_models::Backend), String> {
         let device: DeviceSpec = self
             .device
             .parse()
@@ -393,7 +407,19 @@ impl ServeArgs {
                 "--device {device}: a gateway that only routes runs no model (add --model)"
             ));
         }
-        Ok(device)
+        let backend = self
+            .backend
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| format!("--backend: {e}"))?;
+        let backend =
+            sluice_models::Backend::resolve(backend, device).map_err(|e| e.to_string())?;
+        let u = self.gpu_memory_utilization;
+        if !(u > 0.0 && u <= 1.0) {
+            return Err(format!("--gpu-memory-utilization {u} must be in (0, 1]"));
+        }
+        Ok((device, backend))
     }
 
     pub fn validate(&self) -> Result<ServeConfig, String> {
@@ -434,7 +460,7 @@ impl ServeArgs {
             (None, None) => Some(DEFAULT_MODEL.to_string()),
             (None, Some(_)) => None,
         };
-        let device = self.device_for(model.is_some())?;
+        let (device, backend) = self.device_and_backend(model.is_some())?;
         Ok(ServeConfig {
             addr: SocketAddr::new(ip, self.port),
             model,
@@ -443,6 +469,8 @@ impl ServeArgs {
             served_model_name: self.served_model_name.clone(),
             threads: self.threads,
             device,
+            backend,
+            gpu_memory_utilization: self.gpu_memory_utilization,
             api_keys: self.api_keys.clone(),
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
@@ -503,6 +531,27 @@ mod tests {
             .map_err(|e| e.to_string())?
             .serve
             .validate()
+    }
+
+    #[test]
+    fn device_and_backend_flags_are_checked_together() {
+        use sluice_models::{Backend, DeviceSpec};
+        let c = cfg(&[]).unwrap();
+        assert_eq!((c.device, c.backend), (DeviceSpec::Cpu, Backend::Kernels));
+        let c = cfg(&["--backend", "candle"]).unwrap();
+        assert_eq!(c.backend, Backend::Candle);
+        let c = cfg(&["--device", "cuda:1"]).unwrap();
+        assert_eq!(
+            (c.device, c.backend),
+            (DeviceSpec::Cuda(1), Backend::Candle)
+        );
+        let err = |args: &[&str]| cfg(args).unwrap_err();
+        assert!(err(&["--device", "gpu"]).contains("--device: device: unknown device 'gpu'"));
+        assert!(err(&["--backend", "torch"]).contains("--backend: device: unknown backend"));
+        let e = err(&["--device", "cuda:0", "--backend", "kernels"]);
+        assert!(e.contains("CPU only"), "{e}");
+        let e = err(&["--gpu-memory-utilization", "1.5"]);
+        assert!(e.contains("--gpu-memory-utilization"), "{e}");
     }
 
     #[test]

@@ -242,6 +242,7 @@ fn load(
         &ModelOptions {
             threads: cfg.threads,
             device: cfg.device,
+            backend: cfg.backend,
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;
@@ -252,6 +253,7 @@ fn load(
     ec.max_num_batched_tokens = cfg.max_num_batched_tokens;
     ec.max_model_len = cfg.max_model_len;
     ec.kv_cache_bytes = cfg.kv_cache_bytes;
+    ec.gpu_memory_utilization = cfg.gpu_memory_utilization;
     ec.enable_prefix_caching = cfg.prefix_caching;
     let engine = Engine::start_with_registry(model.clone(), ec, registry)?;
     tracing::info!(

@@ -13,7 +13,9 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use sluice_models::chat_template::ChatMessage;
 use sluice_models::logits::{argmax, top_logprobs};
-use sluice_models::{registry, KvStore, Logits, Model, ModelOptions, SeqChunk, StepBatch};
+use sluice_models::{
+    registry, Backend, DeviceSpec, KvStore, Logits, Model, ModelOptions, SeqChunk, StepBatch,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "Run a GGUF model directly: tokenize, greedy chat, or score forced tokens")]
@@ -27,6 +29,12 @@ struct Args {
     /// Compute threads (0: one per core).
     #[arg(long, env = "SLUICE_THREADS", default_value_t = 0)]
     threads: usize,
+    /// `kernels` (the CPU default) or `candle` (implied by a GPU device).
+    #[arg(long, env = "SLUICE_BACKEND")]
+    backend: Option<Backend>,
+    /// `cpu` or `cuda:N`.
+    #[arg(long, env = "SLUICE_DEVICE", default_value = "cpu")]
+    device: DeviceSpec,
     /// Print one JSON object on the last line instead of text.
     #[arg(long)]
     json: bool,
@@ -58,7 +66,8 @@ fn main() -> Result<()> {
     let location = registry::resolve(&args.model, &args.model_dir)?;
     let options = ModelOptions {
         threads: args.threads,
-        ..ModelOptions::default()
+        device: args.device,
+        backend: Backend::resolve(args.backend, args.device)?,
     };
     let model = Model::load(&location.path, &options)
         .with_context(|| format!("loading {}", location.path.display()))?;
@@ -117,7 +126,7 @@ fn main() -> Result<()> {
 /// A KV store just large enough for one sequence of `tokens` positions, and its block table.
 fn single_sequence_kv(model: &Model, tokens: usize) -> Result<(KvStore, Vec<u32>)> {
     let block = sluice_models::kv::DEFAULT_BLOCK_SIZE;
-    let kv = KvStore::new(model.config(), tokens.div_ceil(block).max(1), block)?;
+    let kv = model.new_kv_store(tokens.div_ceil(block).max(1), block)?;
     let table = (0..kv.num_blocks() as u32).collect();
     Ok((kv, table))
 }
@@ -142,7 +151,7 @@ fn greedy(model: &Model, prompt: &[u32], max_tokens: usize) -> Result<Vec<u32>> 
                 logits: Logits::Last,
             }],
         };
-        let logits = model.llama().forward(&batch, &mut kv)?.to_vec2::<f32>()?;
+        let logits = model.forward(&batch, &mut kv)?.to_vec2::<f32>()?;
         pos += feed.len();
         let next = argmax(&logits[0]);
         ids.push(next);
@@ -170,7 +179,7 @@ fn score(model: &Model, prompt: &[u32], force: &[u32], top: usize) -> Result<Vec
             logits: Logits::All,
         }],
     };
-    let rows = model.llama().forward(&batch, &mut kv)?.to_vec2::<f32>()?;
+    let rows = model.forward(&batch, &mut kv)?.to_vec2::<f32>()?;
     Ok(rows[prompt.len() - 1..]
         .iter()
         .map(|row| top_logprobs(row, top))

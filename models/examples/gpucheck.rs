@@ -15,11 +15,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use sluice_models::logits::{argmax, log_softmax};
-use sluice_models::{DeviceSpec, KvStore, LlamaConfig, Logits, SeqChunk, StepBatch};
+use sluice_models::{Backend, DeviceSpec, KvStore, LlamaConfig, Logits, SeqChunk, StepBatch};
 
 #[derive(Parser, Debug)]
 #[command(about = "GPU check measurements (one JSON object per run)")]
@@ -63,9 +63,7 @@ enum Mode {
 
 const BLOCK: usize = 16;
 
-// ---- Wiring to the models crate. The lead adapts this block when the candle backend merges:
-// `ModelOptions` takes the backend, and the KV store comes from the loaded model (on its
-// device). Everything below it uses only `Net`. ----
+// ---- Wiring to the models crate: everything below this block uses only `Net`. ----
 
 struct Net {
     model: sluice_models::Model,
@@ -74,10 +72,12 @@ struct Net {
 impl Net {
     fn load(path: &Path, device: &str, backend: &str, threads: usize) -> Result<Self> {
         let device: DeviceSpec = device.parse()?;
-        if backend != "kernels" {
-            bail!("--backend {backend}: this build has the kernels backend only");
-        }
-        let options = sluice_models::ModelOptions { device, threads };
+        let backend = Backend::resolve(Some(backend.parse()?), device)?;
+        let options = sluice_models::ModelOptions {
+            device,
+            backend,
+            threads,
+        };
         let model = sluice_models::Model::load(path, &options)
             .with_context(|| format!("loading {}", path.display()))?;
         Ok(Self { model })
@@ -89,12 +89,12 @@ impl Net {
 
     fn new_kv(&self, tokens_per_seq: usize, seqs: usize) -> Result<KvStore> {
         let blocks = seqs * tokens_per_seq.div_ceil(BLOCK);
-        Ok(KvStore::new(self.config(), blocks, BLOCK)?)
+        Ok(self.model.new_kv_store(blocks, BLOCK)?)
     }
 
     /// The logits rows the batch asks for, on the host.
     fn forward(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Vec<Vec<f32>>> {
-        Ok(self.model.llama().forward(batch, kv)?.to_vec2::<f32>()?)
+        Ok(self.model.forward(batch, kv)?.to_vec2::<f32>()?)
     }
 }
 

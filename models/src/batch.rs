@@ -55,4 +55,20 @@ impl StepBatch {
             })
             .sum()
     }
+
+    /// The flat token indices whose logits the step returns, in order.
+    pub fn logit_rows(&self) -> Vec<usize> {
+        let mut rows = Vec::with_capacity(self.num_logit_rows());
+        let mut offset = 0;
+        for s in &self.seqs {
+            let len = s.tokens.len();
+            match s.logits {
+                Logits::None => {}
+                Logits::Last => rows.extend(offset + len.saturating_sub(1)..offset + len),
+                Logits::All => rows.extend(offset..offset + len),
+            }
+            offset += len;
+        }
+        rows
+    }
 }

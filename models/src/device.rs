@@ -1,4 +1,5 @@
-//! Where the forward pass runs: `cpu`, or `cuda:N` in builds with the `cuda` feature.
+//! Where the forward pass runs (`cpu`, or `cuda:N` in builds with the `cuda` feature) and with
+//! which backend (the CPU kernels, or candle's tensors).
 
 use std::fmt;
 use std::str::FromStr;
@@ -55,6 +56,55 @@ impl DeviceSpec {
     }
 }
 
+/// Which implementation of the forward pass runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// The hand-written CPU kernels (`crate::kernels`): the CPU default.
+    #[default]
+    Kernels,
+    /// candle tensors (`crate::candle`): the only backend on a GPU, testable on the CPU.
+    Candle,
+}
+
+impl FromStr for Backend {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "kernels" => Ok(Self::Kernels),
+            "candle" => Ok(Self::Candle),
+            other => Err(ModelError::Device(format!(
+                "unknown backend '{other}': expected 'kernels' or 'candle'"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Kernels => write!(f, "kernels"),
+            Self::Candle => write!(f, "candle"),
+        }
+    }
+}
+
+impl Backend {
+    /// The backend for a device when the command line may or may not name one: a GPU implies
+    /// candle, the CPU defaults to the kernels, and the kernels on a GPU are refused.
+    pub fn resolve(requested: Option<Self>, device: DeviceSpec) -> Result<Self, ModelError> {
+        match (requested, device) {
+            (Some(Self::Kernels), DeviceSpec::Cuda(_)) => Err(ModelError::Device(format!(
+                "--backend kernels runs on the CPU only; {device} needs --backend candle \
+                 (or no --backend)"
+            ))),
+            (Some(b), _) => Ok(b),
+            (None, DeviceSpec::Cuda(_)) => Ok(Self::Candle),
+            (None, DeviceSpec::Cpu) => Ok(Self::Kernels),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +117,36 @@ mod tests {
         assert!("gpu".parse::<DeviceSpec>().is_err());
         assert!("cuda:x".parse::<DeviceSpec>().is_err());
         assert_eq!(DeviceSpec::Cuda(1).to_string(), "cuda:1");
+        let err = "gpu".parse::<DeviceSpec>().unwrap_err().to_string();
+        assert!(err.contains("unknown device 'gpu'"), "{err}");
+    }
+
+    #[test]
+    fn parses_and_resolves_the_backends() {
+        assert_eq!("kernels".parse::<Backend>().unwrap(), Backend::Kernels);
+        assert_eq!("candle".parse::<Backend>().unwrap(), Backend::Candle);
+        let err = "torch".parse::<Backend>().unwrap_err().to_string();
+        assert!(err.contains("unknown backend 'torch'"), "{err}");
+        let cuda = DeviceSpec::Cuda(0);
+        assert_eq!(Backend::resolve(None, cuda).unwrap(), Backend::Candle);
+        assert_eq!(
+            Backend::resolve(None, DeviceSpec::Cpu).unwrap(),
+            Backend::Kernels
+        );
+        assert_eq!(
+            Backend::resolve(Some(Backend::Candle), DeviceSpec::Cpu).unwrap(),
+            Backend::Candle
+        );
+        let err = Backend::resolve(Some(Backend::Kernels), cuda)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("CPU only") && err.contains("cuda:0"), "{err}");
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_is_a_clear_error() {
+        let err = DeviceSpec::Cuda(0).open().unwrap_err().to_string();
+        assert!(err.contains("built without the `cuda` feature"), "{err}");
     }
 }

@@ -13,13 +13,15 @@
 //! - [`tokenizer`] and [`chat_template`]: text in and out, exactly as llama.cpp does it.
 //! - [`batch`]: the ragged batch ([`StepBatch`]) a forward call takes.
 //! - [`kv`]: the block pool holding K and V ([`KvStore`]).
-//! - [`llama`]: weights and the forward pass ([`Llama`]).
+//! - [`llama`]: weights and the forward pass on the CPU kernels ([`Llama`]).
+//! - [`candle`]: the forward pass on candle tensors, CPU or GPU ([`CandleLlama`]).
 //! - [`kernels`]: batch-invariant CPU kernels (the only `unsafe` code).
 //! - [`model`]: [`Model`], the loaded bundle of all of the above.
-//! - [`device`]: `cpu` / `cuda:N`.
+//! - [`device`]: `cpu` / `cuda:N`, and the backend ([`Backend`]).
 //! - [`weights`]: [`WeightSource`], tensors by GGUF name from any model format.
 
 pub mod batch;
+pub mod candle;
 pub mod chat_template;
 pub mod config;
 pub mod device;
@@ -39,10 +41,11 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use batch::{Logits, SeqChunk, StepBatch};
+pub use candle::CandleLlama;
 pub use config::LlamaConfig;
-pub use device::DeviceSpec;
+pub use device::{Backend, DeviceSpec};
 pub use error::{ModelError, Result};
 pub use kv::KvStore;
 pub use llama::Llama;
-pub use model::{Model, ModelOptions, ModelSource};
+pub use model::{Model, ModelOptions, ModelSource, Network};
 pub use weights::WeightSource;

@@ -7,7 +7,7 @@
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
-use crate::batch::{Logits, StepBatch};
+use crate::batch::StepBatch;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::kernels::activation::silu_mul;
@@ -16,7 +16,7 @@ use crate::kernels::dot::best_path;
 use crate::kernels::norm::rms_norm;
 use crate::kernels::quant::QuantActs;
 use crate::kernels::rope::RopeTable;
-use crate::kv::KvStore;
+use crate::kv::{KernelPool, KvStore};
 use crate::linear::Linear;
 use crate::weights::WeightSource;
 
@@ -133,74 +133,23 @@ impl Llama {
         self.pool.current_num_threads()
     }
 
-    /// Checks a batch against the model and the KV store before anything is written.
-    fn validate(&self, batch: &StepBatch, kv: &KvStore) -> Result<()> {
-        let bad = |m: String| Err(ModelError::InvalidBatch(m));
-        for (i, s) in batch.seqs.iter().enumerate() {
-            if s.tokens.is_empty() {
-                return bad(format!("sequence {i} feeds no tokens"));
-            }
-            let end = s.start_pos + s.tokens.len();
-            if end > self.rope.max_positions() {
-                return bad(format!(
-                    "sequence {i} reaches position {end}, beyond the context length {}",
-                    self.rope.max_positions()
-                ));
-            }
-            if let Some(t) = s
-                .tokens
-                .iter()
-                .find(|t| **t as usize >= self.config.vocab_size)
-            {
-                return bad(format!("sequence {i}: token id {t} outside the vocabulary"));
-            }
-            if s.block_table.len() < kv.blocks_for(end) {
-                return bad(format!(
-                    "sequence {i} needs {} blocks for {end} positions, has {}",
-                    kv.blocks_for(end),
-                    s.block_table.len()
-                ));
-            }
-            if let Some(b) = s
-                .block_table
-                .iter()
-                .find(|b| **b as usize >= kv.num_blocks())
-            {
-                return bad(format!("sequence {i}: block {b} outside the KV store"));
-            }
-        }
-        Ok(())
-    }
-
     /// Runs one step over a ragged batch and returns logits `[rows, vocab]` for the rows the
     /// batch asks for, in sequence order (see [`StepBatch::num_logit_rows`]).
     pub fn forward(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Tensor> {
-        self.validate(batch, kv)?;
+        kv.validate(batch, &self.config)?;
+        let pool = kv.kernel_pool()?;
         // The whole step runs on a compute thread: each kernel's `pool.install` then runs inline
         // and its parallel loop is shared by stealing between workers that are already awake,
         // instead of the caller sleeping and waking once per matrix product.
-        self.pool.install(|| self.forward_on_pool(batch, kv))
+        self.pool.install(|| self.forward_on_pool(batch, pool))
     }
 
     /// `forward` after validation, on one of the pool's threads.
-    fn forward_on_pool(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Tensor> {
+    fn forward_on_pool(&self, batch: &StepBatch, kv: &mut KernelPool) -> Result<Tensor> {
         let c = &self.config;
-        let (d, hd, ff) = (c.embedding_length, c.head_dim, c.feed_forward_length);
-        let (heads, kv_w) = (c.head_count, c.kv_width());
-        let qkv_w = heads * hd + 2 * kv_w;
+        let d = c.embedding_length;
         let n = batch.num_tokens();
-        let path = best_path();
-        let scale = 1.0 / (hd as f32).sqrt();
-
-        // Per token: its sequence and its position.
-        let mut token_seq = Vec::with_capacity(n);
-        let mut token_pos = Vec::with_capacity(n);
-        for (si, s) in batch.seqs.iter().enumerate() {
-            for j in 0..s.tokens.len() {
-                token_seq.push(si);
-                token_pos.push(s.start_pos + j);
-            }
-        }
+        let tokens = TokenMap::new(batch);
         let mut x = vec![0.0f32; n * d];
         for (row, &t) in x
             .chunks_exact_mut(d)
@@ -208,82 +157,14 @@ impl Llama {
         {
             self.embed.row(t as usize, row);
         }
-
-        let mut h = vec![0.0f32; n * d];
-        let mut qkv = vec![0.0f32; n * qkv_w];
-        let mut attn = vec![0.0f32; n * heads * hd];
-        let mut proj = vec![0.0f32; n * d];
-        let mut gate_up = vec![0.0f32; n * 2 * ff];
-        let mut act = vec![0.0f32; n * ff];
-        let mut q8 = QuantActs::default();
-
+        let mut buf = StepBuffers::new(c, n);
         for (li, layer) in self.layers.iter().enumerate() {
-            rms_norm(&x, &layer.attn_norm, c.rms_norm_eps, &mut h);
-            layer.wqkv.apply(&self.pool, &h, n, &mut q8, &mut qkv);
-            for (t, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
-                let (qk, v) = row.split_at_mut(heads * hd + kv_w);
-                self.rope.apply(qk, token_pos[t]);
-                let (_, k) = qk.split_at(heads * hd);
-                let s = &batch.seqs[token_seq[t]];
-                let pos = token_pos[t];
-                let block = s.block_table[pos / kv.block_size()] as usize;
-                kv.write(li, block, pos % kv.block_size(), k, v);
-            }
-            let view = kv.view(li);
-            let group = c.group_size();
-            // Query heads per task: a KV head's whole group, which reads its keys and values
-            // once for all of them, unless that leaves too few tasks for the threads. A head's
-            // result is the same either way.
-            let per_task = if n * c.head_count_kv >= 2 * self.pool.current_num_threads() {
-                group
-            } else {
-                1
-            };
-            self.pool.install(|| {
-                attn.par_chunks_mut(per_task * hd)
-                    .enumerate()
-                    .for_each_init(Vec::new, |scores, (i, out)| {
-                        let (t, head) = (i * per_task / heads, i * per_task % heads);
-                        let s = &batch.seqs[token_seq[t]];
-                        let q = &qkv[t * qkv_w + head * hd..t * qkv_w + (head + per_task) * hd];
-                        let ctx = token_pos[t] + 1;
-                        attend(
-                            path,
-                            q,
-                            &view,
-                            head / group,
-                            &s.block_table,
-                            ctx,
-                            scale,
-                            scores,
-                            out,
-                        );
-                    });
-            });
-            layer.wo.apply(&self.pool, &attn, n, &mut q8, &mut proj);
-            add_into(&mut x, &proj);
-
-            rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps, &mut h);
-            layer
-                .wgate_up
-                .apply(&self.pool, &h, n, &mut q8, &mut gate_up);
-            silu_mul(&gate_up, ff, &mut act);
-            layer.wdown.apply(&self.pool, &act, n, &mut q8, &mut proj);
-            add_into(&mut x, &proj);
+            self.attention_block(li, layer, batch, &tokens, kv, &mut x, &mut buf);
+            self.feed_forward_block(layer, &mut x, &mut buf);
         }
 
         // Only the rows that need logits go through the final norm and the vocabulary product.
-        let mut rows = Vec::new();
-        let mut offset = 0;
-        for s in &batch.seqs {
-            let len = s.tokens.len();
-            match s.logits {
-                Logits::None => {}
-                Logits::Last => rows.push(offset + len - 1),
-                Logits::All => rows.extend(offset..offset + len),
-            }
-            offset += len;
-        }
+        let rows = batch.logit_rows();
         let mut selected = Vec::with_capacity(rows.len() * d);
         for &r in &rows {
             selected.extend_from_slice(&x[r * d..(r + 1) * d]);
@@ -292,12 +173,144 @@ impl Llama {
         rms_norm(&selected, &self.output_norm, c.rms_norm_eps, &mut normed);
         let head = self.output.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0.0f32; rows.len() * c.vocab_size];
-        head.apply(&self.pool, &normed, rows.len(), &mut q8, &mut logits);
+        head.apply(&self.pool, &normed, rows.len(), &mut buf.q8, &mut logits);
         Ok(Tensor::from_vec(
             logits,
             (rows.len(), c.vocab_size),
             &Device::Cpu,
         )?)
+    }
+
+    /// One layer's attention half: norm, Q/K/V, RoPE, the KV write, attention over each
+    /// sequence's blocks, the output projection added into `x`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block(
+        &self,
+        li: usize,
+        layer: &Layer,
+        batch: &StepBatch,
+        tokens: &TokenMap,
+        kv: &mut KernelPool,
+        x: &mut [f32],
+        buf: &mut StepBuffers,
+    ) {
+        let c = &self.config;
+        let (hd, heads, kv_w) = (c.head_dim, c.head_count, c.kv_width());
+        let qkv_w = heads * hd + 2 * kv_w;
+        let n = tokens.pos.len();
+        rms_norm(x, &layer.attn_norm, c.rms_norm_eps, &mut buf.h);
+        layer
+            .wqkv
+            .apply(&self.pool, &buf.h, n, &mut buf.q8, &mut buf.qkv);
+        for (t, row) in buf.qkv.chunks_exact_mut(qkv_w).enumerate() {
+            let (qk, v) = row.split_at_mut(heads * hd + kv_w);
+            let pos = tokens.pos[t];
+            self.rope.apply(qk, pos);
+            let (_, k) = qk.split_at(heads * hd);
+            let s = &batch.seqs[tokens.seq[t]];
+            let block = s.block_table[pos / kv.block_size()] as usize;
+            kv.write(li, block, pos % kv.block_size(), k, v);
+        }
+        let view = kv.view(li);
+        let group = c.group_size();
+        // Query heads per task: a KV head's whole group, which reads its keys and values
+        // once for all of them, unless that leaves too few tasks for the threads. A head's
+        // result is the same either way.
+        let per_task = if n * c.head_count_kv >= 2 * self.pool.current_num_threads() {
+            group
+        } else {
+            1
+        };
+        let (path, scale) = (best_path(), 1.0 / (hd as f32).sqrt());
+        let qkv = &buf.qkv;
+        self.pool.install(|| {
+            buf.attn
+                .par_chunks_mut(per_task * hd)
+                .enumerate()
+                .for_each_init(Vec::new, |scores, (i, out)| {
+                    let (t, head) = (i * per_task / heads, i * per_task % heads);
+                    let s = &batch.seqs[tokens.seq[t]];
+                    let q = &qkv[t * qkv_w + head * hd..t * qkv_w + (head + per_task) * hd];
+                    let ctx = tokens.pos[t] + 1;
+                    let kv_head = head / group;
+                    attend(
+                        path,
+                        q,
+                        &view,
+                        kv_head,
+                        &s.block_table,
+                        ctx,
+                        scale,
+                        scores,
+                        out,
+                    );
+                });
+        });
+        layer
+            .wo
+            .apply(&self.pool, &buf.attn, n, &mut buf.q8, &mut buf.proj);
+        add_into(x, &buf.proj);
+    }
+
+    /// One layer's feed-forward half: norm, gate and up, SiLU, down, added into `x`.
+    fn feed_forward_block(&self, layer: &Layer, x: &mut [f32], buf: &mut StepBuffers) {
+        let c = &self.config;
+        let n = x.len() / c.embedding_length;
+        rms_norm(x, &layer.ffn_norm, c.rms_norm_eps, &mut buf.h);
+        layer
+            .wgate_up
+            .apply(&self.pool, &buf.h, n, &mut buf.q8, &mut buf.gate_up);
+        silu_mul(&buf.gate_up, c.feed_forward_length, &mut buf.act);
+        layer
+            .wdown
+            .apply(&self.pool, &buf.act, n, &mut buf.q8, &mut buf.proj);
+        add_into(x, &buf.proj);
+    }
+}
+
+/// Per token of a step: its sequence and its position.
+struct TokenMap {
+    seq: Vec<usize>,
+    pos: Vec<usize>,
+}
+
+impl TokenMap {
+    fn new(batch: &StepBatch) -> Self {
+        let n = batch.num_tokens();
+        let (mut seq, mut pos) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for (si, s) in batch.seqs.iter().enumerate() {
+            for j in 0..s.tokens.len() {
+                seq.push(si);
+                pos.push(s.start_pos + j);
+            }
+        }
+        Self { seq, pos }
+    }
+}
+
+/// The activations of one step, reused by every layer.
+struct StepBuffers {
+    h: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    q8: QuantActs,
+}
+
+impl StepBuffers {
+    fn new(c: &LlamaConfig, n: usize) -> Self {
+        let (d, hd, ff) = (c.embedding_length, c.head_dim, c.feed_forward_length);
+        Self {
+            h: vec![0.0; n * d],
+            qkv: vec![0.0; n * (c.head_count * hd + 2 * c.kv_width())],
+            attn: vec![0.0; n * c.head_count * hd],
+            proj: vec![0.0; n * d],
+            gate_up: vec![0.0; n * 2 * ff],
+            act: vec![0.0; n * ff],
+            q8: QuantActs::default(),
+        }
     }
 }
 

@@ -3,30 +3,91 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use candle_core::{Device, Tensor};
+
+use crate::batch::StepBatch;
+use crate::candle::CandleLlama;
 use crate::chat_template::ChatTemplate;
 use crate::config::LlamaConfig;
-use crate::device::DeviceSpec;
+use crate::device::{Backend, DeviceSpec};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::hf::{self, HfDir};
+use crate::kv::KvStore;
 use crate::llama::Llama;
 use crate::tokenizer::{SpecialIds, Tokenizer};
 use crate::weights::WeightSource;
 
 /// How to load a model.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ModelOptions {
     pub device: DeviceSpec,
-    /// Compute threads; 0 means one per available core.
+    /// Which forward pass runs; [`Backend::resolve`] picks it from the command line.
+    pub backend: Backend,
+    /// Compute threads on the CPU; 0 means one per available core.
     pub threads: usize,
 }
 
-impl Default for ModelOptions {
-    fn default() -> Self {
-        Self {
-            device: DeviceSpec::Cpu,
-            threads: 0,
+/// The network in the form one backend runs it.
+// One per loaded model: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Network {
+    Kernels(Llama),
+    Candle(CandleLlama),
+}
+
+impl Network {
+    /// Builds the network from its weights for the backend and device the options name.
+    pub fn build(
+        weights: &mut dyn WeightSource,
+        config: LlamaConfig,
+        options: &ModelOptions,
+        device: &Device,
+    ) -> Result<Self> {
+        let threads = match options.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        Ok(match options.backend {
+            Backend::Kernels => Self::Kernels(Llama::load(weights, config, threads)?),
+            Backend::Candle => Self::Candle(CandleLlama::load(weights, config, device, threads)?),
+        })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        match self {
+            Self::Kernels(l) => l.config(),
+            Self::Candle(c) => c.config(),
         }
+    }
+
+    /// Bytes of weights one forward step reads.
+    pub fn weight_bytes(&self) -> usize {
+        match self {
+            Self::Kernels(l) => l.weight_bytes(),
+            Self::Candle(c) => c.weight_bytes(),
+        }
+    }
+
+    /// CPU compute threads (0 on a GPU).
+    pub fn threads(&self) -> usize {
+        match self {
+            Self::Kernels(l) => l.threads(),
+            Self::Candle(c) => c.threads(),
+        }
+    }
+
+    /// Floating-point operations (multiply and add counted apart) one token costs at context
+    /// `ctx`: every matrix product plus attention's `q·K` and `p·V`.
+    pub fn flops_per_token(&self, ctx: usize) -> f64 {
+        let c = self.config();
+        let (d, hd, ff) = (c.embedding_length, c.head_dim, c.feed_forward_length);
+        let q = c.head_count * hd;
+        let per_layer = d * (q + 2 * c.kv_width()) + q * d + 3 * ff * d;
+        let matrices = (c.block_count * per_layer + c.vocab_size * d) as f64;
+        let attention = (c.block_count * q * ctx) as f64 * 2.0;
+        2.0 * (matrices + attention)
     }
 }
 
@@ -97,7 +158,8 @@ impl ModelSource {
 #[derive(Debug)]
 pub struct Model {
     path: PathBuf,
-    llama: Llama,
+    network: Network,
+    device: DeviceSpec,
     tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
     load_time: Duration,
@@ -107,24 +169,14 @@ impl Model {
     /// Loads a GGUF file or a Hugging Face model directory (see [`ModelSource::open`]).
     pub fn load(path: &Path, options: &ModelOptions) -> Result<Self> {
         let started = Instant::now();
-        if options.device != DeviceSpec::Cpu {
-            // Opening the device first turns "no such GPU" into a clear error; the forward pass
-            // itself has only the CPU kernels so far.
-            options.device.open()?;
-            return Err(ModelError::Device(format!(
-                "{}: the forward pass runs on the CPU only in this version; use --device cpu",
-                options.device
-            )));
-        }
+        // Opening the device first turns "no such GPU" into a clear error before any reading.
+        let device = open_device(options)?;
         let mut source = ModelSource::open(path)?;
-        let threads = match options.threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
-        let llama = Llama::load(source.weights.as_mut(), source.config, threads)?;
+        let network = Network::build(source.weights.as_mut(), source.config, options, &device)?;
         Ok(Self {
             path: path.to_owned(),
-            llama,
+            network,
+            device: options.device,
             tokenizer: source.tokenizer,
             chat_template: source.chat_template,
             load_time: started.elapsed(),
@@ -136,11 +188,58 @@ impl Model {
     }
 
     pub fn config(&self) -> &LlamaConfig {
-        self.llama.config()
+        self.network.config()
     }
 
-    pub fn llama(&self) -> &Llama {
-        &self.llama
+    /// The network, for backend-specific figures (weight bytes, threads).
+    pub fn network(&self) -> &Network {
+        &self.network
+    }
+
+    /// The CPU kernels' network, when that is the backend this model runs on.
+    pub fn llama(&self) -> Option<&Llama> {
+        match &self.network {
+            Network::Kernels(l) => Some(l),
+            Network::Candle(_) => None,
+        }
+    }
+
+    /// The device the forward pass runs on.
+    pub fn device(&self) -> DeviceSpec {
+        self.device
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self.network {
+            Network::Kernels(_) => Backend::Kernels,
+            Network::Candle(_) => Backend::Candle,
+        }
+    }
+
+    /// A KV block pool where this model's forward pass reads it.
+    pub fn new_kv_store(&self, num_blocks: usize, block_size: usize) -> Result<KvStore> {
+        match &self.network {
+            Network::Kernels(_) => KvStore::new(self.config(), num_blocks, block_size),
+            Network::Candle(c) => c.new_kv_store(num_blocks, block_size),
+        }
+    }
+
+    /// One step over a ragged batch: logits `[rows, vocab]` (f32, on the CPU) for the rows
+    /// the batch asks for, in sequence order. `kv` must come from [`Model::new_kv_store`].
+    pub fn forward(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Tensor> {
+        match &self.network {
+            Network::Kernels(l) => l.forward(batch, kv),
+            Network::Candle(c) => c.forward(batch, kv),
+        }
+    }
+
+    /// `(free, total)` bytes of the model's GPU memory; `None` on the CPU, where the KV pool
+    /// is sized by a fixed budget instead.
+    pub fn device_memory(&self) -> Result<Option<(usize, usize)>> {
+        match &self.network {
+            Network::Candle(c) => crate::candle::device_memory(c.device()),
+            Network::Kernels(_) => Ok(None),
+        }
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -156,4 +255,15 @@ impl Model {
     pub fn load_time(&self) -> Duration {
         self.load_time
     }
+}
+
+/// Checks the backend against the device and opens the device.
+fn open_device(options: &ModelOptions) -> Result<Device> {
+    if options.backend == Backend::Kernels && options.device != DeviceSpec::Cpu {
+        return Err(ModelError::Device(format!(
+            "the kernels backend runs on the CPU only; {} needs --backend candle",
+            options.device
+        )));
+    }
+    options.device.open()
 }

@@ -1,27 +1,38 @@
 //! The forward pass against llama.cpp's reference outputs (../shared/golden/greedy.jsonl) and its
-//! batch-invariance contract, on the real default model.
+//! batch-invariance contract, on the real default model, for both backends: the CPU kernels
+//! (bit-equal alone and in any batch) and candle's tensors on the CPU (within 1e-3 in
+//! log-probability).
 
 mod common;
 
 use candle_core::Tensor;
 use sluice_models::logits::{log_softmax, top_logprobs};
-use sluice_models::{KvStore, Logits, SeqChunk, StepBatch};
+use sluice_models::{Backend, KvStore, Logits, Model, SeqChunk, StepBatch};
 
 fn rows(t: &Tensor) -> Vec<Vec<f32>> {
     t.to_vec2::<f32>().expect("logits are a 2-D f32 tensor")
 }
 
 /// A fresh KV store and a contiguous block table for a sequence of up to `tokens` positions.
-fn kv_for(tokens: usize) -> (KvStore, Vec<u32>) {
-    let m = common::model();
-    let kv = KvStore::new(m.config(), tokens.div_ceil(16) + 1, 16).unwrap();
+fn kv_for(m: &Model, tokens: usize) -> (KvStore, Vec<u32>) {
+    let kv = m.new_kv_store(tokens.div_ceil(16) + 1, 16).unwrap();
     let table = (0..kv.num_blocks() as u32).collect();
     (kv, table)
 }
 
 #[test]
 fn logprobs_agree_with_llama_cpp_along_the_greedy_paths() {
-    let m = common::model();
+    agrees_with_llama_cpp(common::model_on(Backend::Kernels));
+}
+
+#[test]
+fn candle_logprobs_agree_with_llama_cpp_along_the_greedy_paths() {
+    agrees_with_llama_cpp(common::model_on(Backend::Candle));
+}
+
+/// Teacher-forced along llama.cpp's greedy paths: top-1 agreement >= 95 %, mean |Δ logprob|
+/// over the reference's top 10 <= 0.15.
+fn agrees_with_llama_cpp(m: &Model) {
     let (mut same_top1, mut positions, mut abs_diff, mut compared) = (0usize, 0usize, 0f64, 0usize);
     for line in common::golden_lines("greedy.jsonl") {
         let prompt = common::ids(&line["prompt_ids"]);
@@ -32,7 +43,7 @@ fn logprobs_agree_with_llama_cpp_along_the_greedy_paths() {
         // last token on: the predictions after the prompt and after each forced token.
         let mut tokens = prompt.clone();
         tokens.extend_from_slice(&greedy[..greedy.len() - 1]);
-        let (mut kv, table) = kv_for(tokens.len());
+        let (mut kv, table) = kv_for(m, tokens.len());
         let batch = StepBatch {
             seqs: vec![SeqChunk {
                 tokens: tokens.clone(),
@@ -41,7 +52,7 @@ fn logprobs_agree_with_llama_cpp_along_the_greedy_paths() {
                 logits: Logits::All,
             }],
         };
-        let out = rows(&m.llama().forward(&batch, &mut kv).unwrap());
+        let out = rows(&m.forward(&batch, &mut kv).unwrap());
         for (i, step) in steps.iter().enumerate() {
             let row = &out[prompt.len() - 1 + i];
             let lp = log_softmax(row);
@@ -63,7 +74,11 @@ fn logprobs_agree_with_llama_cpp_along_the_greedy_paths() {
     }
     let top1 = same_top1 as f64 / positions as f64;
     let mad = abs_diff / compared as f64;
-    eprintln!("top-1 agreement {top1:.4} over {positions} positions; mean |Δ logprob| {mad:.4}");
+    eprintln!(
+        "{} backend: top-1 agreement {top1:.4} over {positions} positions; mean |Δ logprob| \
+         {mad:.4}",
+        m.backend()
+    );
     assert!(top1 >= 0.95, "top-1 agreement {top1:.4} < 0.95");
     assert!(
         mad <= 0.15,
@@ -91,7 +106,17 @@ fn sixteen_prompts() -> Vec<Vec<u32>> {
 
 #[test]
 fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
-    let m = common::model();
+    same_alone_in_a_batch_and_in_chunks(common::model_on(Backend::Kernels), bits_equal);
+}
+
+#[test]
+fn candle_gives_a_sequence_the_same_logprobs_alone_in_a_batch_and_in_chunks() {
+    same_alone_in_a_batch_and_in_chunks(common::model_on(Backend::Candle), logprobs_close);
+}
+
+/// Sixteen sequences alone, then all in one ragged batch, then prefilled in chunks beside the
+/// others' decodes: every logits row agrees with the sequence's own run under `same`.
+fn same_alone_in_a_batch_and_in_chunks(m: &Model, same: fn(&[f32], &[f32]) -> bool) {
     let prompts = sixteen_prompts();
     let lens: std::collections::BTreeSet<usize> = prompts.iter().map(Vec::len).collect();
     assert!(
@@ -105,7 +130,7 @@ fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
         .unwrap()
         .div_ceil(16);
     let table = |s: usize| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect::<Vec<u32>>();
-    let new_kv = || KvStore::new(m.config(), 16 * per_seq, 16).unwrap();
+    let new_kv = || m.new_kv_store(16 * per_seq, 16).unwrap();
 
     // Alone: prefill whole, then one decode step with a fixed token.
     let mut alone = Vec::new();
@@ -119,7 +144,7 @@ fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
                 logits: Logits::Last,
             }],
         };
-        let a = rows(&m.llama().forward(&prefill, &mut kv).unwrap()).remove(0);
+        let a = rows(&m.forward(&prefill, &mut kv).unwrap()).remove(0);
         let decode = StepBatch {
             seqs: vec![SeqChunk {
                 tokens: vec![28],
@@ -128,7 +153,7 @@ fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
                 logits: Logits::Last,
             }],
         };
-        let b = rows(&m.llama().forward(&decode, &mut kv).unwrap()).remove(0);
+        let b = rows(&m.forward(&decode, &mut kv).unwrap()).remove(0);
         alone.push((a, b));
     }
 
@@ -146,7 +171,7 @@ fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
             })
             .collect(),
     };
-    let together = rows(&m.llama().forward(&prefill, &mut kv).unwrap());
+    let together = rows(&m.forward(&prefill, &mut kv).unwrap());
     let decode = StepBatch {
         seqs: prompts
             .iter()
@@ -159,14 +184,14 @@ fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
             })
             .collect(),
     };
-    let together_decode = rows(&m.llama().forward(&decode, &mut kv).unwrap());
+    let together_decode = rows(&m.forward(&decode, &mut kv).unwrap());
     for s in 0..16 {
         assert!(
-            bits_equal(&alone[s].0, &together[s]),
+            same(&alone[s].0, &together[s]),
             "prefill logits of sequence {s} differ in a batch"
         );
         assert!(
-            bits_equal(&alone[s].1, &together_decode[s]),
+            same(&alone[s].1, &together_decode[s]),
             "decode logits of sequence {s} differ in a batch"
         );
     }
@@ -196,17 +221,17 @@ fn a_sequence_gets_the_same_bits_alone_in_a_batch_and_in_chunks() {
                     logits: Logits::Last,
                 });
             }
-            let out = rows(&m.llama().forward(&StepBatch { seqs }, &mut kv).unwrap());
+            let out = rows(&m.forward(&StepBatch { seqs }, &mut kv).unwrap());
             let mut it = out.iter();
             if last {
                 assert!(
-                    bits_equal(&alone[s].0, it.next().unwrap()),
+                    same(&alone[s].0, it.next().unwrap()),
                     "chunked prefill of sequence {s} differs"
                 );
             }
             for &o in &done {
                 assert!(
-                    bits_equal(&alone[o].1, it.next().unwrap()),
+                    same(&alone[o].1, it.next().unwrap()),
                     "decode of {o} differs beside a prefill"
                 );
             }
@@ -220,10 +245,51 @@ fn bits_equal(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// Every log-probability within 1e-3.
+fn logprobs_close(a: &[f32], b: &[f32]) -> bool {
+    let worst = log_softmax(a)
+        .iter()
+        .zip(log_softmax(b))
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    if worst > 1e-3 {
+        eprintln!("max |Δ logprob| {worst}");
+    }
+    a.len() == b.len() && worst <= 1e-3
+}
+
 #[test]
 fn bad_batches_are_refused_before_anything_runs() {
-    let m = common::model();
-    let mut kv = KvStore::new(m.config(), 2, 16).unwrap();
+    refuses_bad_batches(common::model_on(Backend::Kernels));
+}
+
+#[test]
+fn candle_refuses_bad_batches_before_anything_runs() {
+    refuses_bad_batches(common::model_on(Backend::Candle));
+}
+
+#[test]
+fn a_store_made_for_one_backend_is_refused_by_the_other() {
+    let kernels = common::model_on(Backend::Kernels);
+    let candle = common::model_on(Backend::Candle);
+    let batch = StepBatch {
+        seqs: vec![SeqChunk {
+            tokens: vec![1],
+            start_pos: 0,
+            block_table: vec![0],
+            logits: Logits::Last,
+        }],
+    };
+    let mut kv = kernels.new_kv_store(1, 16).unwrap();
+    let err = candle.forward(&batch, &mut kv).unwrap_err().to_string();
+    assert!(err.contains("made for the kernels backend"), "{err}");
+    let mut kv = candle.new_kv_store(1, 16).unwrap();
+    let err = kernels.forward(&batch, &mut kv).unwrap_err().to_string();
+    assert!(err.contains("made for the candle backend"), "{err}");
+}
+
+fn refuses_bad_batches(m: &Model) {
+    let mut kv = m.new_kv_store(2, 16).unwrap();
     let chunk = |tokens: Vec<u32>, start_pos, block_table: Vec<u32>| StepBatch {
         seqs: vec![SeqChunk {
             tokens,
@@ -243,10 +309,10 @@ fn bad_batches_are_refused_before_anything_runs() {
         ),
     ];
     for (batch, want) in cases {
-        let err = m.llama().forward(&batch, &mut kv).unwrap_err().to_string();
+        let err = m.forward(&batch, &mut kv).unwrap_err().to_string();
         assert!(err.contains(want), "{err}");
     }
     // An empty batch is valid and returns no rows.
-    let out = m.llama().forward(&StepBatch::new(), &mut kv).unwrap();
+    let out = m.forward(&StepBatch::new(), &mut kv).unwrap();
     assert_eq!(out.dims(), &[0, m.config().vocab_size]);
 }

@@ -21,8 +21,8 @@ use sluice_models::gguf::GgufFile;
 use sluice_models::hf_export::write_hf_dir;
 use sluice_models::logits::log_softmax;
 use sluice_models::{
-    KvStore, Llama, LlamaConfig, Logits, Model, ModelOptions, ModelSource, Result, SeqChunk,
-    StepBatch, WeightSource,
+    Backend, KvStore, Llama, LlamaConfig, Logits, Model, ModelOptions, ModelSource, Result,
+    SeqChunk, StepBatch, WeightSource,
 };
 
 /// A GGUF read with every tensor dequantized to one dense type: the reference a Hugging Face
@@ -58,13 +58,38 @@ fn scratch_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// A forward pass with its own KV pool: the kernels' network alone, or a loaded model on
+/// either backend.
+trait Forward {
+    fn pool(&self, blocks: usize) -> KvStore;
+    fn logits(&self, batch: &StepBatch, kv: &mut KvStore) -> Tensor;
+}
+
+impl Forward for Llama {
+    fn pool(&self, blocks: usize) -> KvStore {
+        KvStore::new(self.config(), blocks, 16).unwrap()
+    }
+    fn logits(&self, batch: &StepBatch, kv: &mut KvStore) -> Tensor {
+        self.forward(batch, kv).unwrap()
+    }
+}
+
+impl Forward for Model {
+    fn pool(&self, blocks: usize) -> KvStore {
+        self.new_kv_store(blocks, 16).unwrap()
+    }
+    fn logits(&self, batch: &StepBatch, kv: &mut KvStore) -> Tensor {
+        self.forward(batch, kv).unwrap()
+    }
+}
+
 /// Teacher-forced logprob rows of the golden greedy paths (the first `n` lines).
-fn golden_logprobs(llama: &Llama, n: usize) -> Vec<Vec<f32>> {
+fn golden_logprobs(net: &dyn Forward, n: usize) -> Vec<Vec<f32>> {
     let mut rows = Vec::new();
     for line in common::golden_lines("greedy.jsonl").iter().take(n) {
         let mut tokens = common::ids(&line["prompt_ids"]);
         tokens.extend(common::ids(&line["greedy_ids"]));
-        let mut kv = KvStore::new(llama.config(), tokens.len().div_ceil(16) + 1, 16).unwrap();
+        let mut kv = net.pool(tokens.len().div_ceil(16) + 1);
         let table = (0..kv.num_blocks() as u32).collect();
         let batch = StepBatch {
             seqs: vec![SeqChunk {
@@ -74,7 +99,7 @@ fn golden_logprobs(llama: &Llama, n: usize) -> Vec<Vec<f32>> {
                 logits: Logits::All,
             }],
         };
-        let out = llama.forward(&batch, &mut kv).unwrap();
+        let out = net.logits(&batch, &mut kv);
         for row in out.to_vec2::<f32>().unwrap() {
             rows.push(log_softmax(&row));
         }
@@ -114,18 +139,22 @@ fn dense_reference(dtype: GgmlDType) -> Vec<Vec<f32>> {
     golden_logprobs(&llama, GOLDEN_LINES)
 }
 
-fn hf_logprobs(dir: &Path) -> Vec<Vec<f32>> {
-    let model = Model::load(dir, &ModelOptions::default()).unwrap();
-    golden_logprobs(model.llama(), GOLDEN_LINES)
+fn hf_logprobs(dir: &Path, backend: Backend) -> Vec<Vec<f32>> {
+    let options = ModelOptions {
+        backend,
+        ..Default::default()
+    };
+    let model = Model::load(dir, &options).unwrap();
+    golden_logprobs(&model, GOLDEN_LINES)
 }
 
 #[test]
 fn a_safetensors_copy_gives_the_ggufs_logprobs() {
-    let quantized = golden_logprobs(common::model().llama(), GOLDEN_LINES);
+    let quantized = golden_logprobs(common::model(), GOLDEN_LINES);
     for (dtype, ggml) in [(DType::F32, GgmlDType::F32), (DType::F16, GgmlDType::F16)] {
         let dir = scratch_dir(&format!("{dtype:?}"));
         write_hf_dir(&common::model_path(), &dir, dtype).unwrap();
-        let copy = hf_logprobs(&dir);
+        let copy = hf_logprobs(&dir, Backend::Kernels);
         let reference = dense_reference(ggml);
         let (max, mean, top1) = compare(&copy, &reference);
         eprintln!("{dtype:?} copy vs GGUF dequantized to {dtype:?}: max |Δ| {max:e}, mean {mean:e}, top-1 {top1}");
@@ -138,6 +167,15 @@ fn a_safetensors_copy_gives_the_ggufs_logprobs() {
         assert!(
             mean <= 0.15 && top1 >= 0.95,
             "{dtype:?} copy: mean {mean}, top-1 {top1}"
+        );
+        // The same directory on the candle backend: the same dense weights, another forward
+        // pass (candle's own matrix products and attention), so only rounding differs.
+        let on_candle = hf_logprobs(&dir, Backend::Candle);
+        let (max, mean, top1) = compare(&on_candle, &copy);
+        eprintln!("{dtype:?} copy, candle vs kernels: max |Δ| {max:.5}, mean over top 10 {mean:.6}, top-1 {top1:.4}");
+        assert!(
+            mean <= 1e-2 && top1 >= 0.99,
+            "{dtype:?} copy on candle: mean {mean}, top-1 {top1}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -1,4 +1,4 @@
-//! The `synth` example: random-weight GGUFs of named shapes load with the kernels backend and
+//! The `synth` example: random-weight GGUFs of named shapes load with both backends and
 //! give finite logits, the same seed writes the same bytes, and `--truncate-from` keeps a real
 //! model's first layers.
 
@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use sluice_models::{KvStore, Logits, Model, ModelOptions, SeqChunk, StepBatch};
+use sluice_models::{Backend, Logits, Model, ModelOptions, SeqChunk, StepBatch};
 
 fn example_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -46,8 +46,16 @@ fn synth(args: &[&str], out: &Path) {
 
 /// Loads a model and returns the last row of logits after a short prompt.
 fn last_logits(path: &Path) -> (Model, Vec<f32>) {
-    let model = Model::load(path, &ModelOptions::default()).unwrap();
-    let mut kv = KvStore::new(model.config(), 2, 16).unwrap();
+    last_logits_on(path, Backend::Kernels)
+}
+
+fn last_logits_on(path: &Path, backend: Backend) -> (Model, Vec<f32>) {
+    let options = ModelOptions {
+        backend,
+        ..Default::default()
+    };
+    let model = Model::load(path, &options).unwrap();
+    let mut kv = model.new_kv_store(2, 16).unwrap();
     let batch = StepBatch {
         seqs: vec![SeqChunk {
             tokens: vec![1, 504, 2365, 6354, 16438],
@@ -57,7 +65,6 @@ fn last_logits(path: &Path) -> (Model, Vec<f32>) {
         }],
     };
     let row = model
-        .llama()
         .forward(&batch, &mut kv)
         .unwrap()
         .to_vec2::<f32>()
@@ -89,6 +96,18 @@ fn small_synthetic_models_load_and_give_finite_logits() {
         assert!(
             spread > 0.0 && spread < 100.0,
             "{dtype}: logits up to {spread}"
+        );
+        // The candle backend on the same file: Q8_0 and Q4_K run through candle's quantized
+        // products on the CPU, Q4_1 and f16 as f32 (see `candle::linear`).
+        let (_, on_candle) = last_logits_on(&path, Backend::Candle);
+        let max = row
+            .iter()
+            .zip(&on_candle)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        eprintln!("{dtype}: candle vs kernels max |Δ logit| {max:.5} (logits up to {spread:.3})");
+        assert!(
+            max <= 0.05 * spread,
+            "{dtype}: candle and the kernels differ by {max} (logits up to {spread})"
         );
         std::fs::remove_file(&path).unwrap();
     }

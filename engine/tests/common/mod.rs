@@ -9,7 +9,7 @@ use sluice_engine::{
     Engine, EngineConfig, EngineHandle, Event, FinishReason, MatchedStop, Request, SamplingParams,
     TokenLogprob, Usage,
 };
-use sluice_models::{registry, Model, ModelOptions};
+use sluice_models::{registry, Backend, Model, ModelOptions};
 
 pub fn model_dir() -> PathBuf {
     std::env::var_os("SLUICE_MODEL_DIR")
@@ -17,18 +17,40 @@ pub fn model_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/cache"))
 }
 
-/// One model per test binary; fails (never skips) when it is missing.
+/// The backend most tests run on: `SLUICE_TEST_BACKEND` (`kernels` or `candle`), else the
+/// kernels.
+pub fn test_backend() -> Backend {
+    match std::env::var("SLUICE_TEST_BACKEND") {
+        Ok(b) => b.parse().expect("SLUICE_TEST_BACKEND is kernels or candle"),
+        Err(_) => Backend::Kernels,
+    }
+}
+
+/// One model per test binary, on the test backend; fails (never skips) when it is missing.
 pub fn model() -> Arc<Model> {
-    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            let path = match registry::resolve(registry::default_model().name, &model_dir()) {
-                Ok(loc) => loc.path,
-                Err(e) => panic!("{e} (the engine tests need the real model: run `make model`)"),
-            };
-            Arc::new(Model::load(&path, &ModelOptions::default()).expect("the model loads"))
-        })
-        .clone()
+    model_on(test_backend())
+}
+
+/// The default model on the CPU with `backend`, loaded once per test binary.
+pub fn model_on(backend: Backend) -> Arc<Model> {
+    static KERNELS: OnceLock<Arc<Model>> = OnceLock::new();
+    static CANDLE: OnceLock<Arc<Model>> = OnceLock::new();
+    let cell = match backend {
+        Backend::Kernels => &KERNELS,
+        Backend::Candle => &CANDLE,
+    };
+    cell.get_or_init(|| {
+        let path = match registry::resolve(registry::default_model().name, &model_dir()) {
+            Ok(loc) => loc.path,
+            Err(e) => panic!("{e} (the engine tests need the real model: run `make model`)"),
+        };
+        let options = ModelOptions {
+            backend,
+            ..ModelOptions::default()
+        };
+        Arc::new(Model::load(&path, &options).expect("the model loads"))
+    })
+    .clone()
 }
 
 /// The default config with a small KV pool (tests need far less than 1 GiB).
@@ -39,9 +61,14 @@ pub fn config() -> EngineConfig {
 }
 
 pub fn start(f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
+    start_on(test_backend(), f)
+}
+
+/// An engine on the model with `backend`, configured by `f`.
+pub fn start_on(backend: Backend, f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
     let mut c = config();
     f(&mut c);
-    Engine::start(model(), c).expect("the engine starts")
+    Engine::start(model_on(backend), c).expect("the engine starts")
 }
 
 /// A chat prompt for `text`, tokenised as the gateway would.

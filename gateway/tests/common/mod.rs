@@ -33,7 +33,16 @@ pub fn model() -> Arc<Model> {
             .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/cache"));
         let loc = registry::resolve(MODEL, &dir)
             .unwrap_or_else(|e| panic!("{e} (the gateway tests need the real model: make model)"));
-        Arc::new(Model::load(&loc.path, &ModelOptions::default()).expect("model loads"))
+        // SLUICE_TEST_BACKEND=candle runs the HTTP tests on the candle backend (CPU).
+        let backend = match std::env::var("SLUICE_TEST_BACKEND") {
+            Ok(b) => b.parse().expect("SLUICE_TEST_BACKEND is kernels or candle"),
+            Err(_) => sluice_models::Backend::Kernels,
+        };
+        let options = ModelOptions {
+            backend,
+            ..ModelOptions::default()
+        };
+        Arc::new(Model::load(&loc.path, &options).expect("model loads"))
     })
     .clone()
 }

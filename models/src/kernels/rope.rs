@@ -35,6 +35,11 @@ impl RopeTable {
         }
     }
 
+    /// The tables, `[max_positions][head_dim / 2]` each: `(cos, sin)`.
+    pub fn tables(&self) -> (&[f32], &[f32]) {
+        (&self.cos, &self.sin)
+    }
+
     pub fn max_positions(&self) -> usize {
         self.max_positions
     }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use sluice_models::registry;
+use sluice_models::{registry, Backend};
 
 /// The model cache the tests read: `SLUICE_MODEL_DIR`, else `models/cache`.
 pub fn model_dir() -> PathBuf {
@@ -49,9 +49,22 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
 
 /// One model for the whole test binary: loading takes seconds.
 pub fn model() -> &'static sluice_models::Model {
-    static MODEL: OnceLock<sluice_models::Model> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        sluice_models::Model::load(&model_path(), &sluice_models::ModelOptions::default())
-            .expect("the default model loads")
+    model_on(Backend::Kernels)
+}
+
+/// The default model on the CPU with `backend`, loaded once per test binary.
+pub fn model_on(backend: Backend) -> &'static sluice_models::Model {
+    static KERNELS: OnceLock<sluice_models::Model> = OnceLock::new();
+    static CANDLE: OnceLock<sluice_models::Model> = OnceLock::new();
+    let cell = match backend {
+        Backend::Kernels => &KERNELS,
+        Backend::Candle => &CANDLE,
+    };
+    cell.get_or_init(|| {
+        let options = sluice_models::ModelOptions {
+            backend,
+            ..Default::default()
+        };
+        sluice_models::Model::load(&model_path(), &options).expect("the default model loads")
     })
 }

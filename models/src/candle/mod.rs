@@ -1,0 +1,349 @@
+//! The Llama forward pass on candle tensors: the backend that runs on a GPU (`--device cuda:N`)
+//! and, for testing, on the CPU (`--backend candle`).
+//!
+//! Same contract as [`crate::Llama::forward`]: a ragged [`StepBatch`] in, logits for the
+//! requested rows out as an f32 `[rows, vocab]` CPU tensor; K and V live in a block pool on the
+//! device ([`DeviceKv`]). GGUF's quantized weights stay quantized on the device (candle's
+//! `QMatMul`), f16/bf16/f32 stay dense. The ops are candle-core's and candle-nn's: RMS norm,
+//! interleaved RoPE (GGUF's layout), SiLU, softmax; attention gathers each sequence's keys and
+//! values from the pool by slot (see [`attention`]).
+
+mod attention;
+mod kv;
+mod linear;
+
+use std::sync::Arc;
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::ops::rms_norm;
+
+pub use kv::DeviceKv;
+
+use crate::batch::StepBatch;
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::kernels::rope::RopeTable;
+use crate::kv::KvStore;
+use crate::weights::WeightSource;
+use attention::StepPlan;
+use linear::{read_matrix, Linear, Place, Weight};
+
+/// The token embeddings: kept in their stored type (quantized rows are dequantized as they are
+/// looked up), so a quantized table costs its file size, not four bytes per weight.
+#[derive(Debug)]
+enum Embedding {
+    Quant(Arc<QTensor>),
+    Dense(Tensor),
+}
+
+#[derive(Debug)]
+struct Layer {
+    attn_norm: Tensor,
+    /// `[q; k; v]` stacked.
+    wqkv: Linear,
+    wo: Linear,
+    ffn_norm: Tensor,
+    /// `[gate; up]` stacked.
+    wgate_up: Linear,
+    wdown: Linear,
+}
+
+/// A Llama network on a candle device. Immutable: per-step state lives in the caller's
+/// [`KvStore`].
+#[derive(Debug)]
+pub struct CandleLlama {
+    config: LlamaConfig,
+    device: Device,
+    embed: Embedding,
+    /// The output projection, or the embeddings when they are tied.
+    head: Weight,
+    /// Whether `head` shares the embeddings' memory.
+    tied: bool,
+    output_norm: Tensor,
+    layers: Vec<Layer>,
+    /// `[context, head_dim / 2]` f32.
+    cos: Tensor,
+    sin: Tensor,
+    /// CPU only: the threads candle's CPU ops run on (`--threads`).
+    threads: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl CandleLlama {
+    /// Loads every tensor onto `device`, checking each shape against the config.
+    pub fn load(
+        source: &mut dyn WeightSource,
+        config: LlamaConfig,
+        device: &Device,
+        threads: usize,
+    ) -> Result<Self> {
+        source.check_tensor_types()?;
+        let place = Place {
+            device: device.clone(),
+            pool: match device {
+                Device::Cpu => Some(Arc::new(cpu_threads(threads)?)),
+                _ => None,
+            },
+        };
+        let d = config.embedding_length;
+        let table = read_matrix(source, "token_embd.weight", config.vocab_size, d)?;
+        let tied = !source.has_tensor("output.weight");
+        let (embed, head) = if tied {
+            tie(table, &place)?
+        } else {
+            let out = read_matrix(source, "output.weight", config.vocab_size, d)?;
+            (
+                embedding(table, &place)?,
+                Weight::from_qtensor(out, &place)?,
+            )
+        };
+        let output_norm = read_vector(source, "output_norm.weight", d, device)?;
+        let layers = (0..config.block_count)
+            .map(|i| load_layer(source, &config, i, &place))
+            .collect::<Result<_>>()?;
+        let rope = RopeTable::new(
+            config.head_dim,
+            config.rope_freq_base,
+            config.context_length,
+        );
+        let (cos, sin) = rope.tables();
+        let half = config.head_dim / 2;
+        let shape = (config.context_length, half);
+        let threads = place.pool;
+        Ok(Self {
+            cos: Tensor::from_slice(cos, shape, device)?,
+            sin: Tensor::from_slice(sin, shape, device)?,
+            config,
+            device: device.clone(),
+            embed,
+            head,
+            tied,
+            output_norm,
+            layers,
+            threads,
+        })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes the weights take on the device (embeddings and every matrix).
+    pub fn weight_bytes(&self) -> usize {
+        let embed = match &self.embed {
+            Embedding::Quant(q) => q.storage_size_in_bytes(),
+            Embedding::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+        };
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgate_up.bytes() + l.wdown.bytes())
+            .sum();
+        layers + embed + if self.tied { 0 } else { self.head.bytes() }
+    }
+
+    /// Compute threads on the CPU; 0 on a GPU.
+    pub fn threads(&self) -> usize {
+        self.threads.as_ref().map_or(0, |t| t.current_num_threads())
+    }
+
+    /// A block pool on this model's device.
+    pub fn new_kv_store(&self, num_blocks: usize, block_size: usize) -> Result<KvStore> {
+        let pool = DeviceKv::new(&self.config, num_blocks, block_size, &self.device)?;
+        Ok(KvStore::on_device(pool, num_blocks, block_size))
+    }
+
+    /// Runs one step over a ragged batch and returns logits `[rows, vocab]` (f32, on the CPU)
+    /// for the rows the batch asks for, in sequence order.
+    pub fn forward(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Tensor> {
+        kv.validate(batch, &self.config)?;
+        let block_size = kv.block_size();
+        let pool = kv.device_pool()?;
+        match &self.threads {
+            Some(t) => t.install(|| self.forward_validated(batch, block_size, pool)),
+            None => self.forward_validated(batch, block_size, pool),
+        }
+    }
+
+    fn forward_validated(
+        &self,
+        batch: &StepBatch,
+        block_size: usize,
+        pool: &DeviceKv,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        if batch.seqs.is_empty() {
+            return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu)?);
+        }
+        let plan = StepPlan::new(batch, c, block_size, &self.device)?;
+        let mut x = match &self.embed {
+            Embedding::Quant(q) => q.embedding(&plan.tokens)?,
+            Embedding::Dense(t) => t.index_select(&plan.tokens, 0)?.to_dtype(DType::F32)?,
+        };
+        let n = batch.num_tokens();
+        let rope = (
+            self.cos
+                .index_select(&plan.positions, 0)?
+                .reshape((n, 1, ()))?,
+            self.sin
+                .index_select(&plan.positions, 0)?
+                .reshape((n, 1, ()))?,
+        );
+        for (li, layer) in self.layers.iter().enumerate() {
+            x = self.layer(li, layer, &x, &plan, &rope, pool)?;
+        }
+        if plan.num_logit_rows == 0 {
+            return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu)?);
+        }
+        // Only the rows that need logits go through the final norm and the vocabulary product.
+        let rows = x.index_select(&plan.logit_rows, 0)?;
+        let normed = rms_norm(&rows, &self.output_norm, c.rms_norm_eps)?;
+        let logits = self.head.forward(&normed)?;
+        Ok(logits.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
+    }
+
+    /// One transformer block: `x` `[n, d]` in, the next `x` out.
+    fn layer(
+        &self,
+        li: usize,
+        layer: &Layer,
+        x: &Tensor,
+        plan: &StepPlan,
+        (cos, sin): &(Tensor, Tensor),
+        pool: &DeviceKv,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (heads, kv_heads, hd, kv_w) = (c.head_count, c.head_count_kv, c.head_dim, c.kv_width());
+        let n = x.dim(0)?;
+        let h = rms_norm(x, &layer.attn_norm, c.rms_norm_eps)?;
+        let qkv = layer.wqkv.forward(&h)?;
+        // RoPE with each token as its own batch entry, so every token takes its own position.
+        let rope = |t: Tensor, nh: usize| -> Result<Tensor> {
+            let t = t.contiguous()?.reshape((n, nh, 1, hd))?;
+            Ok(candle_nn::rotary_emb::rope_i(&t, cos, sin)?.reshape((n, nh, hd))?)
+        };
+        let q = rope(qkv.narrow(1, 0, heads * hd)?, heads)?;
+        let k = rope(qkv.narrow(1, heads * hd, kv_w)?, kv_heads)?;
+        let v = qkv.narrow(1, heads * hd + kv_w, kv_w)?.contiguous()?;
+        pool.write(li, &plan.write_index, &k.reshape((n, kv_w))?, &v)?;
+        let attn = attention::attend(&q, pool.layer(li), plan, c)?;
+        let x = (x + layer.wo.forward(&attn)?)?;
+        let h = rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps)?;
+        let gate_up = layer.wgate_up.forward(&h)?;
+        let ff = c.feed_forward_length;
+        let act =
+            (candle_nn::ops::silu(&gate_up.narrow(1, 0, ff)?)? * gate_up.narrow(1, ff, ff)?)?;
+        Ok((x + layer.wdown.forward(&act)?)?)
+    }
+}
+
+/// The threads candle's CPU ops and the kernels' products run on (`--threads`).
+fn cpu_threads(threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .thread_name(|i| format!("sluice-candle-{i}"))
+        .build()
+        .map_err(|e| ModelError::Device(format!("cannot start threads: {e}")))
+}
+
+/// A separate embedding table.
+fn embedding(table: QTensor, place: &Place) -> Result<Embedding> {
+    if Weight::kernel_product(&table, place)?.is_some() {
+        return Ok(Embedding::Quant(Arc::new(table)));
+    }
+    Ok(match Weight::from_qtensor(table, place)? {
+        Weight::Quant(QMatMul::QTensor(q)) => Embedding::Quant(q),
+        Weight::Quant(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) | Weight::Dense(t) => {
+            Embedding::Dense(t)
+        }
+        Weight::Kernel(_) => unreachable!("handled above"),
+    })
+}
+
+/// Embeddings tied to the output projection: one copy on the device serves both (on the CPU
+/// with Q4_1, the kernels' product keeps its own copy of the blocks).
+fn tie(table: QTensor, place: &Place) -> Result<(Embedding, Weight)> {
+    if let Some(head) = Weight::kernel_product(&table, place)? {
+        return Ok((Embedding::Quant(Arc::new(table)), head));
+    }
+    Ok(match Weight::from_qtensor(table, place)? {
+        Weight::Quant(QMatMul::QTensor(q)) => (
+            Embedding::Quant(q.clone()),
+            Weight::Quant(QMatMul::QTensor(q)),
+        ),
+        Weight::Quant(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) | Weight::Dense(t) => {
+            (Embedding::Dense(t.clone()), Weight::Dense(t))
+        }
+        Weight::Kernel(_) => unreachable!("handled above"),
+    })
+}
+
+fn load_layer(
+    source: &mut dyn WeightSource,
+    config: &LlamaConfig,
+    i: usize,
+    place: &Place,
+) -> Result<Layer> {
+    let device = &place.device;
+    let (d, ff, hd) = (
+        config.embedding_length,
+        config.feed_forward_length,
+        config.head_dim,
+    );
+    let kv = config.kv_width();
+    let name = |t: &str| format!("blk.{i}.{t}.weight");
+    let mut m = |t: &str, rows, cols| read_matrix(source, &name(t), rows, cols);
+    let q = m("attn_q", config.head_count * hd, d)?;
+    let k = m("attn_k", kv, d)?;
+    let v = m("attn_v", kv, d)?;
+    let wo = m("attn_output", d, config.head_count * hd)?;
+    let gate = m("ffn_gate", ff, d)?;
+    let up = m("ffn_up", ff, d)?;
+    let down = m("ffn_down", d, ff)?;
+    Ok(Layer {
+        attn_norm: read_vector(source, &name("attn_norm"), d, device)?,
+        wqkv: Linear::stack(vec![q, k, v], place)?,
+        wo: Linear::stack(vec![wo], place)?,
+        ffn_norm: read_vector(source, &name("ffn_norm"), d, device)?,
+        wgate_up: Linear::stack(vec![gate, up], place)?,
+        wdown: Linear::stack(vec![down], place)?,
+    })
+}
+
+/// A norm weight as f32 on the device, checking its length.
+fn read_vector(
+    source: &mut dyn WeightSource,
+    name: &str,
+    len: usize,
+    device: &Device,
+) -> Result<Tensor> {
+    let t = source.read_qtensor(name)?.dequantize(&Device::Cpu)?;
+    if t.dims() != [len] {
+        return Err(ModelError::Unsupported(format!(
+            "tensor {name} in {} has shape {:?}, expected [{len}]",
+            source.describe(),
+            t.dims()
+        )));
+    }
+    Ok(t.to_device(device)?)
+}
+
+/// `(free, total)` bytes of a GPU's memory, read after its queued work finished; `None` on the
+/// CPU.
+pub(crate) fn device_memory(device: &Device) -> Result<Option<(usize, usize)>> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => {
+            device.synchronize()?;
+            let info = d.cuda_stream().context().mem_get_info();
+            info.map(Some).map_err(|e| {
+                ModelError::Device(format!("cannot read the GPU's free memory: {e:?}"))
+            })
+        }
+        _ => Ok(None),
+    }
+}
