@@ -256,6 +256,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     report::relate_to_oracle(&mut summaries);
     let elapsed = started.elapsed().as_secs_f64();
     println!("\n{}", report::table(&summaries));
+    if let Some((_, s)) = summaries.first() {
+        println!("{}", report::feasibility_line(s));
+    }
     println!("{} policies in {:.2} s", runs.len(), elapsed);
     if let Some(path) = &a.json {
         let rep = Report {

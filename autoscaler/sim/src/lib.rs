@@ -7,12 +7,14 @@
 //!
 //! # Modules
 //! - [`trace`]: Azure CSV and Mooncake JSONL traces, rate scaling.
+//! - [`feasibility`]: which requests any variant could serve within the SLO alone.
 //! - [`sim`]: the discrete-event simulator (gateway queue, routing, replicas, nodes, Spot).
 //! - [`scenario`]: the default scenario and running every policy side by side.
 //! - [`report`], [`plot`]: the table, JSON and SVG.
 //! - [`error`]: the crate's error type.
 
 pub mod error;
+pub mod feasibility;
 pub mod plot;
 pub mod report;
 pub mod scenario;
