@@ -248,6 +248,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     let (base, base_cap) = scn.baseline_choice(&mean)?;
     print_scenario(&a, &scn, raw.len(), &requests, &mean, &base, &base_cap);
     let prepared = scenario::prepare(&scn, &requests, &a.policies)?;
+    let notes: Vec<String> = prepared.iter().filter_map(|p| p.note.clone()).collect();
     let runs = scenario::run_all(&scn, &requests, prepared);
     let mut summaries: Vec<(String, report::Summary)> = runs
         .iter()
@@ -258,6 +259,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     println!("\n{}", report::table(&summaries));
     if let Some((_, s)) = summaries.first() {
         println!("{}", report::feasibility_line(s));
+    }
+    for n in &notes {
+        println!("{n}");
     }
     println!("{} policies in {:.2} s", runs.len(), elapsed);
     if let Some(path) = &a.json {

@@ -8,6 +8,7 @@
 //! # Modules
 //! - [`trace`]: Azure CSV and Mooncake JSONL traces, rate scaling.
 //! - [`feasibility`]: which requests any variant could serve within the SLO alone.
+//! - [`oracle`]: the cheapest replica schedule a search over replays confirms meets the goal.
 //! - [`sim`]: the discrete-event simulator (gateway queue, routing, replicas, nodes, Spot).
 //! - [`scenario`]: the default scenario and running every policy side by side.
 //! - [`report`], [`plot`]: the table, JSON and SVG.
@@ -15,6 +16,7 @@
 
 pub mod error;
 pub mod feasibility;
+pub mod oracle;
 pub mod plot;
 pub mod report;
 pub mod scenario;
