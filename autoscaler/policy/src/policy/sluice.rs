@@ -101,6 +101,8 @@ pub struct Sluice {
     margin: f64,
     spot_out_until: HashMap<String, f64>,
     first_seen_s: Option<f64>,
+    /// The first tick, for holding a fleet taken over before any traffic is seen.
+    first_tick_s: Option<f64>,
     /// Per variant: capacity at SLO is divided by this while its own latency breaches the SLO.
     variant_margin: HashMap<String, f64>,
 }
@@ -110,6 +112,7 @@ impl Sluice {
         Sluice {
             holt: Holt::new(config.holt_alpha, config.holt_beta).damped(config.forecast_damping_s),
             first_seen_s: None,
+            first_tick_s: None,
             variant_margin: HashMap::new(),
             history: VecDeque::new(),
             profile,
@@ -282,20 +285,41 @@ impl Sluice {
         s.time_s - self.last_traffic_s > self.config.scale_to_zero_after_s
     }
 
-    /// Nothing ever arrived: each variant's floor, on demand.
-    fn floors_only(&self, mut d: Decision, limits: &[VariantLimits], idle: bool) -> Decision {
+    /// Nothing ever arrived: each variant's floor, on demand; but a fleet it takes over is
+    /// held until the scale-to-zero delay has passed since the first tick (its first signals
+    /// may simply predate the first request).
+    fn floors_only(
+        &mut self,
+        s: &Signals,
+        mut d: Decision,
+        limits: &[VariantLimits],
+        idle: bool,
+    ) -> Decision {
+        let first = *self.first_tick_s.get_or_insert(s.time_s);
+        let hold = s.time_s - first <= self.config.scale_to_zero_after_s;
+        let current = plan::current_counts(s, limits);
         let counts: Vec<u32> = plan::offer_keys(limits)
             .iter()
             .enumerate()
             .map(|(k, (_, c))| {
-                if *c == CapacityType::OnDemand {
+                let f = if *c == CapacityType::OnDemand {
                     floor(&limits[k / 2], idle)
                 } else {
                     0
+                };
+                if hold {
+                    f.max(current[k])
+                } else {
+                    f
                 }
             })
             .collect();
-        d.reason(ReasonKind::MinMax, None, "no traffic seen yet: floors only");
+        let why = if hold {
+            "no traffic seen yet: holding the fleet until the scale-to-zero delay"
+        } else {
+            "no traffic seen yet: floors only"
+        };
+        d.reason(ReasonKind::MinMax, None, why);
         plan::fill_targets(&mut d, &self.profile, limits, &counts);
         d
     }
@@ -565,7 +589,7 @@ impl Policy for Sluice {
         let idle = self.note_traffic(s);
         let limits = self.config.limits.clone();
         let Some(w) = self.shape else {
-            return self.floors_only(d, &limits, idle);
+            return self.floors_only(s, d, &limits, idle);
         };
         self.update_margin(s, &mut d);
         let caps = self.capacities(&limits, &w, &mut d);
