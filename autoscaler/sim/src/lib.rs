@@ -11,6 +11,7 @@
 //! - [`oracle`]: the cheapest replica schedule a search over replays confirms meets the goal.
 //! - [`sim`]: the discrete-event simulator (gateway queue, routing, replicas, nodes, Spot).
 //! - [`scenario`]: the default scenario and running every policy side by side.
+//! - [`suite`]: seeded synthetic trace families plus the shared traces, every policy over each.
 //! - [`report`], [`plot`]: the table, JSON and SVG.
 //! - [`error`]: the crate's error type.
 
@@ -21,6 +22,7 @@ pub mod plot;
 pub mod report;
 pub mod scenario;
 pub mod sim;
+pub mod suite;
 pub mod trace;
 
 pub use error::{Error, Result};
