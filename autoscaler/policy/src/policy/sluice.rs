@@ -21,8 +21,10 @@ use crate::mix::{self, Offer};
 use crate::profile::{CapacityType, Profile};
 use crate::signals::Signals;
 
-/// The policy's knobs. Defaults follow the autoscalers people know: HPA's five-minute
-/// scale-down stabilisation, KPA's sixty-second panic window.
+/// The policy's knobs. Defaults: KPA's sixty-second panic window; a three-minute scale-down
+/// stabilisation (shorter than HPA's five: capacity bought for a burst is released sooner, at no
+/// loss of SLO on the trace suite); a trend damped over ten minutes and capped at 1.5× the
+/// observed rate (ramps are followed a start-up lead ahead, steps are not extrapolated).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SluiceConfig {
     pub slo: Slo,
@@ -43,6 +45,11 @@ pub struct SluiceConfig {
     pub forecast_damping_s: f64,
     /// Forecast horizon; `None` means the longest start-up (new node) of the variants.
     pub forecast_horizon_s: Option<f64>,
+    /// The forecast is at most this multiple of the observed rate: a trend learnt from a step
+    /// (a flash crowd) would otherwise extrapolate it far past what any ramp reaches within
+    /// a start-up lead.
+    #[serde(default = "default_forecast_cap_ratio")]
+    pub forecast_cap_ratio: f64,
     /// Panic when the short-window arrival rate exceeds the ready capacity by this factor...
     pub panic_rate_ratio: f64,
     /// ...or the queue holds more than this many seconds of the ready capacity.
@@ -72,12 +79,13 @@ impl SluiceConfig {
             backlog_drain_s: None,
             holt_alpha: 0.3,
             holt_beta: 0.1,
-            forecast_damping_s: 300.0,
+            forecast_damping_s: 600.0,
             forecast_horizon_s: None,
+            forecast_cap_ratio: default_forecast_cap_ratio(),
             panic_rate_ratio: 1.5,
             panic_queue_s: 10.0,
             panic_window_s: 60.0,
-            scale_down_window_s: 300.0,
+            scale_down_window_s: 180.0,
             switch_amortise_s: 600.0,
             scale_to_zero_after_s: 900.0,
             spot_stockout_after_s: 600.0,
@@ -85,6 +93,10 @@ impl SluiceConfig {
             max_margin: 1.5,
         }
     }
+}
+
+fn default_forecast_cap_ratio() -> f64 {
+    1.5
 }
 
 /// The policy with its memory.
@@ -396,7 +408,8 @@ impl Sluice {
             self.holt.observe(t, a.requests_per_s);
         }
         let forecast = if t - first >= a.window_s {
-            self.holt.forecast(horizon).unwrap_or(0.0)
+            let cap = self.config.forecast_cap_ratio * a.requests_per_s;
+            self.holt.forecast(horizon).unwrap_or(0.0).min(cap)
         } else {
             0.0
         };
