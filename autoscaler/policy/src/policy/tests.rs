@@ -139,10 +139,7 @@ fn a_queue_spike_panics_scales_up_at_once_and_blocks_scale_down() {
 
 #[test]
 fn scale_down_waits_for_the_stabilisation_window() {
-    // A five-minute window (HPA's), set here: the default is shorter.
-    let mut cfg = config();
-    cfg.scale_down_window_s = 300.0;
-    let mut p = Sluice::new(profile(), cfg);
+    let mut p = Sluice::new(profile(), config());
     let d = settle(&mut p, 0.0, 30, 40.0);
     let high = d.replicas_of(H100);
     let mut fleet = [
