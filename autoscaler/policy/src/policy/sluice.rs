@@ -21,10 +21,9 @@ use crate::mix::{self, Offer};
 use crate::profile::{CapacityType, Profile};
 use crate::signals::Signals;
 
-/// The policy's knobs. Defaults: KPA's sixty-second panic window; a three-minute scale-down
-/// stabilisation (shorter than HPA's five: capacity bought for a burst is released sooner, at no
-/// loss of SLO on the trace suite); a trend damped over ten minutes and capped at 1.5× the
-/// observed rate (ramps are followed a start-up lead ahead, steps are not extrapolated).
+/// The policy's knobs. Defaults: HPA's five-minute scale-down stabilisation, KPA's
+/// sixty-second panic window; a trend damped over ten minutes and capped at 1.5× the observed
+/// rate (ramps are followed a start-up lead ahead, steps are not extrapolated).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SluiceConfig {
     pub slo: Slo,
@@ -85,7 +84,7 @@ impl SluiceConfig {
             panic_rate_ratio: 1.5,
             panic_queue_s: 10.0,
             panic_window_s: 60.0,
-            scale_down_window_s: 180.0,
+            scale_down_window_s: 300.0,
             switch_amortise_s: 600.0,
             scale_to_zero_after_s: 900.0,
             spot_stockout_after_s: 600.0,
