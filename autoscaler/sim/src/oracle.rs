@@ -226,6 +226,56 @@ impl Search<'_> {
     }
 }
 
+/// Every slot's arrival rate and offers (capacity at SLO per key for the slot's shape), only
+/// the `allowed` variants of the scenario's capacity type able to grow.
+fn slots(
+    scn: &Scenario,
+    limits: &[VariantLimits],
+    timeline: &Timeline,
+    slot_s: f64,
+    allowed: &dyn Fn(&str) -> bool,
+) -> Vec<Slot> {
+    let cap_type = if scn.spot {
+        CapacityType::Spot
+    } else {
+        CapacityType::OnDemand
+    };
+    let n = (timeline.end_s() / slot_s).round().max(1.0) as usize;
+    let zero = vec![0; plan::offer_keys(limits).len()];
+    let mut last_shape = Workload::uniform(1.0, 1.0);
+    (0..n)
+        .map(|i| {
+            let from = i as f64 * slot_s;
+            let (rate, w) = timeline
+                .window(from, from + slot_s)
+                .unwrap_or((0.0, last_shape));
+            last_shape = w;
+            let (caps, _) = plan::capacities(&scn.profile, limits, &w, &scn.slo, &scn.planning);
+            let offers = plan::offers(
+                &scn.profile,
+                limits,
+                &caps,
+                &zero,
+                |n, c| c == cap_type && allowed(n),
+                |_| 0,
+            );
+            Slot { rate, offers }
+        })
+        .collect()
+}
+
+/// The multiplier beyond which every slot's mix is at the replica limits already.
+fn ceiling(slots: &[Slot]) -> f64 {
+    slots
+        .iter()
+        .filter(|s| s.rate > 0.0)
+        .map(|s| {
+            let all: Vec<u32> = s.offers.iter().map(|o| o.max).collect();
+            mix::evaluate(&s.offers, &all).requests_per_s / s.rate
+        })
+        .fold(1.0, f64::max)
+}
+
 /// The slots, their offers, and an empty schedule.
 fn start<'a>(
     scn: &'a Scenario,
@@ -239,46 +289,11 @@ fn start<'a>(
         .iter()
         .map(|v| VariantLimits::new(&v.name, scn.max_replicas_per_variant))
         .collect();
-    let cap_type = if scn.spot {
-        CapacityType::Spot
-    } else {
-        CapacityType::OnDemand
-    };
     let timeline = Timeline::new(requests, cfg.slot_s);
-    let n = (timeline.end_s() / cfg.slot_s).round().max(1.0) as usize;
+    let slots = slots(scn, &limits, &timeline, cfg.slot_s, allowed);
+    let n = slots.len();
     let zero = vec![0; plan::offer_keys(&limits).len()];
-    let mut slots = Vec::with_capacity(n);
-    let mut last_shape = Workload::uniform(1.0, 1.0);
-    for i in 0..n {
-        let from = i as f64 * cfg.slot_s;
-        let (rate, w) = timeline
-            .window(from, from + cfg.slot_s)
-            .unwrap_or((0.0, last_shape));
-        last_shape = w;
-        let (caps, _) = plan::capacities(&scn.profile, &limits, &w, &scn.slo, &scn.planning);
-        let offers = plan::offers(
-            &scn.profile,
-            &limits,
-            &caps,
-            &zero,
-            |n, c| c == cap_type && allowed(n),
-            |_| 0,
-        );
-        slots.push(Slot { rate, offers });
-    }
-    // Beyond this multiplier every slot's mix is at the replica limits already.
-    let ceiling = slots
-        .iter()
-        .filter(|s| s.rate > 0.0)
-        .map(|s| {
-            mix::evaluate(
-                &s.offers,
-                &s.offers.iter().map(|o| o.max).collect::<Vec<_>>(),
-            )
-            .requests_per_s
-                / s.rate
-        })
-        .fold(1.0, f64::max);
+    let ceiling = ceiling(&slots);
     let lead_s = plan::offer_keys(&limits)
         .iter()
         .map(|(name, _)| scn.profile.variant(name).map_or(0.0, |v| v.startup_s(true)))
@@ -501,5 +516,40 @@ fn found(s: Search<'_>, met: bool, attainment: f64, cost_usd: f64, replays: usiz
         attainment,
         cost_usd,
         replays,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schedule_holds_what_any_slot_needs_within_the_lead() {
+        let profile = Profile::load("llama-3-8b")
+            .unwrap()
+            .restrict(&["nvidia-h100-80gb".into()])
+            .unwrap();
+        let limits = vec![VariantLimits::new("nvidia-h100-80gb", 10)];
+        let need = [0, 0, 2, 0, 1, 0, 0, 0]
+            .iter()
+            .map(|&n| vec![n, 0])
+            .collect();
+        let s = Schedule {
+            profile,
+            limits,
+            slot_s: 30.0,
+            tick_s: 15.0,
+            lead_s: vec![40.0, 40.0],
+            need,
+        };
+        // At t the fleet holds the most any slot needs up to t + lead + tick.
+        assert_eq!(s.counts_at(0.0), vec![0, 0]);
+        assert_eq!(s.counts_at(10.0), vec![2, 0]);
+        assert_eq!(s.counts_at(60.0), vec![2, 0]);
+        assert_eq!(s.counts_at(90.0), vec![1, 0]);
+        assert_eq!(s.counts_at(130.0), vec![1, 0]);
+        assert_eq!(s.counts_at(150.0), vec![0, 0]);
+        // Past the end it holds the last slot's need.
+        assert_eq!(s.counts_at(1e6), vec![0, 0]);
     }
 }
