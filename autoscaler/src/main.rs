@@ -92,8 +92,36 @@ impl Common {
 #[derive(Args)]
 struct SimulateArgs {
     /// Trace file: Azure LLM CSV (`.csv`) or Mooncake JSONL (`.jsonl`).
-    #[arg(long, env = "SLUICE_AUTOSCALER_TRACE")]
-    trace: PathBuf,
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_TRACE",
+        required_unless_present = "suite"
+    )]
+    trace: Option<PathBuf>,
+    /// Run the trace suite (synthetic families and the shared traces) instead of one trace.
+    #[arg(long, env = "SLUICE_AUTOSCALER_SUITE", conflicts_with = "trace")]
+    suite: bool,
+    /// Where the suite reads the shared traces.
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_TRACES_DIR",
+        default_value = "../shared/data/traces"
+    )]
+    traces_dir: PathBuf,
+    /// Where the suite writes one SVG per trace.
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_SUITE_DIR",
+        default_value = "suite-plots"
+    )]
+    suite_dir: PathBuf,
+    /// Length of the suite's synthetic traces, seconds.
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_SUITE_DURATION",
+        default_value_t = 3600.0
+    )]
+    suite_duration: f64,
     #[command(flatten)]
     common: Common,
     /// Multiply the trace's arrival rate (copies shifted by up to 60 s; below 1 thins it).
@@ -242,12 +270,24 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     scn.sim.seed = a.seed;
     scn.sim.spot_preemptions_per_node_hour = a.spot_preemptions_per_hour;
     scn.validate()?;
-    let raw = trace::load(&a.trace)?;
+    let Some(trace_path) = a.trace.clone() else {
+        return simulate_suite(&a, &scn, started);
+    };
+    let raw = trace::load(&trace_path)?;
     let requests = trace::scale(&raw, scn.rate_scale, scn.sim.seed);
     let mean = scenario::mean_shape(&requests);
     let (base, base_cap) = scn.baseline_choice(&mean)?;
-    print_scenario(&a, &scn, raw.len(), &requests, &mean, &base, &base_cap);
+    print_scenario(
+        &trace_path,
+        &scn,
+        raw.len(),
+        &requests,
+        &mean,
+        &base,
+        &base_cap,
+    );
     let prepared = scenario::prepare(&scn, &requests, &a.policies)?;
+    let notes: Vec<String> = prepared.iter().filter_map(|p| p.note.clone()).collect();
     let runs = scenario::run_all(&scn, &requests, prepared);
     let mut summaries: Vec<(String, report::Summary)> = runs
         .iter()
@@ -256,6 +296,12 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     report::relate_to_oracle(&mut summaries);
     let elapsed = started.elapsed().as_secs_f64();
     println!("\n{}", report::table(&summaries));
+    if let Some((_, s)) = summaries.first() {
+        println!("{}", report::feasibility_line(s));
+    }
+    for n in &notes {
+        println!("{n}");
+    }
     println!("{} policies in {:.2} s", runs.len(), elapsed);
     if let Some(path) = &a.json {
         let rep = Report {
@@ -272,9 +318,34 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     Ok(())
 }
 
+/// `simulate --suite`: every policy over the suite's traces, one table, one SVG per trace.
+fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<()> {
+    let cfg = sluice_sim::suite::SuiteConfig {
+        duration_s: a.suite_duration,
+        seed: a.seed,
+        traces_dir: a.traces_dir.clone(),
+        ..Default::default()
+    };
+    let entries = sluice_sim::suite::entries(&cfg)?;
+    let results = sluice_sim::suite::run(scn, &entries, &a.policies, Some(&a.suite_dir))?;
+    println!("{}", sluice_sim::suite::table(&results));
+    for r in &results {
+        for n in &r.notes {
+            println!("{}: {n}", r.trace);
+        }
+    }
+    println!(
+        "{} traces in {:.1} s; plots in {}",
+        results.len(),
+        started.elapsed().as_secs_f64(),
+        a.suite_dir.display()
+    );
+    Ok(())
+}
+
 /// The scenario header `simulate` prints before its table.
 fn print_scenario(
-    a: &SimulateArgs,
+    trace_path: &std::path::Path,
     scn: &Scenario,
     raw_rows: usize,
     requests: &[Request],
@@ -286,7 +357,7 @@ fn print_scenario(
     println!("scenario");
     println!(
         "  trace        {} ({} rows) × rate {} = {} requests over {:.0} s ({:.2} req/s)",
-        a.trace.display(),
+        trace_path.display(),
         raw_rows,
         scn.rate_scale,
         requests.len(),

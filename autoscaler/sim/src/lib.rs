@@ -7,16 +7,22 @@
 //!
 //! # Modules
 //! - [`trace`]: Azure CSV and Mooncake JSONL traces, rate scaling.
+//! - [`feasibility`]: which requests any variant could serve within the SLO alone.
+//! - [`oracle`]: the cheapest replica schedule a search over replays confirms meets the goal.
 //! - [`sim`]: the discrete-event simulator (gateway queue, routing, replicas, nodes, Spot).
 //! - [`scenario`]: the default scenario and running every policy side by side.
+//! - [`suite`]: seeded synthetic trace families plus the shared traces, every policy over each.
 //! - [`report`], [`plot`]: the table, JSON and SVG.
 //! - [`error`]: the crate's error type.
 
 pub mod error;
+pub mod feasibility;
+pub mod oracle;
 pub mod plot;
 pub mod report;
 pub mod scenario;
 pub mod sim;
+pub mod suite;
 pub mod trace;
 
 pub use error::{Error, Result};

@@ -1,6 +1,11 @@
 //! `--plot FILE.svg`: replicas per variant and demand over time, one panel per policy.
+//!
+//! Text needs a font: the loadtest's embedded DejaVu Sans (Bitstream Vera license, see
+//! `loadtest/assets/fonts`), registered with plotters' `ab_glyph` renderer, so drawing works
+//! where no font is installed.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -17,6 +22,16 @@ const COLOURS: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
+static FONT: &[u8] = include_bytes!("../../../loadtest/assets/fonts/DejaVuSans.ttf");
+
+/// Binds the family every chart uses to the embedded font, once.
+fn register_font() -> bool {
+    static DONE: OnceLock<bool> = OnceLock::new();
+    *DONE.get_or_init(|| {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).is_ok()
+    })
+}
+
 /// Draws the runs: per panel, ready replicas of each variant (solid) and the arrival rate
 /// (grey, right-hand scale drawn as a share of the panel's height, labelled with its peak).
 pub fn write_svg(path: &Path, runs: &[Run]) -> Result<()> {
@@ -24,6 +39,9 @@ pub fn write_svg(path: &Path, runs: &[Run]) -> Result<()> {
         path: path.to_path_buf(),
         message: e,
     };
+    if !register_font() {
+        return Err(err("the embedded font does not load".into()));
+    }
     let height = 260 * runs.len().max(1) as u32;
     let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;

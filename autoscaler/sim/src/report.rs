@@ -17,9 +17,13 @@ pub const BURST_BUCKET_S: f64 = 30.0;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Summary {
     pub requests: usize,
-    /// Share of requests meeting both the TTFT and the TPOT SLO (refused, cut and unfinished
-    /// requests miss).
+    /// Requests no variant could serve within the SLO even alone and idle; reported apart.
+    pub infeasible: usize,
+    /// Share of the feasible requests meeting both the TTFT and the TPOT SLO (refused, cut and
+    /// unfinished requests miss).
     pub slo_attainment: f64,
+    /// Share of all requests, infeasible ones included, meeting both.
+    pub raw_slo_attainment: f64,
     pub ttft_p50_s: f64,
     pub ttft_p99_s: f64,
     pub tpot_p50_s: f64,
@@ -70,6 +74,13 @@ pub fn met(o: &Outcome, slo: &Slo) -> bool {
 pub fn summarise(run: &Run, slo: &Slo, goal: f64) -> Summary {
     let n = run.outcomes.len();
     let ok = run.outcomes.iter().filter(|o| met(o, slo)).count();
+    let feasible = run.outcomes.iter().filter(|o| o.feasible).count();
+    let ok_feasible = run
+        .outcomes
+        .iter()
+        .filter(|o| o.feasible && met(o, slo))
+        .count();
+    let share = |a: usize, b: usize| if b == 0 { 1.0 } else { a as f64 / b as f64 };
     let mut ttft: Vec<f64> = run
         .outcomes
         .iter()
@@ -86,7 +97,9 @@ pub fn summarise(run: &Run, slo: &Slo, goal: f64) -> Summary {
     let (bursts, max, mean) = recovery(&run.outcomes, slo, goal);
     Summary {
         requests: n,
-        slo_attainment: if n == 0 { 1.0 } else { ok as f64 / n as f64 },
+        infeasible: n - feasible,
+        slo_attainment: share(ok_feasible, feasible),
+        raw_slo_attainment: share(ok, n),
         ttft_p50_s: percentile(&mut ttft, 0.5),
         ttft_p99_s: percentile(&mut ttft, 0.99),
         tpot_p50_s: percentile(&mut tpot, 0.5),
@@ -105,14 +118,14 @@ pub fn summarise(run: &Run, slo: &Slo, goal: f64) -> Summary {
     }
 }
 
-/// Episodes of consecutive arrival buckets whose attainment is below `goal`: count, longest
-/// and mean duration in seconds.
+/// Episodes of consecutive arrival buckets whose attainment over feasible requests is below
+/// `goal`: count, longest and mean duration in seconds.
 pub fn recovery(outcomes: &[Outcome], slo: &Slo, goal: f64) -> (usize, f64, f64) {
     let end = outcomes.iter().map(|o| o.arrival_s).fold(0.0, f64::max);
     let n = (end / BURST_BUCKET_S).floor() as usize + 1;
     let mut total = vec![0u32; n];
     let mut good = vec![0u32; n];
-    for o in outcomes {
+    for o in outcomes.iter().filter(|o| o.feasible) {
         let b = ((o.arrival_s / BURST_BUCKET_S) as usize).min(n - 1);
         total[b] += 1;
         good[b] += u32::from(met(o, slo));
@@ -172,6 +185,7 @@ pub fn table(summaries: &[(String, Summary)]) -> String {
     t.set_header(vec![
         "policy",
         "SLO met",
+        "raw SLO",
         "TTFT p50 ms",
         "TTFT p99 ms",
         "TPOT p50 ms",
@@ -187,6 +201,7 @@ pub fn table(summaries: &[(String, Summary)]) -> String {
         let row = vec![
             name.clone(),
             format!("{:.2} %", s.slo_attainment * 100.0),
+            format!("{:.2} %", s.raw_slo_attainment * 100.0),
             ms(s.ttft_p50_s),
             ms(s.ttft_p99_s),
             ms(s.tpot_p50_s),
@@ -210,6 +225,17 @@ pub fn table(summaries: &[(String, Summary)]) -> String {
     t.to_string()
 }
 
+/// What the table's "SLO met" counts: the requests set apart as infeasible.
+pub fn feasibility_line(s: &Summary) -> String {
+    format!(
+        "infeasible: {} of {} requests (no variant serves them within the SLO even alone and \
+         idle); \"SLO met\" is over the other {}, \"raw SLO\" over all",
+        s.infeasible,
+        s.requests,
+        s.requests - s.infeasible
+    )
+}
+
 /// Writes the JSON report.
 pub fn write_json(path: &Path, report: &Report) -> Result<()> {
     let text = serde_json::to_string_pretty(report).map_err(Error::Json)?;
@@ -229,6 +255,7 @@ mod tests {
             ttft_s: Some(ttft),
             tpot_s: Some(tpot),
             failed: false,
+            feasible: true,
         }
     }
 

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use sluice_policy::baselines::hpa::{Hpa, HpaConfig, HpaMetric};
 use sluice_policy::baselines::kpa::{Kpa, KpaConfig};
-use sluice_policy::baselines::oracle::{peak_window, Oracle, OracleConfig, Sizing};
+use sluice_policy::baselines::oracle::{peak_window, Sizing};
 use sluice_policy::baselines::static_peak::StaticPeak;
 use sluice_policy::capacity::{self, Planning, Slo, Workload};
 use sluice_policy::mix;
@@ -164,6 +164,8 @@ pub fn mean_shape(requests: &[Request]) -> Workload {
 pub struct Prepared {
     pub policy: Box<dyn Policy + Send>,
     pub initial: Vec<u32>,
+    /// Something the report should say about how the policy was built (the oracle's search).
+    pub note: Option<String>,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -260,10 +262,15 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
     let setup = Setup::new(scn, requests)?;
     let mut out = Vec::new();
     for name in names {
+        let mut note = None;
         let (policy, initial) = match name.as_str() {
             "sluice" => sluice(&setup),
             "static-peak" => static_peak(&setup),
-            "oracle" => oracle(&setup),
+            "oracle" => {
+                let (built, n) = oracle(scn, requests);
+                note = Some(n);
+                built
+            }
             "hpa-cpu" | "hpa-concurrency" => hpa(&setup, name)?,
             "kpa" => kpa(&setup),
             other => {
@@ -273,7 +280,11 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
                 )));
             }
         };
-        out.push(Prepared { policy, initial });
+        out.push(Prepared {
+            policy,
+            initial,
+            note,
+        });
     }
     Ok(out)
 }
@@ -312,20 +323,26 @@ fn static_peak(s: &Setup<'_>) -> Built {
     (Box::new(p), counts)
 }
 
-fn oracle(s: &Setup<'_>) -> Built {
-    let cfg = OracleConfig {
-        slo: s.scn.slo,
-        planning: s.scn.planning,
-        limits: s.limits.clone(),
-        capacity: s.cap_type,
-        window_s: s.scn.sim.window_s,
-        hold_s: 60.0,
-        switch_amortise_s: 600.0,
+/// The oracle's schedule, searched over replays, and what the search found.
+fn oracle(scn: &Scenario, requests: &[Request]) -> (Built, String) {
+    let f = crate::oracle::search(scn, requests, &crate::oracle::SearchConfig::default());
+    let note = if f.met {
+        format!(
+            "oracle: cheapest schedule found meets {:.2} % of feasible requests ({} replays)",
+            f.attainment * 100.0,
+            f.replays
+        )
+    } else {
+        format!(
+            "oracle: no schedule within --max-replicas {} found meeting {:.0} % (best {:.2} %, \
+             {} replays)",
+            scn.max_replicas_per_variant,
+            scn.goal * 100.0,
+            f.attainment * 100.0,
+            f.replays
+        )
     };
-    (
-        Box::new(Oracle::new(s.scn.profile.clone(), cfg, s.timeline.clone())),
-        s.all.clone(),
-    )
+    ((Box::new(f.schedule), f.initial), note)
 }
 
 fn hpa(s: &Setup<'_>, name: &str) -> Result<Built> {

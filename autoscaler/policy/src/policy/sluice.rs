@@ -21,8 +21,9 @@ use crate::mix::{self, Offer};
 use crate::profile::{CapacityType, Profile};
 use crate::signals::Signals;
 
-/// The policy's knobs. Defaults follow the autoscalers people know: HPA's five-minute
-/// scale-down stabilisation, KPA's sixty-second panic window.
+/// The policy's knobs. Defaults: HPA's five-minute scale-down stabilisation, KPA's
+/// sixty-second panic window; a trend damped over ten minutes and capped at 1.5× the observed
+/// rate (ramps are followed a start-up lead ahead, steps are not extrapolated).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SluiceConfig {
     pub slo: Slo,
@@ -43,6 +44,11 @@ pub struct SluiceConfig {
     pub forecast_damping_s: f64,
     /// Forecast horizon; `None` means the longest start-up (new node) of the variants.
     pub forecast_horizon_s: Option<f64>,
+    /// The forecast is at most this multiple of the observed rate: a trend learnt from a step
+    /// (a flash crowd) would otherwise extrapolate it far past what any ramp reaches within
+    /// a start-up lead.
+    #[serde(default = "default_forecast_cap_ratio")]
+    pub forecast_cap_ratio: f64,
     /// Panic when the short-window arrival rate exceeds the ready capacity by this factor...
     pub panic_rate_ratio: f64,
     /// ...or the queue holds more than this many seconds of the ready capacity.
@@ -72,8 +78,9 @@ impl SluiceConfig {
             backlog_drain_s: None,
             holt_alpha: 0.3,
             holt_beta: 0.1,
-            forecast_damping_s: 300.0,
+            forecast_damping_s: 600.0,
             forecast_horizon_s: None,
+            forecast_cap_ratio: default_forecast_cap_ratio(),
             panic_rate_ratio: 1.5,
             panic_queue_s: 10.0,
             panic_window_s: 60.0,
@@ -85,6 +92,10 @@ impl SluiceConfig {
             max_margin: 1.5,
         }
     }
+}
+
+fn default_forecast_cap_ratio() -> f64 {
+    1.5
 }
 
 /// The policy with its memory.
@@ -101,6 +112,8 @@ pub struct Sluice {
     margin: f64,
     spot_out_until: HashMap<String, f64>,
     first_seen_s: Option<f64>,
+    /// The first tick, for holding a fleet taken over before any traffic is seen.
+    first_tick_s: Option<f64>,
     /// Per variant: capacity at SLO is divided by this while its own latency breaches the SLO.
     variant_margin: HashMap<String, f64>,
 }
@@ -110,6 +123,7 @@ impl Sluice {
         Sluice {
             holt: Holt::new(config.holt_alpha, config.holt_beta).damped(config.forecast_damping_s),
             first_seen_s: None,
+            first_tick_s: None,
             variant_margin: HashMap::new(),
             history: VecDeque::new(),
             profile,
@@ -282,20 +296,41 @@ impl Sluice {
         s.time_s - self.last_traffic_s > self.config.scale_to_zero_after_s
     }
 
-    /// Nothing ever arrived: each variant's floor, on demand.
-    fn floors_only(&self, mut d: Decision, limits: &[VariantLimits], idle: bool) -> Decision {
+    /// Nothing ever arrived: each variant's floor, on demand; but a fleet it takes over is
+    /// held until the scale-to-zero delay has passed since the first tick (its first signals
+    /// may simply predate the first request).
+    fn floors_only(
+        &mut self,
+        s: &Signals,
+        mut d: Decision,
+        limits: &[VariantLimits],
+        idle: bool,
+    ) -> Decision {
+        let first = *self.first_tick_s.get_or_insert(s.time_s);
+        let hold = s.time_s - first <= self.config.scale_to_zero_after_s;
+        let current = plan::current_counts(s, limits);
         let counts: Vec<u32> = plan::offer_keys(limits)
             .iter()
             .enumerate()
             .map(|(k, (_, c))| {
-                if *c == CapacityType::OnDemand {
+                let f = if *c == CapacityType::OnDemand {
                     floor(&limits[k / 2], idle)
                 } else {
                     0
+                };
+                if hold {
+                    f.max(current[k])
+                } else {
+                    f
                 }
             })
             .collect();
-        d.reason(ReasonKind::MinMax, None, "no traffic seen yet: floors only");
+        let why = if hold {
+            "no traffic seen yet: holding the fleet until the scale-to-zero delay"
+        } else {
+            "no traffic seen yet: floors only"
+        };
+        d.reason(ReasonKind::MinMax, None, why);
         plan::fill_targets(&mut d, &self.profile, limits, &counts);
         d
     }
@@ -372,7 +407,8 @@ impl Sluice {
             self.holt.observe(t, a.requests_per_s);
         }
         let forecast = if t - first >= a.window_s {
-            self.holt.forecast(horizon).unwrap_or(0.0)
+            let cap = self.config.forecast_cap_ratio * a.requests_per_s;
+            self.holt.forecast(horizon).unwrap_or(0.0).min(cap)
         } else {
             0.0
         };
@@ -565,7 +601,7 @@ impl Policy for Sluice {
         let idle = self.note_traffic(s);
         let limits = self.config.limits.clone();
         let Some(w) = self.shape else {
-            return self.floors_only(d, &limits, idle);
+            return self.floors_only(s, d, &limits, idle);
         };
         self.update_margin(s, &mut d);
         let caps = self.capacities(&limits, &w, &mut d);

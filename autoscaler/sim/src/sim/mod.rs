@@ -77,6 +77,9 @@ pub struct Outcome {
     pub tpot_s: Option<f64>,
     /// Refused (longer than any replica holds), or its stream cut by a Spot reclaim.
     pub failed: bool,
+    /// Some variant, alone and idle, would serve it within the SLO
+    /// ([`feasibility`](crate::feasibility)).
+    pub feasible: bool,
 }
 
 /// One tick of the fleet, for the plot.
@@ -374,6 +377,7 @@ impl<'a> Sim<'a> {
                     ttft_s: None,
                     tpot_s: None,
                     failed: false,
+                    feasible: crate::feasibility::feasible(profile, slo, r),
                 })
                 .collect(),
             first_token: vec![0.0; requests.len()],

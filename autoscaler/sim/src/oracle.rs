@@ -1,0 +1,555 @@
+//! The oracle: the cheapest replica schedule, found with the whole future known, that the
+//! simulator itself confirms meets the attainment goal over feasible requests.
+//!
+//! A schedule is a replica count per (variant, capacity type) for every 30 s slot of the
+//! trace. Run as a policy ([`Schedule`]) it asks at each tick for the most any slot needs
+//! between now and the moment a replica asked for at the next tick could serve (its start-up
+//! on a new node), so capacity is ready when its slot begins and is billed from the request
+//! on, start-up included; a dip shorter than that lead is held through.
+//!
+//! Each slot holds the cheapest mix for its own arrival rate and shape × a multiplier, one
+//! multiplier per segment of the trace (5 min). The search ([`search`]) bisects every
+//! segment's multiplier at once: it replays the schedule, and a segment whose feasible
+//! arrivals met the goal lowers its multiplier, one that missed raises it, until the steps are
+//! small; then it keeps each segment's lowest multiplier that met, and confirms the whole
+//! schedule with one more replay, raising segments that still miss if queues carried over
+//! between them. Requiring the goal in every segment is stricter than over the whole trace,
+//! so the schedule is the cheapest the search confirmed, not a proven optimum; when no
+//! multiplier within the replica limits meets the goal, the oracle says so.
+
+use serde::{Deserialize, Serialize};
+
+use sluice_policy::capacity::Workload;
+use sluice_policy::decision::{Decision, Demand, Mode, ReasonKind};
+use sluice_policy::mix;
+use sluice_policy::policy::plan::{self, VariantLimits};
+use sluice_policy::policy::Policy;
+use sluice_policy::profile::{CapacityType, Profile};
+use sluice_policy::signals::Signals;
+use sluice_policy::timeline::{Request, Timeline};
+
+use crate::report;
+use crate::scenario::Scenario;
+use crate::sim::{self, Run};
+
+/// How the search runs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SearchConfig {
+    /// Length of a schedule slot.
+    pub slot_s: f64,
+    /// Length of a segment sharing one multiplier.
+    pub segment_s: f64,
+    /// Bisection replays.
+    pub bisections: usize,
+    /// Most confirming replays after the bisection.
+    pub max_confirms: usize,
+}
+
+impl Default for SearchConfig {
+    fn default() -> Self {
+        SearchConfig {
+            slot_s: 30.0,
+            segment_s: 300.0,
+            bisections: 10,
+            max_confirms: 6,
+        }
+    }
+}
+
+/// A replica schedule run as a policy.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    profile: Profile,
+    limits: Vec<VariantLimits>,
+    slot_s: f64,
+    tick_s: f64,
+    /// Start-up on a new node, per offer key.
+    lead_s: Vec<f64>,
+    /// Replicas per slot, per offer key.
+    need: Vec<Vec<u32>>,
+}
+
+impl Schedule {
+    /// What the fleet must hold at `t`, per offer key.
+    pub fn counts_at(&self, t: f64) -> Vec<u32> {
+        let last = self.need.len().saturating_sub(1);
+        let from = ((t / self.slot_s).floor().max(0.0) as usize).min(last);
+        (0..self.lead_s.len())
+            .map(|k| {
+                let to = (((t + self.lead_s[k] + self.tick_s) / self.slot_s).floor() as usize)
+                    .clamp(from, last);
+                self.need[from..=to].iter().map(|n| n[k]).max().unwrap_or(0)
+            })
+            .collect()
+    }
+}
+
+impl Policy for Schedule {
+    fn name(&self) -> &str {
+        "oracle"
+    }
+
+    fn decide(&mut self, s: &Signals) -> Decision {
+        let counts = self.counts_at(s.time_s);
+        let mut d = Decision {
+            time_s: s.time_s,
+            model: s.model.clone(),
+            mode: Mode::Stable,
+            demand: Demand {
+                observed_requests_per_s: s.arrivals.requests_per_s,
+                ..Demand::default()
+            },
+            ..Decision::default()
+        };
+        d.reason(
+            ReasonKind::Baseline,
+            None,
+            "replica schedule searched over replays of the whole trace",
+        );
+        plan::fill_targets(&mut d, &self.profile, &self.limits, &counts);
+        d
+    }
+}
+
+/// The search's result.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub schedule: Schedule,
+    /// The fleet at time zero, per offer key (ready: started before the trace).
+    pub initial: Vec<u32>,
+    /// Whether the confirmed schedule meets the goal.
+    pub met: bool,
+    /// Attainment over feasible requests of the schedule returned.
+    pub attainment: f64,
+    /// Cost of the schedule returned, as replayed.
+    pub cost_usd: f64,
+    pub replays: usize,
+}
+
+/// One slot: its arrival rate and the offers (capacity at SLO per key) for its shape.
+struct Slot {
+    rate: f64,
+    offers: Vec<mix::Offer>,
+}
+
+/// A segment's bisection: the highest multiplier known to miss, the lowest known to meet.
+#[derive(Debug, Clone, Copy)]
+struct Bracket {
+    lo: f64,
+    hi: Option<f64>,
+    now: f64,
+}
+
+impl Bracket {
+    fn update(&mut self, met: bool) {
+        if met {
+            self.hi = Some(self.hi.map_or(self.now, |h| h.min(self.now)));
+        } else {
+            self.lo = self.lo.max(self.now);
+        }
+        self.now = match self.hi {
+            Some(h) => 0.5 * (self.lo + h),
+            None => 2.0 * self.now,
+        };
+    }
+}
+
+struct Search<'a> {
+    scn: &'a Scenario,
+    requests: &'a [Request],
+    schedule: Schedule,
+    slots: Vec<Slot>,
+    slots_per_segment: usize,
+    /// Feasible arrivals per segment.
+    arrived: Vec<usize>,
+    /// Largest multiplier the replica limits allow to matter.
+    ceiling: f64,
+}
+
+impl Search<'_> {
+    fn replay(&self) -> Run {
+        let mut policy = self.schedule.clone();
+        let initial = self.schedule.counts_at(0.0);
+        sim::run(
+            &self.scn.sim,
+            &self.scn.profile,
+            &self.scn.slo,
+            &self.scn.planning,
+            self.requests,
+            &mut policy,
+            &initial,
+        )
+    }
+
+    fn segment_of(&self, t: f64) -> usize {
+        let seg = self.schedule.slot_s * self.slots_per_segment as f64;
+        ((t / seg) as usize).min(self.arrived.len() - 1)
+    }
+
+    /// Feasible requests missing the SLO, per segment of arrival.
+    fn misses(&self, run: &Run) -> Vec<usize> {
+        let mut out = vec![0; self.arrived.len()];
+        for o in run.outcomes.iter().filter(|o| o.feasible) {
+            if !report::met(o, &self.scn.slo) {
+                out[self.segment_of(o.arrival_s)] += 1;
+            }
+        }
+        out
+    }
+
+    fn segment_met(&self, seg: usize, misses: usize) -> bool {
+        misses as f64 <= (1.0 - self.scn.goal) * self.arrived[seg] as f64
+    }
+
+    /// Per offer key: whether any slot can buy it and it serves there.
+    fn usable_keys(&self) -> Vec<bool> {
+        let keys = self.slots.first().map_or(0, |s| s.offers.len());
+        (0..keys)
+            .map(|k| {
+                self.slots
+                    .iter()
+                    .any(|s| s.offers[k].max > 0 && s.offers[k].requests_per_s > 0.0)
+            })
+            .collect()
+    }
+
+    /// Sets every slot's need from its segment's multiplier.
+    fn apply(&mut self, multipliers: &[f64]) {
+        for (i, slot) in self.slots.iter().enumerate() {
+            let m = multipliers[i / self.slots_per_segment].min(self.ceiling);
+            self.schedule.need[i] = if slot.rate > 0.0 {
+                mix::cheapest(&slot.offers, slot.rate * m).counts
+            } else {
+                vec![0; slot.offers.len()]
+            };
+        }
+    }
+}
+
+/// Every slot's arrival rate and offers (capacity at SLO per key for the slot's shape), only
+/// the `allowed` variants of the scenario's capacity type able to grow.
+fn slots(
+    scn: &Scenario,
+    limits: &[VariantLimits],
+    timeline: &Timeline,
+    slot_s: f64,
+    allowed: &dyn Fn(&str) -> bool,
+) -> Vec<Slot> {
+    let cap_type = if scn.spot {
+        CapacityType::Spot
+    } else {
+        CapacityType::OnDemand
+    };
+    let n = (timeline.end_s() / slot_s).round().max(1.0) as usize;
+    let zero = vec![0; plan::offer_keys(limits).len()];
+    let mut last_shape = Workload::uniform(1.0, 1.0);
+    (0..n)
+        .map(|i| {
+            let from = i as f64 * slot_s;
+            let (rate, w) = timeline
+                .window(from, from + slot_s)
+                .unwrap_or((0.0, last_shape));
+            last_shape = w;
+            let (caps, _) = plan::capacities(&scn.profile, limits, &w, &scn.slo, &scn.planning);
+            let offers = plan::offers(
+                &scn.profile,
+                limits,
+                &caps,
+                &zero,
+                |n, c| c == cap_type && allowed(n),
+                |_| 0,
+            );
+            Slot { rate, offers }
+        })
+        .collect()
+}
+
+/// The multiplier beyond which every slot's mix is at the replica limits already.
+fn ceiling(slots: &[Slot]) -> f64 {
+    slots
+        .iter()
+        .filter(|s| s.rate > 0.0)
+        .map(|s| {
+            let all: Vec<u32> = s.offers.iter().map(|o| o.max).collect();
+            mix::evaluate(&s.offers, &all).requests_per_s / s.rate
+        })
+        .fold(1.0, f64::max)
+}
+
+/// The slots, their offers, and an empty schedule.
+fn start<'a>(
+    scn: &'a Scenario,
+    requests: &'a [Request],
+    cfg: &SearchConfig,
+    allowed: &dyn Fn(&str) -> bool,
+) -> Search<'a> {
+    let limits: Vec<VariantLimits> = scn
+        .profile
+        .variants
+        .iter()
+        .map(|v| VariantLimits::new(&v.name, scn.max_replicas_per_variant))
+        .collect();
+    let timeline = Timeline::new(requests, cfg.slot_s);
+    let slots = slots(scn, &limits, &timeline, cfg.slot_s, allowed);
+    let n = slots.len();
+    let zero = vec![0; plan::offer_keys(&limits).len()];
+    let ceiling = ceiling(&slots);
+    let lead_s = plan::offer_keys(&limits)
+        .iter()
+        .map(|(name, _)| scn.profile.variant(name).map_or(0.0, |v| v.startup_s(true)))
+        .collect();
+    let slots_per_segment = (cfg.segment_s / cfg.slot_s).round().max(1.0) as usize;
+    let segments = n.div_ceil(slots_per_segment);
+    let mut search = Search {
+        scn,
+        requests,
+        schedule: Schedule {
+            profile: scn.profile.clone(),
+            limits,
+            slot_s: cfg.slot_s,
+            tick_s: scn.sim.tick_s,
+            lead_s,
+            need: vec![zero; n],
+        },
+        slots,
+        slots_per_segment,
+        arrived: vec![0; segments],
+        ceiling,
+    };
+    for r in requests {
+        if crate::feasibility::feasible(&scn.profile, &scn.slo, r) {
+            let seg = search.segment_of(r.arrival_s);
+            search.arrived[seg] += 1;
+        }
+    }
+    search
+}
+
+/// What one replay showed of one segment at one multiplier.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    multiplier: f64,
+    misses: usize,
+    /// Replica-hours' price of the segment's slots at this multiplier.
+    cost: f64,
+}
+
+impl Search<'_> {
+    /// Replays the schedule at these multipliers and records each segment's sample.
+    fn sample(&mut self, m: &[f64], samples: &mut [Vec<Sample>]) -> (Vec<usize>, Run) {
+        self.apply(m);
+        let run = self.replay();
+        let miss = self.misses(&run);
+        for (seg, list) in samples.iter_mut().enumerate() {
+            list.push(Sample {
+                multiplier: m[seg],
+                misses: miss[seg],
+                cost: self.segment_cost(seg),
+            });
+        }
+        (miss, run)
+    }
+
+    fn segment_cost(&self, seg: usize) -> f64 {
+        let from = seg * self.slots_per_segment;
+        let to = (from + self.slots_per_segment).min(self.slots.len());
+        (from..to)
+            .map(|i| {
+                let offers = &self.slots[i].offers;
+                self.schedule.need[i]
+                    .iter()
+                    .zip(offers)
+                    .map(|(&n, o)| f64::from(n) * o.price_per_hour)
+                    .sum::<f64>()
+            })
+            .sum()
+    }
+}
+
+/// Per segment, the sampled multiplier minimising cost + λ·misses, for the λ whose picks
+/// total at most `budget` misses at the least cost.
+fn pick(samples: &[Vec<Sample>], budget: usize) -> Vec<f64> {
+    let choose = |lambda: f64| -> (Vec<f64>, usize) {
+        let mut misses = 0;
+        let m = samples
+            .iter()
+            .map(|list| {
+                let best = list
+                    .iter()
+                    .min_by(|a, b| {
+                        let ca = a.cost + lambda * a.misses as f64;
+                        let cb = b.cost + lambda * b.misses as f64;
+                        ca.total_cmp(&cb)
+                            .then(b.multiplier.total_cmp(&a.multiplier))
+                    })
+                    .expect("a sample per segment");
+                misses += best.misses;
+                best.multiplier
+            })
+            .collect();
+        (m, misses)
+    };
+    // A larger λ buys fewer misses; bisect it on a log scale.
+    let (mut lo, mut hi) = (1e-6_f64, 1e9_f64);
+    let (mut m, misses) = choose(hi);
+    if misses > budget {
+        return m;
+    }
+    for _ in 0..60 {
+        let mid = (lo * hi).sqrt();
+        let (mm, n) = choose(mid);
+        if n <= budget {
+            hi = mid;
+            m = mm;
+        } else {
+            lo = mid;
+        }
+    }
+    m
+}
+
+/// Searches for the cheapest schedule that meets the scenario's goal over feasible requests:
+/// over every variant together, and over each variant alone (the per-slot cheapest mix follows
+/// the capacity model, which can favour a variant whose real latency spread then needs far more
+/// replicas than another's would), keeping the cheapest that met, else the best attainment.
+pub fn search(scn: &Scenario, requests: &[Request], cfg: &SearchConfig) -> Found {
+    let names = scn.profile.variant_names();
+    let mut sets: Vec<Vec<String>> = vec![names.clone()];
+    sets.extend(names.iter().map(|n| vec![n.clone()]));
+    let mut seen: Vec<Vec<bool>> = Vec::new();
+    let mut best: Option<Found> = None;
+    let mut replays = 0;
+    for set in sets {
+        let s = start(scn, requests, cfg, &|n| set.iter().any(|x| x == n));
+        // Variant sets that leave the same keys able to serve are the same search.
+        let usable = s.usable_keys();
+        if usable.iter().all(|&u| !u) || seen.contains(&usable) {
+            continue;
+        }
+        seen.push(usable);
+        let f = search_one(s, scn, cfg);
+        replays += f.replays;
+        let better = best.as_ref().is_none_or(|b| match (f.met, b.met) {
+            (true, true) => f.cost_usd < b.cost_usd,
+            (a, b2) if a != b2 => a,
+            _ => f.attainment > b.attainment,
+        });
+        if better {
+            best = Some(f);
+        }
+    }
+    let mut f = best.unwrap_or_else(|| search_one(start(scn, requests, cfg, &|_| true), scn, cfg));
+    f.replays = replays.max(f.replays);
+    f
+}
+
+/// The search over one set of variants.
+fn search_one(mut s: Search<'_>, scn: &Scenario, cfg: &SearchConfig) -> Found {
+    let segments = s.arrived.len();
+    let feasible: usize = s.arrived.iter().sum();
+    let allowed = ((1.0 - scn.goal) * feasible as f64).floor() as usize;
+    let attainment = |misses: usize| {
+        if feasible == 0 {
+            1.0
+        } else {
+            1.0 - misses as f64 / feasible as f64
+        }
+    };
+    let mut brackets = vec![
+        Bracket {
+            lo: 0.0,
+            hi: None,
+            now: 1.0,
+        };
+        segments
+    ];
+    let mut samples = vec![Vec::new(); segments];
+    let mut replays = 0;
+    // Sample every segment's misses against its multiplier, bisecting toward the goal.
+    for _ in 0..cfg.bisections {
+        let m: Vec<f64> = brackets.iter().map(|b| b.now.min(s.ceiling)).collect();
+        let (miss, _) = s.sample(&m, &mut samples);
+        replays += 1;
+        for (seg, b) in brackets.iter_mut().enumerate() {
+            b.update(s.segment_met(seg, miss[seg]));
+        }
+    }
+    // Spend the miss budget where it saves most, confirm, and correct the budget by what the
+    // replay showed (queues carry misses between segments).
+    let mut budget = allowed as i64;
+    let mut best: Option<(Vec<f64>, f64, usize)> = None;
+    let mut closest: (Vec<f64>, usize, f64) = (vec![s.ceiling; segments], usize::MAX, 0.0);
+    for _ in 0..cfg.max_confirms {
+        let m = pick(&samples, budget.max(0) as usize);
+        let (miss, run) = s.sample(&m, &mut samples);
+        replays += 1;
+        let total: usize = miss.iter().sum();
+        if total <= allowed && best.as_ref().is_none_or(|b| run.cost_usd < b.1) {
+            best = Some((m.clone(), run.cost_usd, total));
+        }
+        if total < closest.1 {
+            closest = (m, total, run.cost_usd);
+        }
+        budget += allowed as i64 - total as i64;
+        if total <= allowed && allowed - total <= allowed / 10 {
+            break;
+        }
+    }
+    match best {
+        Some((m, cost, total)) => {
+            s.apply(&m);
+            found(s, true, attainment(total), cost, replays)
+        }
+        None => {
+            s.apply(&closest.0);
+            found(s, false, attainment(closest.1), closest.2, replays)
+        }
+    }
+}
+
+fn found(s: Search<'_>, met: bool, attainment: f64, cost_usd: f64, replays: usize) -> Found {
+    let initial = s.schedule.counts_at(0.0);
+    Found {
+        schedule: s.schedule,
+        initial,
+        met,
+        attainment,
+        cost_usd,
+        replays,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schedule_holds_what_any_slot_needs_within_the_lead() {
+        let profile = Profile::load("llama-3-8b")
+            .unwrap()
+            .restrict(&["nvidia-h100-80gb".into()])
+            .unwrap();
+        let limits = vec![VariantLimits::new("nvidia-h100-80gb", 10)];
+        let need = [0, 0, 2, 0, 1, 0, 0, 0]
+            .iter()
+            .map(|&n| vec![n, 0])
+            .collect();
+        let s = Schedule {
+            profile,
+            limits,
+            slot_s: 30.0,
+            tick_s: 15.0,
+            lead_s: vec![40.0, 40.0],
+            need,
+        };
+        // At t the fleet holds the most any slot needs up to t + lead + tick.
+        assert_eq!(s.counts_at(0.0), vec![0, 0]);
+        assert_eq!(s.counts_at(10.0), vec![2, 0]);
+        assert_eq!(s.counts_at(60.0), vec![2, 0]);
+        assert_eq!(s.counts_at(90.0), vec![1, 0]);
+        assert_eq!(s.counts_at(130.0), vec![1, 0]);
+        assert_eq!(s.counts_at(150.0), vec![0, 0]);
+        // Past the end it holds the last slot's need.
+        assert_eq!(s.counts_at(1e6), vec![0, 0]);
+    }
+}

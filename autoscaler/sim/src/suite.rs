@@ -1,0 +1,415 @@
+//! The trace suite: seeded synthetic families plus the shared real traces, every policy run
+//! over each, one table of trace × policy and one SVG per trace.
+//!
+//! The families cover what a policy tuned on one trace has not seen: steady Poisson arrivals,
+//! gamma-distributed gaps with shape below one (bursts and lulls), a flash crowd (×10 for two
+//! minutes), a diurnal swing, code-like traffic (long prompts, short outputs), long-output chat,
+//! and a mixture of these. Each is generated from a seed, so the suite is the same every run.
+
+use std::path::{Path, PathBuf};
+
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Gamma, LogNormal};
+use serde::{Deserialize, Serialize};
+
+use sluice_policy::timeline::Request;
+
+use crate::error::{Error, Result};
+use crate::report::{self, Summary};
+use crate::scenario::{self, Scenario};
+use crate::{plot, trace};
+
+/// A synthetic traffic family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Family {
+    /// Poisson arrivals of conversation-like requests.
+    Poisson,
+    /// Gamma-distributed gaps, shape 0.25: bursts and lulls at the same mean rate.
+    GammaBursts,
+    /// Poisson, with the rate ×10 for two minutes at 40 % of the trace.
+    FlashCrowd,
+    /// Poisson with a rate swinging ±80 % over the trace (a day compressed).
+    Diurnal,
+    /// Code assistance: prompts of ~3k tokens, outputs of ~60.
+    CodeLike,
+    /// Chat with long answers: prompts of ~300 tokens, outputs of ~900.
+    LongOutput,
+    /// Conversation Poisson + code-like gamma bursts + a flash crowd of long outputs.
+    Mixture,
+}
+
+impl Family {
+    pub const ALL: [Family; 7] = [
+        Family::Poisson,
+        Family::GammaBursts,
+        Family::FlashCrowd,
+        Family::Diurnal,
+        Family::CodeLike,
+        Family::LongOutput,
+        Family::Mixture,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Poisson => "poisson",
+            Family::GammaBursts => "gamma-bursts",
+            Family::FlashCrowd => "flash-crowd",
+            Family::Diurnal => "diurnal",
+            Family::CodeLike => "code-like",
+            Family::LongOutput => "long-output",
+            Family::Mixture => "mixture",
+        }
+    }
+}
+
+/// Request lengths: log-normal prompt and output tokens with these medians and spread.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    prompt_median: f64,
+    output_median: f64,
+    sigma: f64,
+}
+
+const CONVERSATION: Shape = Shape {
+    prompt_median: 800.0,
+    output_median: 180.0,
+    sigma: 0.8,
+};
+const CODE: Shape = Shape {
+    prompt_median: 3000.0,
+    output_median: 60.0,
+    sigma: 0.6,
+};
+const LONG_OUTPUT: Shape = Shape {
+    prompt_median: 300.0,
+    output_median: 900.0,
+    sigma: 0.5,
+};
+
+impl Shape {
+    fn draw(&self, rng: &mut ChaCha8Rng) -> (u32, u32) {
+        let p = LogNormal::new(self.prompt_median.ln(), self.sigma).expect("valid");
+        let o = LogNormal::new(self.output_median.ln(), self.sigma).expect("valid");
+        let clamp = |x: f64, hi: f64| x.round().clamp(1.0, hi) as u32;
+        (
+            clamp(p.sample(rng), 32_000.0),
+            clamp(o.sample(rng), 4_000.0),
+        )
+    }
+}
+
+/// Arrival times of a Poisson process with rate `rate(t)` (at most `peak`) over
+/// `[0, duration_s)`, by thinning.
+fn poisson(
+    rng: &mut ChaCha8Rng,
+    duration_s: f64,
+    peak: f64,
+    rate: impl Fn(f64) -> f64,
+) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut t = 0.0;
+    loop {
+        t += -rng.random::<f64>().max(1e-12).ln() / peak;
+        if t >= duration_s {
+            return out;
+        }
+        if rng.random::<f64>() * peak < rate(t) {
+            out.push(t);
+        }
+    }
+}
+
+/// Arrival times with gamma gaps of shape `k` and mean `1 / rate`.
+fn gamma_gaps(rng: &mut ChaCha8Rng, duration_s: f64, rate: f64, k: f64) -> Vec<f64> {
+    let g = Gamma::new(k, 1.0 / (k * rate)).expect("valid");
+    let mut out = Vec::new();
+    let mut t = 0.0;
+    loop {
+        t += g.sample(rng);
+        if t >= duration_s {
+            return out;
+        }
+        out.push(t);
+    }
+}
+
+fn with_shape(rng: &mut ChaCha8Rng, times: Vec<f64>, shape: Shape) -> Vec<Request> {
+    times
+        .into_iter()
+        .map(|arrival_s| {
+            let (prompt_tokens, output_tokens) = shape.draw(rng);
+            Request {
+                arrival_s,
+                prompt_tokens,
+                output_tokens,
+            }
+        })
+        .collect()
+}
+
+/// Requests of a family over `duration_s` seconds at a mean `rate` (requests/s, conversation
+/// shape; the other shapes are scaled to similar GPU load), sorted by arrival.
+pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Request> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let d = duration_s;
+    let flash = |t: f64| (0.4 * d..0.4 * d + 120.0).contains(&t);
+    let mut out = match family {
+        Family::Poisson => {
+            let t = poisson(&mut rng, d, rate, |_| rate);
+            with_shape(&mut rng, t, CONVERSATION)
+        }
+        Family::GammaBursts => {
+            let t = gamma_gaps(&mut rng, d, rate, 0.25);
+            with_shape(&mut rng, t, CONVERSATION)
+        }
+        Family::FlashCrowd => {
+            let t = poisson(&mut rng, d, 10.0 * rate, |t| {
+                if flash(t) {
+                    10.0 * rate
+                } else {
+                    rate
+                }
+            });
+            with_shape(&mut rng, t, CONVERSATION)
+        }
+        Family::Diurnal => {
+            let swing = |t: f64| rate * (1.0 - 0.8 * (2.0 * std::f64::consts::PI * t / d).cos());
+            let t = poisson(&mut rng, d, 1.8 * rate, swing);
+            with_shape(&mut rng, t, CONVERSATION)
+        }
+        Family::CodeLike => {
+            let t = poisson(&mut rng, d, 0.4 * rate, |_| 0.4 * rate);
+            with_shape(&mut rng, t, CODE)
+        }
+        Family::LongOutput => {
+            let t = poisson(&mut rng, d, 0.3 * rate, |_| 0.3 * rate);
+            with_shape(&mut rng, t, LONG_OUTPUT)
+        }
+        Family::Mixture => {
+            let chat = poisson(&mut rng, d, 0.5 * rate, |_| 0.5 * rate);
+            let mut all = with_shape(&mut rng, chat, CONVERSATION);
+            let code = gamma_gaps(&mut rng, d, 0.2 * rate, 0.3);
+            all.extend(with_shape(&mut rng, code, CODE));
+            let crowd = poisson(&mut rng, d, 1.5 * rate, |t| {
+                if flash(t) {
+                    1.5 * rate
+                } else {
+                    0.0
+                }
+            });
+            all.extend(with_shape(&mut rng, crowd, LONG_OUTPUT));
+            all
+        }
+    };
+    out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    out
+}
+
+/// One trace of the suite.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub name: String,
+    pub requests: Vec<Request>,
+}
+
+/// How to build the suite.
+#[derive(Debug, Clone)]
+pub struct SuiteConfig {
+    /// Synthetic trace length.
+    pub duration_s: f64,
+    /// Mean conversation-shaped arrival rate of the synthetic families.
+    pub rate: f64,
+    pub seed: u64,
+    pub families: Vec<Family>,
+    /// Shared traces to add, with their rate scales (`(file, scale)`), read from `traces_dir`.
+    pub shared: Vec<(String, f64)>,
+    pub traces_dir: PathBuf,
+}
+
+impl Default for SuiteConfig {
+    fn default() -> Self {
+        SuiteConfig {
+            duration_s: 3600.0,
+            rate: 15.0,
+            seed: 1,
+            families: Family::ALL.to_vec(),
+            shared: vec![
+                ("azure-llm-2023-conv.csv".into(), 4.0),
+                ("azure-llm-2023-conv.csv".into(), 1.0),
+                ("mooncake-synthetic.jsonl".into(), 1.0),
+            ],
+            traces_dir: PathBuf::from("../shared/data/traces"),
+        }
+    }
+}
+
+/// The suite's traces: the synthetic families, then the shared traces.
+pub fn entries(cfg: &SuiteConfig) -> Result<Vec<Entry>> {
+    let mut out: Vec<Entry> = cfg
+        .families
+        .iter()
+        .enumerate()
+        .map(|(i, &f)| Entry {
+            name: f.name().to_string(),
+            requests: generate(f, cfg.seed.wrapping_add(i as u64), cfg.duration_s, cfg.rate),
+        })
+        .collect();
+    for (file, scale) in &cfg.shared {
+        let raw = trace::load(&cfg.traces_dir.join(file))?;
+        let stem = Path::new(file)
+            .file_stem()
+            .map_or(file.clone(), |s| s.to_string_lossy().into_owned());
+        out.push(Entry {
+            name: format!("{stem} ×{scale}"),
+            requests: trace::scale(&raw, *scale, cfg.seed),
+        });
+    }
+    Ok(out)
+}
+
+/// One trace's results: a summary per policy (× oracle filled in) and the oracle's note.
+#[derive(Debug, Clone)]
+pub struct TraceResult {
+    pub trace: String,
+    pub requests: usize,
+    pub summaries: Vec<(String, Summary)>,
+    pub notes: Vec<String>,
+}
+
+/// Runs every policy over every entry; writes `<svg_dir>/<trace>.svg` when `svg_dir` is set.
+pub fn run(
+    scn: &Scenario,
+    entries: &[Entry],
+    policies: &[String],
+    svg_dir: Option<&Path>,
+) -> Result<Vec<TraceResult>> {
+    if let Some(dir) = svg_dir {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Write {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    let mut out = Vec::new();
+    for e in entries {
+        let prepared = scenario::prepare(scn, &e.requests, policies)?;
+        let notes = prepared.iter().filter_map(|p| p.note.clone()).collect();
+        let runs = scenario::run_all(scn, &e.requests, prepared);
+        let mut summaries: Vec<(String, Summary)> = runs
+            .iter()
+            .map(|r| (r.policy.clone(), report::summarise(r, &scn.slo, scn.goal)))
+            .collect();
+        report::relate_to_oracle(&mut summaries);
+        if let Some(dir) = svg_dir {
+            plot::write_svg(&dir.join(format!("{}.svg", file_name(&e.name))), &runs)?;
+        }
+        out.push(TraceResult {
+            trace: e.name.clone(),
+            requests: e.requests.len(),
+            summaries,
+            notes,
+        });
+    }
+    Ok(out)
+}
+
+/// A trace name as a file name.
+fn file_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The suite table: one row per trace and policy.
+pub fn table(results: &[TraceResult]) -> String {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "trace",
+        "policy",
+        "SLO (feasible)",
+        "infeasible",
+        "cost $",
+        "× oracle",
+        "worst recovery s",
+    ]);
+    for r in results {
+        for (name, s) in &r.summaries {
+            let row = [
+                r.trace.clone(),
+                name.clone(),
+                format!("{:.2} %", s.slo_attainment * 100.0),
+                s.infeasible.to_string(),
+                format!("{:.2}", s.cost_usd),
+                s.cost_vs_oracle.map_or("-".into(), |x| format!("{x:.2}")),
+                format!("{:.0}", s.recovery_s_max),
+            ];
+            t.add_row(row.into_iter().enumerate().map(|(i, c)| {
+                let cell = Cell::new(c);
+                if i < 2 {
+                    cell
+                } else {
+                    cell.set_alignment(CellAlignment::Right)
+                }
+            }));
+        }
+    }
+    t.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_seeded_and_shaped() {
+        for f in Family::ALL {
+            let a = generate(f, 7, 1200.0, 10.0);
+            assert_eq!(a, generate(f, 7, 1200.0, 10.0), "{f:?} is deterministic");
+            assert!(!a.is_empty(), "{f:?}");
+            assert!(a.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
+            assert!(a
+                .iter()
+                .all(|r| r.arrival_s < 1200.0 && r.prompt_tokens > 0));
+        }
+        let count = |v: &[Request], from: f64, to: f64| {
+            v.iter()
+                .filter(|r| (from..to).contains(&r.arrival_s))
+                .count() as f64
+        };
+        // The flash crowd: ten times the rate for two minutes at 40 %.
+        let f = generate(Family::FlashCrowd, 1, 3000.0, 5.0);
+        let inside = count(&f, 1200.0, 1320.0) / 120.0;
+        let before = count(&f, 0.0, 1200.0) / 1200.0;
+        assert!((inside / before - 10.0).abs() < 2.0, "{inside} vs {before}");
+        // Gamma gaps of shape 0.25 keep the mean rate but bunch arrivals: the count per 10 s
+        // varies far more than Poisson's.
+        let g = generate(Family::GammaBursts, 1, 3000.0, 5.0);
+        let p = generate(Family::Poisson, 1, 3000.0, 5.0);
+        let var = |v: &[Request]| {
+            let c: Vec<f64> = (0..300)
+                .map(|i| count(v, f64::from(i) * 10.0, f64::from(i + 1) * 10.0))
+                .collect();
+            let m = c.iter().sum::<f64>() / c.len() as f64;
+            c.iter().map(|x| (x - m).powi(2)).sum::<f64>() / c.len() as f64 / m
+        };
+        assert!((g.len() as f64 / 15_000.0 - 1.0).abs() < 0.1, "{}", g.len());
+        assert!(var(&g) > 2.0 * var(&p), "{} vs {}", var(&g), var(&p));
+        // Code-like prompts are long and outputs short; long-output chat the reverse.
+        let mean = |v: &[Request], f: fn(&Request) -> u32| {
+            v.iter().map(|r| f64::from(f(r))).sum::<f64>() / v.len() as f64
+        };
+        let code = generate(Family::CodeLike, 1, 1200.0, 10.0);
+        let long = generate(Family::LongOutput, 1, 1200.0, 10.0);
+        assert!(mean(&code, |r| r.prompt_tokens) > 10.0 * mean(&code, |r| r.output_tokens));
+        assert!(mean(&long, |r| r.output_tokens) > 2.0 * mean(&long, |r| r.prompt_tokens));
+    }
+}

@@ -1,0 +1,83 @@
+//! The policy over a small trace suite (synthetic families, 25 minutes each): its SLO over
+//! feasible requests and its cost over the oracle's, per family, held at what it reaches so a
+//! change that loses ground fails; and the oracle meets the goal, at no more than static peak
+//! where static peak meets it too.
+
+use sluice_policy::profile::Profile;
+use sluice_sim::report::Summary;
+use sluice_sim::scenario::Scenario;
+use sluice_sim::suite::{self, Family, SuiteConfig};
+
+fn get<'a>(s: &'a [(String, Summary)], name: &str) -> &'a Summary {
+    &s.iter().find(|(n, _)| n == name).expect("policy ran").1
+}
+
+#[test]
+fn sluice_holds_its_slo_and_cost_on_a_small_suite() {
+    let profile = Profile::load("llama-3-8b")
+        .unwrap()
+        .restrict(&["nvidia-l4".into(), "nvidia-h100-80gb".into()])
+        .unwrap();
+    let scn = Scenario::default_for(profile);
+    let cfg = SuiteConfig {
+        duration_s: 1500.0,
+        rate: 12.0,
+        seed: 3,
+        families: vec![
+            Family::Poisson,
+            Family::GammaBursts,
+            Family::FlashCrowd,
+            Family::Diurnal,
+            Family::CodeLike,
+            Family::Mixture,
+        ],
+        shared: Vec::new(),
+        ..SuiteConfig::default()
+    };
+    let entries = suite::entries(&cfg).unwrap();
+    let policies: Vec<String> = ["sluice", "static-peak", "oracle"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let results = suite::run(&scn, &entries, &policies, None).unwrap();
+    println!("{}", suite::table(&results));
+    // (family, least SLO over feasible requests, most cost × oracle) for sluice: what it
+    // reaches, a little slack for rounding. Below the targets (99 %, 1.15×) on bursts
+    // of load it cannot see coming (flash crowd, a 25-minute diurnal cycle, the mixture's
+    // crowd): the README reports the gap.
+    let held: &[(&str, f64, f64)] = &[
+        ("poisson", 0.99, 1.4),
+        ("gamma-bursts", 0.99, 1.75),
+        ("flash-crowd", 0.38, 2.75),
+        ("diurnal", 0.65, 1.35),
+        ("code-like", 0.99, 1.55),
+        ("mixture", 0.78, 1.45),
+    ];
+    for r in &results {
+        let oracle = get(&r.summaries, "oracle");
+        let peak = get(&r.summaries, "static-peak");
+        let sluice = get(&r.summaries, "sluice");
+        assert!(
+            oracle.slo_attainment >= 0.99,
+            "{}: oracle {}",
+            r.trace,
+            oracle.slo_attainment
+        );
+        assert!(
+            peak.slo_attainment < 0.99 || oracle.cost_usd <= peak.cost_usd + 1e-9,
+            "{}: oracle ${:.2} above static peak ${:.2}",
+            r.trace,
+            oracle.cost_usd,
+            peak.cost_usd
+        );
+        let &(_, slo, ratio) = held.iter().find(|h| h.0 == r.trace).expect("listed");
+        assert!(
+            sluice.slo_attainment >= slo,
+            "{}: sluice SLO {}",
+            r.trace,
+            sluice.slo_attainment
+        );
+        let x = sluice.cost_vs_oracle.expect("oracle ran");
+        assert!(x <= ratio, "{}: sluice {x:.2}× oracle", r.trace);
+    }
+}
