@@ -5,8 +5,8 @@
 
 use serde_json::Value;
 use sluice_engine::{SamplingParams, MAX_N};
-use sluice_models::chat_template::ChatMessage;
-use sluice_models::Model;
+use sluice_models::chat_template::{encode_chat, ChatMessage};
+use sluice_models::{Model, ModelError};
 
 use crate::api::types::{
     ChatCompletionRequest, ChatMessageIn, CompletionRequest, MessageContent, PromptSpec,
@@ -118,6 +118,7 @@ fn sampling(
         stop_token_ids,
         stop,
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+        constraint: None,
     })
 }
 
@@ -225,7 +226,8 @@ pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, Api
         .collect()
 }
 
-/// Renders and tokenises chat messages with the model's template.
+/// Renders and tokenises chat messages with the model's template: the template's markers are
+/// special tokens, every text from the caller is plain text (`encode_chat`).
 pub fn chat_prompt(
     model: &Model,
     messages: &[ChatMessage],
@@ -237,17 +239,22 @@ pub fn chat_prompt(
             "messages",
         )
     })?;
-    let rendered = template
-        .render(messages, add_generation_prompt)
-        .map_err(|e| {
-            ApiError::bad(
-                format!("the chat template rejected the messages: {e}"),
-                "messages",
-            )
-        })?;
-    model.tokenizer().encode(&rendered, true).map_err(|e| {
-        tracing::error!("tokenising a rendered chat: {e}");
-        ApiError::Internal
+    encode_chat(
+        template,
+        model.tokenizer(),
+        messages,
+        None,
+        add_generation_prompt,
+    )
+    .map_err(|e| match e {
+        ModelError::Template(e) => ApiError::bad(
+            format!("the chat template rejected the messages: {e}"),
+            "messages",
+        ),
+        e => {
+            tracing::error!("tokenising a rendered chat: {e}");
+            ApiError::Internal
+        }
     })
 }
 
