@@ -149,20 +149,19 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// One tool definition; its errors name `tools` (the message says where inside).
 fn parse_tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
     let at = |f: &str| format!("tools[{i}]{f}");
     if t.get("type").and_then(Value::as_str) != Some("function") {
         return Err(bad(
             format!("'{}' must be 'function'", at(".type")),
-            at(".type"),
+            "tools",
         ));
     }
-    let f = t.get("function").filter(|f| f.is_object()).ok_or_else(|| {
-        bad(
-            format!("'{}' is required", at(".function")),
-            at(".function"),
-        )
-    })?;
+    let f = t
+        .get("function")
+        .filter(|f| f.is_object())
+        .ok_or_else(|| bad(format!("'{}' is required", at(".function")), "tools"))?;
     let name = f.get("name").and_then(Value::as_str).unwrap_or("");
     if !valid_name(name) {
         return Err(bad(
@@ -170,7 +169,7 @@ fn parse_tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
                 "'{}' must be 1 to 64 letters, digits, '_' or '-'",
                 at(".function.name")
             ),
-            at(".function.name"),
+            "tools",
         ));
     }
     let parameters = match f.get("parameters") {
@@ -182,7 +181,7 @@ fn parse_tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
                     "'{}' must be a JSON schema object",
                     at(".function.parameters")
                 ),
-                at(".function.parameters"),
+                "tools",
             ))
         }
     };
