@@ -417,10 +417,11 @@ impl Core {
     fn accept(&mut self, sub: Submission) {
         let tok = self.model.tokenizer();
         let p = &sub.request.sampling;
-        let eos = if p.ignore_eos {
-            Vec::new()
-        } else {
-            tok.eos_ids().iter().copied().collect()
+        let all_eos: Vec<u32> = tok.eos_ids().iter().copied().collect();
+        let (eos, grammar_eos) = match (p.ignore_eos, &p.constraint) {
+            (false, _) => (all_eos, Vec::new()),
+            (true, None) => (Vec::new(), Vec::new()),
+            (true, Some(_)) => (Vec::new(), all_eos),
         };
         self.next_arrival += 1;
         let info = Arc::new(RequestInfo {
@@ -432,6 +433,7 @@ impl Core {
             arrival_seq: self.next_arrival,
             events: sub.events,
             eos,
+            grammar_eos,
         });
         let seq = Seq::new(info, 0, sub.request.prompt);
         self.sched.enqueue(seq);

@@ -28,6 +28,9 @@ pub(crate) struct RequestInfo {
     pub events: UnboundedSender<Event>,
     /// End-of-sequence ids that stop this request (empty with `ignore_eos`).
     pub eos: Vec<u32>,
+    /// With `ignore_eos` and a grammar: the ids its mask allows once complete, kept out while
+    /// the grammar allows anything else (so the output runs on where the grammar permits).
+    pub grammar_eos: Vec<u32>,
 }
 
 /// A choice's timestamps, for the latency histograms.
@@ -121,11 +124,15 @@ impl Seq {
     /// and stop tokens.
     pub fn suppressed(&self) -> Vec<u32> {
         let p = &self.req.params;
-        if self.output_len() >= p.min_tokens {
-            return Vec::new();
+        let mut s = if self.matcher.is_some() {
+            self.req.grammar_eos.clone()
+        } else {
+            Vec::new()
+        };
+        if self.output_len() < p.min_tokens {
+            s.extend_from_slice(&self.req.eos);
+            s.extend_from_slice(&p.stop_token_ids);
         }
-        let mut s = self.req.eos.clone();
-        s.extend_from_slice(&p.stop_token_ids);
         s
     }
 
