@@ -3,7 +3,9 @@
 //! For each concurrency level, that many clients each submit requests back to back: a
 //! ~200-token prompt (distinct per request, so nothing is cached) and 128 output tokens
 //! (`ignore_eos`). Reports output tokens/s, TTFT and inter-token latency p50/p99; then the
-//! prefix-cache case, where every prompt shares a long prefix. The end-to-end peer
+//! prefix-cache case, where every prompt shares a long prefix; then the structured-output
+//! case: the same load with every output held to a JSON schema, against unconstrained, with
+//! the grammar masks' cost per token. The end-to-end peer
 //! (llama.cpp's server over HTTP) is measured by the load tester; its figures from
 //! `shared/peers/README.md` are printed for orientation only, not as a same-run ratio.
 
@@ -12,7 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use sluice_engine::{Engine, EngineConfig, EngineHandle, Event, Request, SamplingParams};
+use sluice_engine::{
+    Constraint, Engine, EngineConfig, EngineHandle, Event, Grammar, Request, SamplingParams,
+};
 use sluice_models::{registry, Model, ModelOptions};
 
 #[derive(Parser, Debug)]
@@ -75,31 +79,32 @@ fn main() -> anyhow::Result<()> {
     );
     let engine = Engine::start(model.clone(), config)?;
     // Warm-up: page in the weights and the first KV blocks.
-    run_level(&engine, &model, 1, 1, 16, args.prompt_tokens, None);
+    let level = |clients| Level {
+        clients,
+        rounds: args.rounds,
+        output_tokens: args.output_tokens,
+        prompt_tokens: args.prompt_tokens,
+        shared: None,
+        constraint: None,
+    };
+    let warm_up = Level {
+        rounds: 1,
+        output_tokens: 16,
+        ..level(1)
+    };
+    run_level(&engine, &model, warm_up);
     for &c in &args.concurrency {
-        let (elapsed, samples) = run_level(
-            &engine,
-            &model,
-            c,
-            args.rounds,
-            args.output_tokens,
-            args.prompt_tokens,
-            None,
-        );
+        let (elapsed, samples) = run_level(&engine, &model, level(c));
         report(&format!("concurrency {c:>3}"), elapsed, &samples);
     }
     let c = 16.min(max_c);
     let hits_before = engine.metrics().prefix_hits.get();
     let queries_before = engine.metrics().prefix_queries.get();
-    let (elapsed, samples) = run_level(
-        &engine,
-        &model,
-        c,
-        args.rounds,
-        args.output_tokens,
-        args.prompt_tokens,
-        Some(args.prompt_tokens * 9 / 10),
-    );
+    let prefix = Level {
+        shared: Some(args.prompt_tokens * 9 / 10),
+        ..level(c)
+    };
+    let (elapsed, samples) = run_level(&engine, &model, prefix);
     report(&format!("prefix {c:>3}   "), elapsed, &samples);
     let hits = engine.metrics().prefix_hits.get() - hits_before;
     let queries = engine.metrics().prefix_queries.get() - queries_before;
@@ -107,12 +112,59 @@ fn main() -> anyhow::Result<()> {
         "  prefix case: 90% of each prompt shared; cache hit rate {:.0}% of prompt tokens",
         100.0 * hits as f64 / queries.max(1) as f64
     );
+    structured_case(&engine, &model, level(c))?;
     println!(
         "peer figures from shared/peers/README.md (llama.cpp server over HTTP, for orientation):"
     );
     println!("  concurrency   1: 58 output tok/s, TTFT p50 0.75 s, ITL p50 10.8 ms");
     println!("  concurrency   4: 89 output tok/s, TTFT p50 2.65 s, ITL p50 29 ms");
     println!("  concurrency  16: 101 output tok/s, TTFT p50 6.8 s, ITL p50 89 ms");
+    Ok(())
+}
+
+/// The structured-output case: the same level unconstrained and with every output held to a
+/// JSON schema (a list of at least 32 records, so outputs run to the budget), and what the
+/// grammar masks cost per token, computed beside the forward pass and waited for after it.
+fn structured_case(engine: &EngineHandle, model: &Arc<Model>, level: Level) -> anyhow::Result<()> {
+    let schema = serde_json::json!({
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer", "minimum": 0, "maximum": 9999},
+                "name": {"type": "string", "maxLength": 12},
+                "ok": {"type": "boolean"}
+            },
+            "required": ["id", "name", "ok"],
+            "additionalProperties": false
+        },
+        "minItems": 32
+    });
+    let c = level.clients;
+    let (plain_s, plain) = run_level(engine, model, level.clone());
+    report(&format!("plain  {c:>3}   "), plain_s, &plain);
+    let constraint = engine
+        .compile(&Grammar::JsonSchema(schema))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let before = engine.mask_cost();
+    let structured = Level {
+        constraint: Some(constraint),
+        ..level
+    };
+    let (json_s, json) = run_level(engine, model, structured);
+    report(&format!("schema {c:>3}   "), json_s, &json);
+    let after = engine.mask_cost();
+    let masks = (after.masks - before.masks).max(1);
+    let rate = |s: &[Sample], d: Duration| {
+        s.iter().map(|x| x.tokens).sum::<usize>() as f64 / d.as_secs_f64()
+    };
+    println!(
+        "  structured case: {:.0}% of unconstrained throughput; mask {:.0} µs per token computed \
+         beside the forward pass, {:.0} µs per token waited for after it",
+        100.0 * rate(&json, json_s) / rate(&plain, plain_s),
+        (after.compute - before.compute).as_secs_f64() * 1e6 / masks as f64,
+        (after.wait - before.wait).as_secs_f64() * 1e6 / masks as f64,
+    );
     Ok(())
 }
 
@@ -151,21 +203,35 @@ fn make_prompt(model: &Model, id: usize, len: usize, shared: Option<usize>) -> V
     out
 }
 
-fn run_level(
-    engine: &EngineHandle,
-    model: &Arc<Model>,
+/// One load level: its clients, their requests, and what the requests share.
+#[derive(Debug, Clone)]
+struct Level {
     clients: usize,
     rounds: usize,
     output_tokens: usize,
     prompt_tokens: usize,
+    /// Leading prompt tokens every request shares (the prefix-cache case).
     shared: Option<usize>,
-) -> (Duration, Vec<Sample>) {
+    /// A grammar every output must match (the structured-output case).
+    constraint: Option<Arc<Constraint>>,
+}
+
+fn run_level(engine: &EngineHandle, model: &Arc<Model>, level: Level) -> (Duration, Vec<Sample>) {
+    let Level {
+        clients,
+        rounds,
+        output_tokens,
+        prompt_tokens,
+        shared,
+        constraint,
+    } = level;
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let started = Instant::now();
     let workers: Vec<_> = (0..clients)
         .map(|_| {
             let engine = engine.clone();
             let model = model.clone();
+            let constraint = constraint.clone();
             std::thread::spawn(move || {
                 let mut samples = Vec::new();
                 for _ in 0..rounds {
@@ -173,6 +239,7 @@ fn run_level(
                     let prompt = make_prompt(&model, id, prompt_tokens, shared);
                     let sampling = SamplingParams {
                         ignore_eos: true,
+                        constraint: constraint.clone(),
                         ..SamplingParams::greedy(output_tokens)
                     };
                     let submitted = Instant::now();
@@ -201,7 +268,12 @@ fn run_level(
                                 last = Some(now);
                             }
                             Event::Finish(f) => {
-                                assert_eq!(f.usage.completion_tokens, output_tokens);
+                                // A grammar may close before the budget; the rest run it out.
+                                assert!(f.usage.completion_tokens <= output_tokens);
+                                assert!(
+                                    constraint.is_some()
+                                        || f.usage.completion_tokens == output_tokens
+                                );
                                 break;
                             }
                         }

@@ -1,10 +1,11 @@
 //! The engine thread and its handle: requests in, events out, one forward call per step.
 
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -14,6 +15,7 @@ use tokio::sync::{mpsc as tmpsc, watch};
 
 use crate::block_manager::BlockManager;
 use crate::config::{EngineConfig, Resolved};
+use crate::constraint::{ChoiceMatcher, Constraint, Grammar, GrammarError, Mask, Vocabulary};
 use crate::error::{EngineError, SubmitError};
 use crate::event::{Event, Finish, FinishReason, MatchedStop, Usage};
 use crate::metrics::EngineMetrics;
@@ -78,6 +80,8 @@ impl Engine {
             model: model.clone(),
             config: config.clone(),
             stopped: stopped_rx,
+            vocabulary: OnceLock::new(),
+            masks: MaskStats::default(),
         });
         shared
             .load
@@ -126,6 +130,31 @@ struct Shared {
     model: Arc<Model>,
     config: EngineConfig,
     stopped: watch::Receiver<bool>,
+    /// The vocabulary grammars compile against, built at the first constrained request.
+    vocabulary: OnceLock<Result<Arc<Vocabulary>, GrammarError>>,
+    masks: MaskStats,
+}
+
+/// What grammar masks have cost, summed since the engine started.
+#[derive(Debug, Default)]
+struct MaskStats {
+    count: AtomicU64,
+    /// Time spent computing masks (beside the forward pass).
+    compute_ns: AtomicU64,
+    /// Time the step waited for masks after its forward pass had finished.
+    wait_ns: AtomicU64,
+}
+
+/// Grammar masks' cost since the engine started ([`EngineHandle::mask_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MaskCost {
+    /// Masks computed (one per constrained token sampled).
+    pub masks: u64,
+    /// Total time computing them, on the thread beside the forward pass.
+    pub compute: std::time::Duration,
+    /// Total time steps waited for them once the forward pass was done: their cost on the
+    /// critical path.
+    pub wait: std::time::Duration,
 }
 
 #[derive(Debug, Default)]
@@ -194,6 +223,31 @@ impl EngineHandle {
             return Err(SubmitError::ShuttingDown);
         }
         Ok(EventStream { rx })
+    }
+
+    /// Compiles a grammar against this engine's vocabulary, for
+    /// [`SamplingParams::constraint`](crate::SamplingParams::constraint). CPU work bounded
+    /// by the grammar limits (see `constraint`); run it off async workers. The first call
+    /// also builds the vocabulary's trie (tens of milliseconds).
+    pub fn compile(&self, grammar: &Grammar) -> Result<Arc<Constraint>, GrammarError> {
+        let s = &self.shared;
+        let vocabulary = s.vocabulary.get_or_init(|| {
+            let eos: Vec<u32> = s.model.tokenizer().eos_ids().iter().copied().collect();
+            Vocabulary::new(s.model.clone(), &eos).map(Arc::new)
+        });
+        let vocabulary = vocabulary.as_ref().map_err(Clone::clone)?;
+        vocabulary.compile(grammar).map(Arc::new)
+    }
+
+    /// What grammar masks have cost so far.
+    pub fn mask_cost(&self) -> MaskCost {
+        let m = &self.shared.masks;
+        let ns = |a: &AtomicU64| std::time::Duration::from_nanos(a.load(Ordering::Relaxed));
+        MaskCost {
+            masks: m.count.load(Ordering::Relaxed),
+            compute: ns(&m.compute_ns),
+            wait: ns(&m.wait_ns),
+        }
     }
 
     /// Queue, running and KV figures as of the last step.
@@ -281,6 +335,39 @@ impl futures_core::Stream for EventStream {
     }
 }
 
+/// What the forward pass returns, a panic caught.
+type ForwardResult = std::thread::Result<sluice_models::Result<Vec<f32>>>;
+/// A step's mask for one sequence, or why its grammar failed.
+type MaskResult = Result<Mask, String>;
+/// A sequence's running index, its matcher and its mask.
+type Computed = (usize, ChoiceMatcher, MaskResult);
+
+/// Computes the masks of `work`, timing them.
+fn compute_masks(work: Vec<(usize, ChoiceMatcher)>, stats: &MaskStats) -> Vec<Computed> {
+    let started = Instant::now();
+    let n = work.len() as u64;
+    let out = work
+        .into_iter()
+        .map(|(i, mut m)| {
+            let mask = m.mask();
+            (i, m, mask)
+        })
+        .collect();
+    stats.count.fetch_add(n, Ordering::Relaxed);
+    stats
+        .compute_ns
+        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    out
+}
+
+/// The end of a choice whose grammar failed (a step over its limits, say).
+fn grammar_failed(e: &str) -> Ended {
+    Ended {
+        reason: FinishReason::Error(format!("the output grammar failed: {e}")),
+        matched: None,
+    }
+}
+
 /// The state the engine thread owns.
 struct Core {
     model: Arc<Model>,
@@ -356,10 +443,11 @@ impl Core {
     fn accept(&mut self, sub: Submission) {
         let tok = self.model.tokenizer();
         let p = &sub.request.sampling;
-        let eos = if p.ignore_eos {
-            Vec::new()
-        } else {
-            tok.eos_ids().iter().copied().collect()
+        let all_eos: Vec<u32> = tok.eos_ids().iter().copied().collect();
+        let (eos, grammar_eos) = match (p.ignore_eos, &p.constraint) {
+            (false, _) => (all_eos, Vec::new()),
+            (true, None) => (Vec::new(), Vec::new()),
+            (true, Some(_)) => (Vec::new(), all_eos),
         };
         self.next_arrival += 1;
         let info = Arc::new(RequestInfo {
@@ -371,6 +459,7 @@ impl Core {
             arrival_seq: self.next_arrival,
             events: sub.events,
             eos,
+            grammar_eos,
         });
         let seq = Seq::new(info, 0, sub.request.prompt);
         self.sched.enqueue(seq);
@@ -422,12 +511,10 @@ impl Core {
         self.metrics
             .batch_sequences
             .observe(batch.seqs.len() as f64);
-        let model = self.model.clone();
-        let kv = &mut self.kv;
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            let logits = model.forward(&batch, kv)?;
-            logits.flatten_all()?.to_vec1::<f32>().map_err(Into::into)
-        }));
+        let work = self.take_matchers(&scheduled, &plan);
+        let constrained: Vec<usize> = work.iter().map(|(i, _)| *i).collect();
+        let (result, computed) = self.forward_with_masks(&batch, work);
+        let masks = self.return_matchers(&constrained, computed);
         let logits: Vec<f32> = match result {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => {
@@ -441,11 +528,75 @@ impl Core {
             }
         };
         let vocab = self.model.config().vocab_size;
-        self.after_forward(&scheduled, &plan, &logits, vocab);
+        self.after_forward(&scheduled, &plan, &logits, vocab, masks);
         self.metrics
             .step_seconds
             .observe(started.elapsed().as_secs_f64());
         self.publish_load();
+    }
+
+    /// The matchers of constrained sequences that sample this step (their chunk reaches their
+    /// last token), taken out so their masks can be computed beside the forward pass.
+    fn take_matchers(&mut self, scheduled: &[usize], plan: &Plan) -> Vec<(usize, ChoiceMatcher)> {
+        scheduled
+            .iter()
+            .filter_map(|&i| {
+                let s = &mut self.sched.running[i];
+                let samples = s.num_computed + plan.tokens[i] == s.tokens.len();
+                samples.then(|| s.matcher.take().map(|m| (i, m))).flatten()
+            })
+            .collect()
+    }
+
+    /// Runs the forward pass; meanwhile a second thread computes the masks of `work`, so a
+    /// step waits for masks only when they take longer than the forward pass.
+    fn forward_with_masks(
+        &mut self,
+        batch: &StepBatch,
+        work: Vec<(usize, ChoiceMatcher)>,
+    ) -> (ForwardResult, Vec<Computed>) {
+        let model = self.model.clone();
+        let kv = &mut self.kv;
+        let mut forward = move || {
+            catch_unwind(AssertUnwindSafe(|| {
+                let logits = model.forward(batch, kv)?;
+                logits.flatten_all()?.to_vec1::<f32>().map_err(Into::into)
+            }))
+        };
+        if work.is_empty() {
+            return (forward(), Vec::new());
+        }
+        let stats = &self.shared.masks;
+        std::thread::scope(|scope| {
+            let masks = scope.spawn(move || compute_masks(work, stats));
+            let result = forward();
+            let waited = Instant::now();
+            // A panic in the grammar code fails those sequences (`return_matchers`).
+            let computed = masks.join().unwrap_or_default();
+            stats
+                .wait_ns
+                .fetch_add(waited.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            (result, computed)
+        })
+    }
+
+    /// Puts the matchers back into their sequences; the masks by running index. A sequence
+    /// of `constrained` whose matcher did not come back (the mask thread panicked) gets an
+    /// error for a mask, which ends it.
+    fn return_matchers(
+        &mut self,
+        constrained: &[usize],
+        computed: Vec<Computed>,
+    ) -> HashMap<usize, MaskResult> {
+        let mut masks: HashMap<usize, MaskResult> = constrained
+            .iter()
+            .map(|&i| (i, Err("computing the mask panicked".to_string())))
+            .collect();
+        for (i, m, mask) in computed {
+            self.sched.running[i].matcher = Some(m);
+            masks.insert(i, mask);
+        }
+        masks
     }
 
     fn count_plan(&self, plan: &Plan) {
@@ -458,7 +609,14 @@ impl Core {
 
     /// Advances every scheduled sequence, samples those whose chunk reached their end, and
     /// retires the finished.
-    fn after_forward(&mut self, scheduled: &[usize], plan: &Plan, logits: &[f32], vocab: usize) {
+    fn after_forward(
+        &mut self,
+        scheduled: &[usize],
+        plan: &Plan,
+        logits: &[f32],
+        vocab: usize,
+        mut masks: HashMap<usize, MaskResult>,
+    ) {
         let bs = self.budget.block_size;
         let now = Instant::now();
         let mut row = 0;
@@ -483,11 +641,12 @@ impl Core {
             }
             let raw = &logits[row * vocab..(row + 1) * vocab];
             row += 1;
+            let mask = masks.remove(&i);
             if s.forks_left > 0 {
-                forked.extend(self.fork(i, raw));
+                forked.extend(self.fork(i, raw, mask.as_ref()));
             }
             let s = &mut self.sched.running[i];
-            if let Some(end) = Self::emit_token(&self.model, &self.metrics, s, raw, now) {
+            if let Some(end) = Self::emit_token(&self.model, &self.metrics, s, raw, mask, now) {
                 ended.push((i, end));
             }
         }
@@ -503,19 +662,37 @@ impl Core {
         }
     }
 
-    /// Samples one token for `s` from `raw` and streams it; returns how it ended, if it did.
+    /// Samples one token for `s` from `raw` (within `mask`, its grammar's mask for this step)
+    /// and streams it; returns how it ended, if it did.
     fn emit_token(
         model: &Model,
         metrics: &EngineMetrics,
         s: &mut Seq,
         raw: &[f32],
+        mask: Option<MaskResult>,
         now: Instant,
     ) -> Option<Ended> {
+        // A constrained sequence without a mask from the step (none is expected) computes it.
+        let mask = mask.or_else(|| s.matcher.as_mut().map(ChoiceMatcher::mask));
+        let mask = match mask {
+            Some(Err(e)) => return Some(grammar_failed(&e)),
+            Some(Ok(m)) => Some(m),
+            None => None,
+        };
         let suppress = s.suppressed();
         let req = s.req.clone();
-        let sampled = sample(raw, &req.params, &mut s.sampler, &suppress);
+        let sampled = sample(raw, &req.params, &mut s.sampler, &suppress, mask.as_ref());
         Self::record_token(metrics, s, now);
-        s.append(model.tokenizer(), sampled.token, sampled.logprob)
+        let complete = match s.matcher.as_mut().map(|m| m.consume(sampled.token)) {
+            Some(Err(e)) => return Some(grammar_failed(&e)),
+            Some(Ok(complete)) => complete,
+            None => false,
+        };
+        let end = s.append(model.tokenizer(), sampled.token, sampled.logprob);
+        match end {
+            None if complete => Some(s.grammar_done(model.tokenizer())),
+            end => end,
+        }
     }
 
     fn record_token(metrics: &EngineMetrics, s: &mut Seq, now: Instant) {
@@ -538,7 +715,8 @@ impl Core {
     /// Creates choices 1..n of running sequence `i`, whose prompt just finished: each shares
     /// the prompt's full blocks, draws its first token from the same logits, and recomputes
     /// only the prompt's partial last block.
-    fn fork(&mut self, i: usize, raw: &[f32]) -> Vec<Seq> {
+    /// A constrained parent's `mask` (its grammar's start) is every child's first mask too.
+    fn fork(&mut self, i: usize, raw: &[f32], mask: Option<&MaskResult>) -> Vec<Seq> {
         let bs = self.budget.block_size;
         let parent = &mut self.sched.running[i];
         let n = std::mem::take(&mut parent.forks_left);
@@ -566,7 +744,10 @@ impl Core {
                 self.sched.blocks.release(&child.blocks);
                 child.blocks.clear();
             }
-            if let Some(end) = Self::emit_token(&self.model, &self.metrics, &mut child, raw, now) {
+            let first = mask.cloned();
+            if let Some(end) =
+                Self::emit_token(&self.model, &self.metrics, &mut child, raw, first, now)
+            {
                 self.sched.blocks.release(&child.blocks);
                 child.blocks.clear();
                 self.finish(child, end.reason, end.matched);

@@ -11,13 +11,16 @@
 //! - `scheduler`: which sequences run each step and with how many tokens; preemption.
 //! - [`block_manager`]: free pool, reference counts, the prefix cache and its LRU eviction.
 //! - `sequence`: one choice's state and its output path.
-//! - `sampler`: bias, penalties, temperature, top-k/top-p/min-p, per-choice seeded draws.
+//! - `sampler`: bias, penalties, the grammar's mask, temperature, top-k/top-p/min-p,
+//!   per-choice seeded draws.
+//! - [`constraint`]: grammar-constrained decoding (JSON schemas, Lark grammars) with llguidance.
 //! - `detokenizer`, `stop`: text that never breaks a character or shows a stop string.
 //! - [`metrics`]: vLLM-named Prometheus series.
 //! - [`request`], [`event`], [`config`], [`error`]: the types callers use.
 
 pub mod block_manager;
 pub mod config;
+pub mod constraint;
 mod detokenizer;
 pub mod engine;
 pub mod error;
@@ -30,7 +33,8 @@ mod sequence;
 mod stop;
 
 pub use config::EngineConfig;
-pub use engine::{Engine, EngineHandle, EventStream, Load};
+pub use constraint::{Constraint, Grammar, GrammarError};
+pub use engine::{Engine, EngineHandle, EventStream, Load, MaskCost};
 pub use error::{EngineError, SubmitError};
 pub use event::{Delta, Event, Finish, FinishReason, MatchedStop, TokenLogprob, Usage};
 pub use metrics::EngineMetrics;

@@ -1,6 +1,9 @@
 //! What a caller submits: prompt tokens and how to sample the continuation.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::constraint::Constraint;
 
 use crate::error::SubmitError;
 
@@ -56,6 +59,10 @@ pub struct SamplingParams {
     pub stop: Vec<String>,
     /// Leave special tokens out of the text.
     pub skip_special_tokens: bool,
+    /// A grammar every choice's output must match (compiled with
+    /// [`EngineHandle::compile`](crate::EngineHandle::compile)); each choice runs its own
+    /// matcher, and the grammar's mask applies before temperature, top-k, top-p and min-p.
+    pub constraint: Option<Arc<Constraint>>,
 }
 
 impl Default for SamplingParams {
@@ -78,6 +85,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
             skip_special_tokens: true,
+            constraint: None,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! Choosing the next token from one row of logits: bias, penalties, temperature, top-k, top-p,
-//! min-p, then a draw from the choice's own random stream.
+//! Choosing the next token from one row of logits: bias, penalties, a grammar's mask,
+//! temperature, top-k, top-p, min-p, then a draw from the choice's own random stream.
 //!
 //! Every choice owns its generator, seeded from the request's seed and the choice's index, so
 //! the same seeded request draws the same tokens whatever else shares the batch, and a choice
@@ -11,6 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use sluice_models::logits::{argmax, top_logprobs};
 
+use crate::constraint::{self, Mask};
 use crate::event::TokenLogprob;
 use crate::request::SamplingParams;
 
@@ -59,12 +60,15 @@ pub(crate) struct Sampled {
 }
 
 /// Picks the next token. `suppress` lists tokens that must not be chosen now (end-of-sequence
-/// and stop tokens before `min_tokens`).
+/// and stop tokens before `min_tokens`); `mask`, the tokens a grammar allows (applied after
+/// bias and penalties, before temperature and the truncations; the grammar wins over
+/// `suppress` when the two leave nothing).
 pub(crate) fn sample(
     raw: &[f32],
     p: &SamplingParams,
     state: &mut SamplerState,
     suppress: &[u32],
+    mask: Option<&Mask>,
 ) -> Sampled {
     let mut l = raw.to_vec();
     for (&t, &b) in &p.logit_bias {
@@ -85,8 +89,17 @@ pub(crate) fn sample(
             l[t as usize] -= p.frequency_penalty * c as f32 + p.presence_penalty;
         }
     }
+    if let Some(mask) = mask {
+        constraint::apply(mask, &mut l);
+    }
+    let before_suppress = mask.filter(|_| !suppress.is_empty()).map(|_| l.clone());
     for &t in suppress {
         l[t as usize] = f32::NEG_INFINITY;
+    }
+    if let Some(masked) = before_suppress {
+        if l.iter().all(|&v| v == f32::NEG_INFINITY) {
+            l = masked;
+        }
     }
     let token = if p.is_greedy() {
         argmax(&l)
@@ -192,7 +205,7 @@ mod tests {
     fn draws(logits: &[f32], p: &SamplingParams, n: usize, seed: u64) -> Vec<u32> {
         let mut st = SamplerState::new(Some(seed), 0, &[]);
         (0..n)
-            .map(|_| sample(logits, p, &mut st, &[]).token)
+            .map(|_| sample(logits, p, &mut st, &[], None).token)
             .collect()
     }
 
@@ -201,13 +214,13 @@ mod tests {
         let logits = [1.0, 5.0, 3.0, 4.0];
         let p = params(|p| p.temperature = 0.0);
         let mut st = SamplerState::new(None, 0, &[]);
-        assert_eq!(sample(&logits, &p, &mut st, &[]).token, 1);
-        assert_eq!(sample(&logits, &p, &mut st, &[1]).token, 3);
+        assert_eq!(sample(&logits, &p, &mut st, &[], None).token, 1);
+        assert_eq!(sample(&logits, &p, &mut st, &[1], None).token, 3);
         let biased = params(|p| {
             p.temperature = 0.0;
             p.logit_bias.insert(0, 10.0);
         });
-        assert_eq!(sample(&logits, &biased, &mut st, &[]).token, 0);
+        assert_eq!(sample(&logits, &biased, &mut st, &[], None).token, 0);
     }
 
     #[test]
@@ -219,10 +232,10 @@ mod tests {
         let mut a = SamplerState::new(Some(7), 0, &[]);
         let mut b = SamplerState::new(Some(7), 1, &[]);
         let sa: Vec<u32> = (0..40)
-            .map(|_| sample(&logits, &p, &mut a, &[]).token)
+            .map(|_| sample(&logits, &p, &mut a, &[], None).token)
             .collect();
         let sb: Vec<u32> = (0..40)
-            .map(|_| sample(&logits, &p, &mut b, &[]).token)
+            .map(|_| sample(&logits, &p, &mut b, &[], None).token)
             .collect();
         assert_ne!(sa, sb);
     }
@@ -288,19 +301,19 @@ mod tests {
         let mut st = SamplerState::new(None, 0, &[]);
         st.push(0);
         let freq = greedy(|p| p.frequency_penalty = 0.5);
-        assert_eq!(sample(&logits, &freq, &mut st, &[]).token, 1);
+        assert_eq!(sample(&logits, &freq, &mut st, &[], None).token, 1);
         let pres = greedy(|p| p.presence_penalty = 0.5);
-        assert_eq!(sample(&logits, &pres, &mut st, &[]).token, 1);
+        assert_eq!(sample(&logits, &pres, &mut st, &[], None).token, 1);
         // Repetition: 2.0 / 1.1 < 1.9; applies to prompt tokens too.
         let rep = greedy(|p| p.repetition_penalty = 1.1);
         let mut from_prompt = SamplerState::new(None, 0, &[0]);
-        assert_eq!(sample(&logits, &rep, &mut from_prompt, &[]).token, 1);
+        assert_eq!(sample(&logits, &rep, &mut from_prompt, &[], None).token, 1);
         // A negative logit is made more negative, not less.
         let mut neg = SamplerState::new(None, 0, &[2]);
         let l2 = [-0.5, -0.6, -0.52];
         let rep2 = greedy(|p| p.repetition_penalty = 2.0);
-        assert_eq!(sample(&l2, &rep2, &mut neg, &[]).token, 0);
-        assert_eq!(sample(&l2, &greedy(|_| {}), &mut neg, &[0]).token, 2);
+        assert_eq!(sample(&l2, &rep2, &mut neg, &[], None).token, 0);
+        assert_eq!(sample(&l2, &greedy(|_| {}), &mut neg, &[0], None).token, 2);
     }
 
     #[test]
@@ -312,7 +325,7 @@ mod tests {
             p.logit_bias.insert(0, 50.0);
         });
         let mut st = SamplerState::new(None, 0, &[]);
-        let s = sample(&logits, &p, &mut st, &[]);
+        let s = sample(&logits, &p, &mut st, &[], None);
         assert_eq!(s.token, 0);
         let lp = s.logprob.unwrap();
         assert!((lp.logprob - 0.25f32.ln()).abs() < 1e-6);

@@ -243,6 +243,7 @@ mod tests {
             arrival_seq,
             events,
             eos: Vec::new(),
+            grammar_eos: Vec::new(),
         });
         // Distinct tokens per request, so prompts share no cached prefix by accident.
         let tokens = (0..prompt_len as u32)

@@ -8,6 +8,7 @@ use sluice_models::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::block_manager::BlockHash;
+use crate::constraint::ChoiceMatcher;
 use crate::detokenizer::Detokenizer;
 use crate::event::{Delta, Event, FinishReason, MatchedStop, TokenLogprob};
 use crate::request::SamplingParams;
@@ -27,6 +28,9 @@ pub(crate) struct RequestInfo {
     pub events: UnboundedSender<Event>,
     /// End-of-sequence ids that stop this request (empty with `ignore_eos`).
     pub eos: Vec<u32>,
+    /// With `ignore_eos` and a grammar: the ids its mask allows once complete, kept out while
+    /// the grammar allows anything else (so the output runs on where the grammar permits).
+    pub grammar_eos: Vec<u32>,
 }
 
 /// A choice's timestamps, for the latency histograms.
@@ -57,6 +61,9 @@ pub(crate) struct Seq {
     /// Choices still to fork from this one when its prompt is done (choice 0 of n > 1).
     pub forks_left: usize,
     pub sampler: SamplerState,
+    /// The choice's position in its grammar, when the request has one. It lives with the
+    /// choice, so preemption (which recomputes the KV cache, not the output) leaves it as is.
+    pub matcher: Option<ChoiceMatcher>,
     detok: Detokenizer,
     stop: StopMatcher,
     /// Output tokens whose text has not been released yet, with their log-probabilities.
@@ -79,6 +86,7 @@ impl Seq {
         let detok = Detokenizer::new(p.skip_special_tokens);
         let stop = StopMatcher::new(p.stop.clone());
         let forks_left = if index == 0 { p.n - 1 } else { 0 };
+        let matcher = p.constraint.as_ref().map(|c| c.start());
         Self {
             req,
             index,
@@ -90,6 +98,7 @@ impl Seq {
             cached_prompt: None,
             forks_left,
             sampler,
+            matcher,
             detok,
             stop,
             pending_ids: Vec::new(),
@@ -115,11 +124,15 @@ impl Seq {
     /// and stop tokens.
     pub fn suppressed(&self) -> Vec<u32> {
         let p = &self.req.params;
-        if self.output_len() >= p.min_tokens {
-            return Vec::new();
+        let mut s = if self.matcher.is_some() {
+            self.req.grammar_eos.clone()
+        } else {
+            Vec::new()
+        };
+        if self.output_len() < p.min_tokens {
+            s.extend_from_slice(&self.req.eos);
+            s.extend_from_slice(&p.stop_token_ids);
         }
-        let mut s = self.req.eos.clone();
-        s.extend_from_slice(&p.stop_token_ids);
         s
     }
 
@@ -182,6 +195,16 @@ impl Seq {
             });
         }
         None
+    }
+
+    /// Ends the choice because its grammar is complete (a stop, like an end-of-sequence
+    /// token), releasing the text held back.
+    pub fn grammar_done(&mut self, tok: &Tokenizer) -> Ended {
+        self.flush_text(tok);
+        Ended {
+            reason: FinishReason::Stop,
+            matched: None,
+        }
     }
 
     /// Releases everything held back (generation ended for a reason other than a stop

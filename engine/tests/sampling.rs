@@ -312,3 +312,147 @@ fn a_dropped_stream_is_aborted() {
     assert_eq!(engine.metrics().finished_count("stop"), 0);
     assert_eq!(engine.metrics().finished_count("length"), 0);
 }
+
+/// A schema of the shapes structured outputs use: nested object, enum, bounded integer,
+/// array with bounds, optional field.
+fn person_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "colour": {"enum": ["red", "green", "blue"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 10},
+                     "minItems": 1, "maxItems": 3},
+            "address": {"type": "object", "properties": {"city": {"type": "string"}},
+                        "required": ["city"], "additionalProperties": false}
+        },
+        "required": ["name", "age", "colour", "tags", "address"],
+        "additionalProperties": false
+    })
+}
+
+/// Checks `v` against [`person_schema`] by hand.
+fn is_person(v: &serde_json::Value) -> bool {
+    let o = v.as_object().unwrap();
+    let age = o["age"].as_i64().unwrap();
+    let tags = o["tags"].as_array().unwrap();
+    o.len() == 5
+        && o["name"].as_str().unwrap().chars().count() <= 20
+        && (0..=120).contains(&age)
+        && ["red", "green", "blue"].contains(&o["colour"].as_str().unwrap())
+        && (1..=3).contains(&tags.len())
+        && o["address"]["city"].is_string()
+}
+
+/// Every choice of a sampled request (n = 4, temperature 1) is valid JSON for the schema,
+/// ends as a stop, and logprobs stay those of the raw distribution.
+#[test]
+fn constrained_choices_all_match_their_schema() {
+    let engine = start(|_| {});
+    let grammar = sluice_engine::Grammar::JsonSchema(person_schema());
+    let constraint = engine.compile(&grammar).expect("the schema compiles");
+    let sampling = SamplingParams {
+        n: 4,
+        temperature: 1.0,
+        seed: Some(7),
+        max_tokens: Some(200),
+        logprobs: Some(0),
+        constraint: Some(constraint),
+        ..SamplingParams::default()
+    };
+    let choices = run(
+        &engine,
+        request(prompt("Describe a person as JSON."), sampling),
+    );
+    for c in &choices {
+        assert_eq!(c.reason, FinishReason::Stop, "{:?}", c.text);
+        let v: serde_json::Value = serde_json::from_str(&c.text).expect(&c.text);
+        assert!(is_person(&v), "{v}");
+        assert!(c.logprobs.iter().all(|l| l.logprob <= 0.0));
+    }
+    let cost = engine.mask_cost();
+    assert!(cost.masks > 0, "{cost:?}");
+}
+
+/// Out of tokens before the JSON closes: `length`, as OpenAI's.
+#[test]
+fn a_constrained_choice_cut_by_max_tokens_is_length() {
+    let engine = start(|_| {});
+    let constraint = engine
+        .compile(&sluice_engine::Grammar::JsonSchema(person_schema()))
+        .unwrap();
+    let sampling = SamplingParams {
+        constraint: Some(constraint),
+        ..SamplingParams::greedy(5)
+    };
+    let c = run(&engine, request(prompt("A person as JSON."), sampling)).remove(0);
+    assert_eq!(c.reason, FinishReason::Length);
+    assert_eq!(c.token_ids.len(), 5);
+    assert!(c.text.starts_with("{\""), "{:?}", c.text);
+}
+
+/// An enum forces one of its values, and the choice stops when the grammar is complete;
+/// invalid schemas and unsupported keywords are refused when compiled.
+#[test]
+fn a_grammar_ends_the_choice_and_bad_schemas_are_refused() {
+    let engine = start(|_| {});
+    let yes_no = serde_json::json!({"enum": ["yes", "no"]});
+    let constraint = engine
+        .compile(&sluice_engine::Grammar::JsonSchema(yes_no))
+        .unwrap();
+    let sampling = SamplingParams {
+        constraint: Some(constraint),
+        ..SamplingParams::greedy(20)
+    };
+    let c = run(&engine, request(prompt("Is water wet?"), sampling)).remove(0);
+    assert!(c.text == "\"yes\"" || c.text == "\"no\"", "{:?}", c.text);
+    assert_eq!(c.reason, FinishReason::Stop);
+    for (schema, says) in [
+        (serde_json::json!({"type": "strin"}), "strin"),
+        (serde_json::json!({"type": "object", "if": {}}), "if"),
+    ] {
+        let e = engine
+            .compile(&sluice_engine::Grammar::JsonSchema(schema))
+            .unwrap_err();
+        assert!(e.to_string().contains(says), "{e}");
+    }
+}
+
+/// A pool too small for the load: constrained sequences are preempted and recomputed, and
+/// their matchers (which live with the choice) stay in step: every output is still valid and
+/// equals its solo run.
+#[test]
+fn constrained_sequences_survive_preemption() {
+    let solo_engine = start(|_| {});
+    let constraint = solo_engine
+        .compile(&sluice_engine::Grammar::JsonSchema(person_schema()))
+        .unwrap();
+    let reqs: Vec<_> = (0..4)
+        .map(|i| {
+            let sampling = SamplingParams {
+                constraint: Some(constraint.clone()),
+                ..SamplingParams::greedy(40)
+            };
+            request(prompt(&format!("{} As JSON. ({i})", TOPICS[i])), sampling)
+        })
+        .collect();
+    let solo: Vec<_> = reqs
+        .iter()
+        .map(|r| run(&solo_engine, r.clone()).remove(0))
+        .collect();
+    // 4 × ~80 tokens need ~20 blocks of 16; give it 10.
+    let engine = start(|c| {
+        c.num_kv_blocks = Some(10);
+        c.max_model_len = Some(128);
+    });
+    let streams: Vec<_> = reqs
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    for (i, (s, want)) in streams.into_iter().zip(&solo).enumerate() {
+        let got = collect(s, 1).remove(0);
+        assert_eq!(got.token_ids, want.token_ids, "request {i}");
+    }
+    assert!(engine.metrics().preemptions.get() > 0);
+}

@@ -35,7 +35,9 @@ const OUTPUT_BASE_LIMIT: usize = 4 << 20;
 /// (for tool calls, say), but nothing legitimate multiplies it further.
 const OUTPUT_PER_INPUT_BYTE: usize = 8;
 
-/// One message of a chat, as the template sees it (`message['role']`, `message['content']`).
+/// One message of a chat, as the template sees it (`message['role']`, `message['content']`,
+/// and for tool calling `message['tool_calls']`, `message['tool_call_id']`, `message['name']`,
+/// absent when not given so that `is defined` tests in templates work).
 ///
 /// `content` also deserialises from OpenAI-style content parts (`[{"type": "text", "text":
 /// ...}]`, joined with `\n`, as vLLM does) and from `null` (an empty string); other part types
@@ -47,6 +49,15 @@ pub struct ChatMessage {
     /// The text of the message.
     #[serde(default, deserialize_with = "content_text")]
     pub content: String,
+    /// The calls an assistant message made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The author's name (a `tool` message's function name, say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -55,8 +66,87 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
+
+    /// The message with every text it carries passed through `guard` (content, name, tool call
+    /// names and arguments), for [`encode_chat`].
+    fn guarded(&self, guard: &impl Fn(&str) -> String) -> Self {
+        Self {
+            role: self.role.clone(),
+            content: guard(&self.content),
+            tool_calls: self.tool_calls.as_ref().map(|calls| {
+                calls
+                    .iter()
+                    .map(|c| ToolCall {
+                        id: guard(&c.id),
+                        kind: c.kind.clone(),
+                        function: FunctionCall {
+                            name: guard(&c.function.name),
+                            arguments: guard_json(&c.function.arguments, guard),
+                        },
+                    })
+                    .collect()
+            }),
+            tool_call_id: self.tool_call_id.as_deref().map(guard),
+            name: self.name.as_deref().map(guard),
+        }
+    }
+}
+
+/// One call in an assistant message, as Hugging Face templates read it
+/// (`tool_call.function.name`, `tool_call.function.arguments` as a mapping).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+/// A called function: its name and arguments (the parsed JSON object when the arguments
+/// parse, else the string as sent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+/// Every string in `v` (keys included) passed through `guard`.
+fn guard_json(v: &serde_json::Value, guard: &impl Fn(&str) -> String) -> serde_json::Value {
+    use serde_json::Value as J;
+    match v {
+        J::String(s) => J::String(guard(s)),
+        J::Array(a) => J::Array(a.iter().map(|x| guard_json(x, guard)).collect()),
+        J::Object(o) => J::Object(
+            o.iter()
+                .map(|(k, x)| (guard(k), guard_json(x, guard)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Renders `messages` (and `tools`, when the template reads them) with `template` and encodes
+/// the prompt: the template's own markers are special tokens, while every text that came
+/// from the caller (message content, names, tool calls' arguments, tool definitions) is
+/// encoded as plain text, so that no message can forge a turn marker.
+pub fn encode_chat(
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    tools: Option<&serde_json::Value>,
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>> {
+    let guard = |s: &str| tokenizer.guard_text(s).into_owned();
+    let guarded: Vec<ChatMessage> = messages.iter().map(|m| m.guarded(&guard)).collect();
+    let tools = tools.map(|t| guard_json(t, &guard));
+    let rendered = template.render_with_tools(&guarded, tools.as_ref(), add_generation_prompt)?;
+    tokenizer.encode_chat(&rendered)
 }
 
 fn content_text<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
@@ -96,6 +186,7 @@ fn content_text<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<String, 
 /// threads at once.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -126,6 +217,7 @@ impl ChatTemplate {
             .map_err(|e| ModelError::Template(format!("compiling: {}", describe(&e))))?;
         Ok(Self {
             env,
+            source: source.to_string(),
             bos_token,
             eos_token,
         })
@@ -149,17 +241,43 @@ impl ChatTemplate {
     }
 
     /// Renders `messages`; with `add_generation_prompt` the prompt ends with the opening of an
-    /// assistant turn.
+    /// assistant turn. See [`ChatTemplate::render_with_tools`].
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Whether the template reads the `tools` variable (tool definitions); a template that
+    /// does not is given them in a system message instead (the gateway's choice).
+    pub fn reads_tools(&self) -> bool {
+        self.env
+            .get_template(TEMPLATE_NAME)
+            .map(|t| t.undeclared_variables(false).contains("tools"))
+            .unwrap_or(false)
+    }
+
+    /// Whether the template renders assistant messages' `tool_calls` itself.
+    pub fn reads_tool_calls(&self) -> bool {
+        self.source.contains("tool_calls")
+    }
+
+    /// Renders `messages` with `tools` (a list of OpenAI tool definitions) as the template's
+    /// `tools` variable, undefined when `None`.
     ///
     /// Limits: at most `FUEL_BASE + FUEL_PER_MESSAGE × messages` template instructions, and at
     /// most `OUTPUT_BASE_LIMIT + OUTPUT_PER_INPUT_BYTE × (bytes of roles and contents)` bytes of
     /// output (4 MiB + 8× the chat). Exceeding either, a `raise_exception` in the template, or
     /// any other template error is a [`ModelError::Template`].
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let input_bytes: usize = messages
             .iter()
-            .map(|m| m.role.len() + m.content.len())
-            .sum();
+            .map(|m| m.role.len() + m.content.len() + tool_call_bytes(m))
+            .sum::<usize>()
+            + tools.map_or(0, |t| t.to_string().len());
         let fuel = FUEL_BASE.saturating_add(FUEL_PER_MESSAGE.saturating_mul(messages.len() as u64));
         let limit =
             OUTPUT_BASE_LIMIT.saturating_add(OUTPUT_PER_INPUT_BYTE.saturating_mul(input_bytes));
@@ -176,6 +294,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
+            tools => tools.map(Value::from_serialize),
         };
         let mut out = CappedWriter {
             buf: Vec::new(),
@@ -197,6 +316,15 @@ impl ChatTemplate {
         String::from_utf8(out.buf)
             .map_err(|e| ModelError::Template(format!("rendered prompt is not UTF-8: {e}")))
     }
+}
+
+/// Bytes of a message's tool calls, for the output cap.
+fn tool_call_bytes(m: &ChatMessage) -> usize {
+    m.tool_calls
+        .iter()
+        .flatten()
+        .map(|c| c.function.name.len() + c.function.arguments.to_string().len())
+        .sum()
 }
 
 /// A minijinja error with its cause chain, on one line.

@@ -10,6 +10,7 @@
 //! A `tokenizer.json` in the Hugging Face format can be loaded instead with
 //! [`Tokenizer::from_json_file`].
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::Path;
@@ -207,7 +208,17 @@ pub struct Tokenizer {
     eos: u32,
     eos_ids: BTreeSet<u32>,
     add_bos: bool,
+    /// The texts `parse_special` reads as special tokens, with their ids, longest first.
+    specials: Vec<(String, u32)>,
+    /// Whether some special token's text starts with this byte (a quick filter for scans).
+    special_first: [bool; 256],
 }
+
+/// Opens and closes a special token's text inside message text ([`Tokenizer::guard_text`]).
+/// Unicode noncharacters: never in a vocabulary and never meaningful in a chat.
+pub const GUARD_OPEN: char = '\u{FDD0}';
+/// See [`GUARD_OPEN`].
+pub const GUARD_CLOSE: char = '\u{FDD1}';
 
 impl fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -421,7 +432,20 @@ impl Tokenizer {
         );
         let mut plain = parse_special.clone();
         plain.set_encode_special_tokens(true);
+        let mut texts: Vec<(String, u32)> = parse_special
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special && !t.content.is_empty())
+            .map(|(id, t)| (t.content, id))
+            .collect();
+        texts.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        let mut special_first = [false; 256];
+        for (s, _) in &texts {
+            special_first[usize::from(s.as_bytes()[0])] = true;
+        }
         Ok(Self {
+            specials: texts,
+            special_first,
             parse_special,
             plain,
             vocab_size,
@@ -461,6 +485,89 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// The longest special token whose text starts `text`.
+    fn special_at(&self, text: &str) -> Option<&(String, u32)> {
+        let first = *text.as_bytes().first()?;
+        if !self.special_first[usize::from(first)] {
+            return None;
+        }
+        self.specials
+            .iter()
+            .find(|(s, _)| text.starts_with(s.as_str()))
+    }
+
+    /// Marks every special token's text in `text` (message content, a tool's arguments or
+    /// result) as text: each occurrence is wrapped in [`GUARD_OPEN`] … [`GUARD_CLOSE`], which
+    /// [`Tokenizer::encode_chat`] reads as "encode this as plain text" and removes. Text with
+    /// no special token's text is returned as it is.
+    pub fn guard_text<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        let Some(first) = self.find_special(text, 0) else {
+            return Cow::Borrowed(text);
+        };
+        let mut out = String::with_capacity(text.len() + 16);
+        let mut at = 0;
+        let mut next = Some(first);
+        while let Some((start, len)) = next {
+            out.push_str(&text[at..start]);
+            out.push(GUARD_OPEN);
+            out.push_str(&text[start..start + len]);
+            out.push(GUARD_CLOSE);
+            at = start + len;
+            next = self.find_special(text, at);
+        }
+        out.push_str(&text[at..]);
+        Cow::Owned(out)
+    }
+
+    /// The first special token's text in `text` at or after byte `from`: (start, length).
+    fn find_special(&self, text: &str, from: usize) -> Option<(usize, usize)> {
+        if self.specials.is_empty() {
+            return None;
+        }
+        text[from..]
+            .char_indices()
+            .filter(|&(i, _)| self.special_first[usize::from(text.as_bytes()[from + i])])
+            .find_map(|(i, _)| {
+                self.special_at(&text[from + i..])
+                    .map(|(s, _)| (from + i, s.len()))
+            })
+    }
+
+    /// Encodes a rendered chat prompt: the template's own special-token texts become those
+    /// tokens, while the spans [`Tokenizer::guard_text`] marked in message text are encoded as
+    /// plain text (and the marks dropped), so that a message can never forge a turn marker.
+    /// Without marks this is `encode(rendered, true)`.
+    pub fn encode_chat(&self, rendered: &str) -> Result<Vec<u32>> {
+        if !rendered.contains(GUARD_OPEN) {
+            return self.encode(rendered, true);
+        }
+        let mut ids = Vec::new();
+        let mut text = String::new();
+        let mut rest = rendered;
+        while let Some(c) = rest.chars().next() {
+            if let Some(guarded) = rest.strip_prefix(GUARD_OPEN) {
+                if let Some((s, _)) = self.special_at(guarded) {
+                    if guarded[s.len()..].starts_with(GUARD_CLOSE) {
+                        text.push_str(s);
+                        rest = &guarded[s.len() + GUARD_CLOSE.len_utf8()..];
+                        continue;
+                    }
+                }
+            }
+            if let Some((s, id)) = self.special_at(rest) {
+                ids.extend(self.encode(&text, false)?);
+                text.clear();
+                ids.push(*id);
+                rest = &rest[s.len()..];
+                continue;
+            }
+            text.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+        ids.extend(self.encode(&text, false)?);
+        Ok(ids)
+    }
+
     /// Turns ids back into text; bytes that do not form valid UTF-8 (a character cut between
     /// tokens) become U+FFFD. With `skip_special`, control tokens are left out.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
@@ -479,6 +586,38 @@ impl Tokenizer {
     /// The text one token stands for (special tokens included), e.g. `" the"` for `Ġthe`.
     pub fn token_to_piece(&self, id: u32) -> Result<String> {
         self.decode(&[id], false)
+    }
+
+    /// Every id's bytes, with whether it is a special token (whose bytes are its text): what a
+    /// grammar matcher needs to know which tokens can continue a text. Byte-level vocabularies
+    /// are mapped back to bytes; others (SentencePiece-style `tokenizer.json`) decode each
+    /// token, reading `<0xNN>` entries as the byte.
+    pub fn vocabulary_bytes(&self) -> Vec<(Vec<u8>, bool)> {
+        let byte_level = matches!(
+            self.parse_special.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        );
+        let unbyte = byte_level.then(byte_level_chars);
+        let added = self.parse_special.get_added_tokens_decoder();
+        (0..self.vocab_size as u32)
+            .map(|id| {
+                if let Some(t) = added.get(&id) {
+                    return (t.content.clone().into_bytes(), t.special);
+                }
+                let Some(entry) = self.parse_special.id_to_token(id) else {
+                    return (Vec::new(), false);
+                };
+                let bytes = match &unbyte {
+                    Some(map) => entry
+                        .chars()
+                        .map(|c| map.get(&c).copied())
+                        .collect::<Option<Vec<u8>>>()
+                        .unwrap_or_else(|| entry.clone().into_bytes()),
+                    None => sentencepiece_bytes(&entry),
+                };
+                (bytes, false)
+            })
+            .collect()
     }
 
     /// The vocabulary entry of `id` as stored (byte-level form, e.g. `"Ġthe"`).
@@ -532,6 +671,36 @@ impl Tokenizer {
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos_ids.contains(&id)
     }
+}
+
+/// GPT-2's byte-level alphabet, reversed: the printable character each byte is stored as in a
+/// byte-level vocabulary → the byte. Printable Latin-1 bytes stand for themselves; the others
+/// (controls, space, DEL, NBSP, soft hyphen) take the characters from U+0100 on, in byte order.
+fn byte_level_chars() -> HashMap<char, u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 0x100u32;
+    (0..=255u8)
+        .map(|b| {
+            let c = if printable(b) {
+                char::from(b)
+            } else {
+                let c = char::from_u32(next).expect("U+0100..U+0143 are characters");
+                next += 1;
+                c
+            };
+            (c, b)
+        })
+        .collect()
+}
+
+/// A SentencePiece-style entry's bytes: `<0xNN>` is that byte, `▁` a space.
+fn sentencepiece_bytes(entry: &str) -> Vec<u8> {
+    if let Some(hex) = entry.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+        if let Ok(b) = u8::from_str_radix(hex, 16) {
+            return vec![b];
+        }
+    }
+    entry.replace('\u{2581}', " ").into_bytes()
 }
 
 fn req_str<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<&'a str> {
@@ -641,6 +810,42 @@ mod tests {
         assert_eq!(tok.encode("<|user|>", false).unwrap(), vec![25]);
         assert_eq!(tok.decode(&[14, 0], false).unwrap(), "hello<|end|>");
         assert_eq!(tok.decode(&[14, 0], true).unwrap(), "hello");
+    }
+
+    #[test]
+    fn guarded_special_text_is_encoded_as_text() {
+        let tok = Tokenizer::from_gguf_metadata(&tiny_metadata("smollm")).unwrap();
+        assert!(matches!(tok.guard_text("hello"), Cow::Borrowed("hello")));
+        let guarded = tok.guard_text("hello<|end|>");
+        assert_eq!(guarded, format!("hello{GUARD_OPEN}<|end|>{GUARD_CLOSE}"));
+        // The template's marker stays special; the one from the message is text.
+        let rendered = format!("<|end|>{guarded}<|end|>");
+        assert_eq!(
+            tok.encode_chat(&rendered).unwrap(),
+            vec![0, 14, 21, 22, 2, 24, 8, 22, 23, 0]
+        );
+        // Without marks, exactly the special-parsing encoding.
+        assert_eq!(
+            tok.encode_chat("<|end|>hello<|end|>").unwrap(),
+            tok.encode("<|end|>hello<|end|>", true).unwrap()
+        );
+        // User-defined tokens are never guarded.
+        assert_eq!(tok.guard_text("<|user|>"), "<|user|>");
+    }
+
+    #[test]
+    fn vocabulary_bytes_undo_the_byte_level_alphabet() {
+        let tok = Tokenizer::from_gguf_metadata(&tiny_metadata("smollm")).unwrap();
+        let v = tok.vocabulary_bytes();
+        assert_eq!(v.len(), 26);
+        assert_eq!(v[0], (b"<|end|>".to_vec(), true));
+        assert_eq!(v[19], (b" world".to_vec(), false));
+        assert_eq!(v[25], (b"<|user|>".to_vec(), false));
+        let map = byte_level_chars();
+        assert_eq!(map.len(), 256);
+        assert_eq!(map[&'\u{120}'], b' ');
+        assert_eq!(map[&'\u{10A}'], b'\n');
+        assert_eq!(map[&'a'], b'a');
     }
 
     #[test]

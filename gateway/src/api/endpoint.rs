@@ -3,12 +3,13 @@
 //! shaped. The pipeline in `super::pipeline` is written once over it.
 
 use serde::de::DeserializeOwned;
-use sluice_models::chat_template::ChatMessage;
+use sluice_engine::Grammar;
 use sluice_models::Model;
 
 use super::generate::{ChatRender, Render, TextRender};
+use super::tools::ToolChoice;
 use super::types::{ChatCompletionRequest, CompletionRequest, PromptSpec};
-use super::validate::{self, Checked, CHAT_PARAMS, COMPLETION_PARAMS};
+use super::validate::{self, ChatPrompt, Checked, CHAT_PARAMS, COMPLETION_PARAMS};
 use crate::error::{ApiError, Params};
 use crate::router::affinity;
 
@@ -42,13 +43,22 @@ pub trait Endpoint: DeserializeOwned + Send + 'static {
     /// The engine prompts, tokenised with the local model.
     fn encode(&self, prompt: Self::Prompt, model: &Model) -> Result<Vec<Vec<u32>>, ApiError>;
     fn routing(&self, prompt: &Self::Prompt) -> Routing;
+    /// The grammar the output must match, with the request field its errors name.
+    fn grammar(_prompt: &Self::Prompt) -> Option<(Grammar, &'static str)> {
+        None
+    }
+    /// Whether the output is read as tool calls: `Some(true)` calls only, `Some(false)` text
+    /// or calls.
+    fn tool_calls(_prompt: &Self::Prompt) -> Option<bool> {
+        None
+    }
 }
 
 impl Endpoint for ChatCompletionRequest {
     const ROUTE: &'static str = "/v1/chat/completions";
     const ID_PREFIX: &'static str = "chatcmpl-";
     const PARAMS: Params = CHAT_PARAMS;
-    type Prompt = Vec<ChatMessage>;
+    type Prompt = ChatPrompt;
     type Render = ChatRender;
 
     fn model(&self) -> &str {
@@ -63,13 +73,33 @@ impl Endpoint for ChatCompletionRequest {
         validate::chat_checked(self, vocab)
     }
 
-    fn encode(&self, messages: Self::Prompt, model: &Model) -> Result<Vec<Vec<u32>>, ApiError> {
-        Ok(vec![validate::chat_prompt(model, &messages, true)?])
+    fn encode(&self, prompt: Self::Prompt, model: &Model) -> Result<Vec<Vec<u32>>, ApiError> {
+        let tools = prompt.tools.as_ref();
+        Ok(vec![validate::chat_prompt(
+            model,
+            &prompt.messages,
+            tools,
+            true,
+        )?])
     }
 
-    fn routing(&self, messages: &Self::Prompt) -> Routing {
+    fn grammar(prompt: &Self::Prompt) -> Option<(Grammar, &'static str)> {
+        let o = &prompt.output;
+        o.grammar.clone().map(|g| (g, o.param))
+    }
+
+    fn tool_calls(prompt: &Self::Prompt) -> Option<bool> {
+        let set = prompt.tools.as_ref()?;
+        prompt
+            .output
+            .tool_calls
+            .then(|| set.choice != ToolChoice::Auto)
+    }
+
+    fn routing(&self, prompt: &Self::Prompt) -> Routing {
         let text = affinity::chat_text(
-            messages
+            prompt
+                .messages
                 .iter()
                 .map(|m| (m.role.as_str(), m.content.as_str())),
         );

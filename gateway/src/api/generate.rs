@@ -20,6 +20,7 @@ use sluice_models::Model;
 
 use crate::api::scope::RequestScope;
 use crate::api::sse;
+use crate::api::tools::{self, CallReader};
 use crate::api::types::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
     ChatLogprobs, ChatTokenLogprob, Completion, CompletionChoice, CompletionLogprobs,
@@ -37,6 +38,8 @@ pub struct Head {
     pub include_usage: bool,
     /// For turning log-probability token ids into text.
     pub tokenizer: Arc<Model>,
+    /// Chat output read as tool calls: `Some(true)` calls only, `Some(false)` text or calls.
+    pub tool_calls: Option<bool>,
 }
 
 impl Head {
@@ -72,9 +75,10 @@ pub trait Render: Send + Sized + 'static {
         None
     }
 
-    fn delta(&mut self, i: usize, d: Delta) -> Bytes {
+    /// The chunk carrying `d`; `None` when it carries nothing to send yet.
+    fn delta(&mut self, i: usize, d: Delta) -> Option<Bytes> {
         let choice = self.delta_choice(i, d);
-        self.chunk(vec![choice], self.head().usage_field())
+        Some(self.chunk(vec![choice], self.head().usage_field()))
     }
 
     fn finish(&self, i: usize, reason: &'static str) -> Bytes {
@@ -92,27 +96,67 @@ pub trait Render: Send + Sized + 'static {
     }
 }
 
-/// `/v1/chat/completions`' shapes.
+/// `/v1/chat/completions`' shapes. With tools, each choice's text goes through a
+/// [`CallReader`], so calls stream as `delta.tool_calls` and answer as `message.tool_calls`.
 #[derive(Debug)]
-pub struct ChatRender(Head);
+pub struct ChatRender {
+    head: Head,
+    readers: Vec<CallReader>,
+}
+
+impl ChatRender {
+    /// `finish_reason`: `tool_calls` when a choice that called a function stopped.
+    fn label(reason: &'static str, called: bool) -> &'static str {
+        if called && reason == "stop" {
+            "tool_calls"
+        } else {
+            reason
+        }
+    }
+
+    fn message(&self, a: Acc) -> (AssistantMessage, Option<&'static str>) {
+        let finish = a.finish.as_ref().map(finish_label);
+        let Some(calls_only) = self.head.tool_calls else {
+            let message = AssistantMessage {
+                role: "assistant",
+                content: Some(a.text),
+                tool_calls: Vec::new(),
+            };
+            return (message, finish);
+        };
+        let (calls, rest) = tools::read_all(&a.text, calls_only);
+        let finish = finish.map(|f| Self::label(f, !calls.is_empty()));
+        let content = (calls.is_empty() || !rest.is_empty()).then_some(rest);
+        let message = AssistantMessage {
+            role: "assistant",
+            content,
+            tool_calls: calls,
+        };
+        (message, finish)
+    }
+}
 
 impl Render for ChatRender {
     type Choice = ChatChunkChoice;
 
-    fn new(head: Head, _choices: usize) -> Self {
-        Self(head)
+    fn new(head: Head, choices: usize) -> Self {
+        let readers = match head.tool_calls {
+            Some(only) => (0..choices).map(|_| CallReader::new(only)).collect(),
+            None => Vec::new(),
+        };
+        Self { head, readers }
     }
 
     fn head(&self) -> &Head {
-        &self.0
+        &self.head
     }
 
     fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Option<UsageOut>>) -> Bytes {
         sse::event(&ChatCompletionChunk {
-            id: self.0.id.clone(),
+            id: self.head.id.clone(),
             object: "chat.completion.chunk",
-            created: self.0.created,
-            model: self.0.model.clone(),
+            created: self.head.created,
+            model: self.head.model.clone(),
             choices,
             usage,
             system_fingerprint: None,
@@ -127,25 +171,39 @@ impl Render for ChatRender {
                 delta: ChatDelta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    tool_calls: None,
                 },
                 logprobs: None,
                 finish_reason: None,
             })
             .collect();
-        Some(self.chunk(opening, self.0.usage_field()))
+        Some(self.chunk(opening, self.head.usage_field()))
     }
 
     fn delta_choice(&mut self, i: usize, d: Delta) -> ChatChunkChoice {
-        ChatChunkChoice {
-            index: i,
-            delta: ChatDelta {
+        let logprobs = self
+            .head
+            .logprobs
+            .then(|| chat_logprobs(self.head.tok(), &d.logprobs));
+        let delta = match self.readers.get_mut(i) {
+            None => ChatDelta {
                 role: None,
                 content: Some(d.text),
+                tool_calls: None,
             },
-            logprobs: self
-                .0
-                .logprobs
-                .then(|| chat_logprobs(self.0.tok(), &d.logprobs)),
+            Some(reader) => {
+                let read = reader.push(&d.text);
+                ChatDelta {
+                    role: None,
+                    content: (!read.content.is_empty()).then_some(read.content),
+                    tool_calls: (!read.calls.is_empty()).then_some(read.calls),
+                }
+            }
+        };
+        ChatChunkChoice {
+            index: i,
+            delta,
+            logprobs,
             finish_reason: None,
         }
     }
@@ -159,21 +217,42 @@ impl Render for ChatRender {
         }
     }
 
+    /// With tools, a piece of output that completes nothing (a call's name still coming, an
+    /// argument's end held back) sends no chunk.
+    fn delta(&mut self, i: usize, d: Delta) -> Option<Bytes> {
+        let choice = self.delta_choice(i, d);
+        let empty = choice.delta.content.is_none() && choice.delta.tool_calls.is_none();
+        if empty && choice.logprobs.is_none() {
+            return None;
+        }
+        Some(self.chunk(vec![choice], self.head.usage_field()))
+    }
+
+    fn finish(&self, i: usize, reason: &'static str) -> Bytes {
+        let called = self.readers.get(i).is_some_and(|r| r.calls() > 0);
+        let choice = Self::finish_choice(i, Self::label(reason, called));
+        self.chunk(vec![choice], self.head.usage_field())
+    }
+
     fn body(self, choices: Vec<Acc>, usage: UsageOut) -> Response {
-        let Self(head) = self;
         let choices = choices
             .into_iter()
             .enumerate()
-            .map(|(i, a)| ChatChoice {
-                index: i,
-                logprobs: head.logprobs.then(|| chat_logprobs(head.tok(), &a.lps)),
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: a.text,
-                },
-                finish_reason: a.finish.as_ref().map(finish_label),
+            .map(|(i, a)| {
+                let logprobs = self
+                    .head
+                    .logprobs
+                    .then(|| chat_logprobs(self.head.tok(), &a.lps));
+                let (message, finish_reason) = self.message(a);
+                ChatChoice {
+                    index: i,
+                    logprobs,
+                    message,
+                    finish_reason,
+                }
             })
             .collect();
+        let head = self.head;
         Json(ChatCompletion {
             object: "chat.completion",
             choices,
@@ -525,14 +604,24 @@ struct Streaming<R> {
 impl<R: Render> Streaming<R> {
     /// The next chunk to send; `None` once `[DONE]` has been sent.
     async fn next(&mut self) -> Option<Bytes> {
-        let choices = self.choices.as_mut()?;
-        if choices.done() {
-            return Some(self.end());
+        loop {
+            let choices = self.choices.as_mut()?;
+            if choices.done() {
+                return Some(self.end());
+            }
+            if let Some(chunk) = self.advance().await {
+                return Some(chunk);
+            }
         }
+    }
+
+    /// The chunk for the next event, if it makes one.
+    async fn advance(&mut self) -> Option<Bytes> {
+        let choices = self.choices.as_mut()?;
         match choices.next().await {
             Ok(Step::Delta(i, d)) => {
                 self.scope.first_token();
-                Some(self.render.delta(i, d))
+                self.render.delta(i, d)
             }
             Ok(Step::Finish(i, reason)) => Some(self.render.finish(i, finish_label(&reason))),
             Err(e) => {

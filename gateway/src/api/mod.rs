@@ -12,6 +12,7 @@ pub mod scope;
 mod sse;
 mod state;
 mod tokens;
+pub mod tools;
 pub mod types;
 pub mod validate;
 

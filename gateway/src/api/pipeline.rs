@@ -27,6 +27,7 @@ use super::generate::{self, Generation, Head, Render};
 use super::proxy::{self, Forward};
 use super::scope::RequestScope;
 use super::state::{AppState, RequestId};
+use super::tools;
 use super::types::*;
 use super::validate::Checked;
 use crate::backend::{LocalBackend, Target};
@@ -173,8 +174,13 @@ async fn start_local<E: Endpoint>(
     scope: &mut RequestScope,
 ) -> Result<LocalRun<E::Render>, ApiError> {
     let model = backend.model();
-    let (checked, prompt) = req.check(Some(model.config().vocab_size))?;
+    let (mut checked, prompt) = req.check(Some(model.config().vocab_size))?;
+    let grammar = E::grammar(&prompt);
+    let tool_calls = E::tool_calls(&prompt);
     let prompts = req.encode(prompt, model)?;
+    if let Some((grammar, param)) = grammar {
+        checked.sampling.constraint = Some(tools::compile(backend, grammar, param).await?);
+    }
     // Fail on context length before spending any of the tenant's budget.
     let reserve = reservation(&checked.sampling, &prompts, backend.max_model_len())
         .map_err(|e| E::PARAMS.submit_error(e))?;
@@ -193,6 +199,7 @@ async fn start_local<E: Endpoint>(
         logprobs: checked.sampling.logprobs.is_some(),
         include_usage: checked.include_usage,
         tokenizer: model.clone(),
+        tool_calls,
     };
     let n = checked.sampling.n;
     Ok(LocalRun {

@@ -131,7 +131,7 @@ pub(super) async fn tokenize(
             .map_err(|_| ApiError::Internal)?,
         (None, Some(msgs)) => {
             let m = validate::chat_messages(msgs)?;
-            validate::chat_prompt(model, &m, req.add_generation_prompt.unwrap_or(true))?
+            validate::chat_prompt(model, &m, None, req.add_generation_prompt.unwrap_or(true))?
         }
         _ => {
             return Err(ApiError::bad(

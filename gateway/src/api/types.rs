@@ -150,6 +150,9 @@ pub struct ChatMessageIn {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub tool_calls: Option<Value>,
+    /// The call a `tool` message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 with_sampling_fields! {
@@ -161,15 +164,18 @@ with_sampling_fields! {
         pub max_completion_tokens: Option<i64>,
         pub logprobs: Option<bool>,
         pub top_logprobs: Option<i64>,
+        /// Function definitions the model may call (`type: function`).
         #[schema(value_type = Option<Object>)]
         pub tools: Option<Value>,
+        /// Calls several functions in one answer (default true).
+        pub parallel_tool_calls: Option<bool>,
         #[schema(value_type = Option<Object>)]
         pub tool_choice: Option<Value>,
         #[schema(value_type = Option<Object>)]
         pub functions: Option<Value>,
         #[schema(value_type = Option<Object>)]
         pub function_call: Option<Value>,
-        /// Only `{"type": "text"}` is supported.
+        /// `text`, `json_object`, or `json_schema` (`{"name", "schema", "strict"}`).
         #[schema(value_type = Option<Object>)]
         pub response_format: Option<Value>,
         #[schema(value_type = Option<Object>)]
@@ -241,7 +247,74 @@ pub struct ChatLogprobs {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is tool calls only.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A function call in an answer.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionOut,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct FunctionOut {
+    pub name: String,
+    /// The arguments as a JSON string.
+    pub arguments: String,
+}
+
+/// A piece of a streamed call: its index among the choice's calls; the id, type and name
+/// come first, then the arguments in pieces.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+impl ToolCallDelta {
+    /// A call's first piece: id, type, name, and empty arguments.
+    pub fn opening(index: usize, id: String, name: String) -> Self {
+        Self {
+            index,
+            id: Some(id),
+            kind: Some("function"),
+            function: FunctionDelta {
+                name: Some(name),
+                arguments: Some(String::new()),
+            },
+        }
+    }
+
+    /// A piece of a call's arguments.
+    pub fn arguments(index: usize, piece: String) -> Self {
+        Self {
+            index,
+            id: None,
+            kind: None,
+            function: FunctionDelta {
+                name: None,
+                arguments: Some(piece),
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -269,6 +342,8 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -5,9 +5,10 @@
 
 use serde_json::Value;
 use sluice_engine::{SamplingParams, MAX_N};
-use sluice_models::chat_template::ChatMessage;
-use sluice_models::Model;
+use sluice_models::chat_template::{encode_chat, ChatMessage};
+use sluice_models::{Model, ModelError};
 
+use crate::api::tools::{self, Output, ToolSet};
 use crate::api::types::{
     ChatCompletionRequest, ChatMessageIn, CompletionRequest, MessageContent, PromptSpec,
     SamplingFields, StopSpec,
@@ -118,6 +119,7 @@ fn sampling(
         stop_token_ids,
         stop,
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+        constraint: None,
     })
 }
 
@@ -171,7 +173,8 @@ fn unsupported(field: &str, what: &str) -> ApiError {
     }
 }
 
-/// The messages in the template's form.
+/// The messages in the template's form: text, an assistant's `tool_calls`, a `tool`
+/// message's `tool_call_id`.
 pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad(
@@ -182,53 +185,95 @@ pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, Api
     messages
         .iter()
         .enumerate()
-        .map(|(i, m)| {
-            let role = match m.role.as_str() {
-                "system" | "user" | "assistant" => m.role.clone(),
-                // OpenAI's newer name for system instructions.
-                "developer" => "system".to_string(),
-                "tool" | "function" => {
-                    return Err(unsupported(
-                        &format!("messages[{i}].role"),
-                        "tool and function messages need tool calling, which is not available",
-                    ))
-                }
-                other => {
-                    return Err(ApiError::bad(
-                        format!("'{other}' is not a valid role for messages[{i}]: use system, developer, user or assistant"),
-                        format!("messages[{i}].role"),
-                    ))
-                }
-            };
-            if present(&m.tool_calls) {
-                return Err(unsupported(&format!("messages[{i}].tool_calls"), "no tool calling"));
-            }
-            let content = match &m.content {
-                None => String::new(),
-                Some(MessageContent::Text(t)) => t.clone(),
-                Some(MessageContent::Parts(parts)) => {
-                    let mut text = String::new();
-                    for (j, p) in parts.iter().enumerate() {
-                        if p.kind != "text" {
-                            return Err(unsupported(
-                                &format!("messages[{i}].content[{j}].type"),
-                                &format!("'{}' parts are not accepted; this model reads text only", p.kind),
-                            ));
-                        }
-                        text.push_str(p.text.as_deref().unwrap_or(""));
-                    }
-                    text
-                }
-            };
-            Ok(ChatMessage::new(role, content))
-        })
+        .map(|(i, m)| chat_message(i, m))
         .collect()
 }
 
-/// Renders and tokenises chat messages with the model's template.
+fn chat_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError> {
+    let role = match m.role.as_str() {
+        "system" | "user" | "assistant" | "tool" => m.role.clone(),
+        // OpenAI's newer name for system instructions.
+        "developer" => "system".to_string(),
+        "function" => {
+            return Err(unsupported(
+                &format!("messages[{i}].role"),
+                "the legacy 'function' role; use 'tool' messages",
+            ))
+        }
+        other => {
+            return Err(ApiError::bad(
+                format!("'{other}' is not a valid role for messages[{i}]: use system, developer, user, assistant or tool"),
+                format!("messages[{i}].role"),
+            ))
+        }
+    };
+    let mut out = ChatMessage::new(role, message_text(i, m)?);
+    if present(&m.tool_calls) {
+        if m.role != "assistant" {
+            return Err(ApiError::bad(
+                format!(
+                    "only assistant messages carry 'tool_calls' (messages[{i}] is '{}')",
+                    m.role
+                ),
+                format!("messages[{i}].tool_calls"),
+            ));
+        }
+        let calls = m.tool_calls.as_ref().expect("present");
+        out.tool_calls = Some(tools::message_tool_calls(i, calls)?);
+    }
+    if m.role == "tool" {
+        let id = m.tool_call_id.clone().ok_or_else(|| {
+            ApiError::bad(
+                format!("'messages[{i}].tool_call_id' is required for a tool message"),
+                format!("messages[{i}].tool_call_id"),
+            )
+        })?;
+        out.tool_call_id = Some(id);
+    }
+    out.name = m.name.clone();
+    Ok(out)
+}
+
+fn message_text(i: usize, m: &ChatMessageIn) -> Result<String, ApiError> {
+    Ok(match &m.content {
+        None => String::new(),
+        Some(MessageContent::Text(t)) => t.clone(),
+        Some(MessageContent::Parts(parts)) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                if p.kind != "text" {
+                    return Err(unsupported(
+                        &format!("messages[{i}].content[{j}].type"),
+                        &format!(
+                            "'{}' parts are not accepted; this model reads text only",
+                            p.kind
+                        ),
+                    ));
+                }
+                text.push_str(p.text.as_deref().unwrap_or(""));
+            }
+            text
+        }
+    })
+}
+
+/// A chat request's prompt as the checks leave it: its messages, its tools, and what its
+/// output must be.
+#[derive(Debug, Clone)]
+pub struct ChatPrompt {
+    pub messages: Vec<ChatMessage>,
+    pub tools: Option<ToolSet>,
+    pub output: Output,
+}
+
+/// Renders and tokenises chat messages with the model's template: the template's markers are
+/// special tokens, every text from the caller is plain text (`encode_chat`). Tools go to the
+/// template's `tools` variable when it reads it, else into the system message; assistant
+/// tool calls go into the content when the template does not render `tool_calls`.
 pub fn chat_prompt(
     model: &Model,
     messages: &[ChatMessage],
+    tools: Option<&ToolSet>,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
     let template = model.chat_template().ok_or_else(|| {
@@ -237,18 +282,55 @@ pub fn chat_prompt(
             "messages",
         )
     })?;
-    let rendered = template
-        .render(messages, add_generation_prompt)
-        .map_err(|e| {
-            ApiError::bad(
-                format!("the chat template rejected the messages: {e}"),
-                "messages",
-            )
-        })?;
-    model.tokenizer().encode(&rendered, true).map_err(|e| {
-        tracing::error!("tokenising a rendered chat: {e}");
-        ApiError::Internal
+    let mut messages = messages.to_vec();
+    if !template.reads_tool_calls() {
+        messages.iter_mut().for_each(tools::inline_tool_calls);
+    }
+    let defs = tools.and_then(ToolSet::template_tools);
+    let defs = match (defs, tools) {
+        (Some(d), _) if template.reads_tools() => Some(d),
+        (Some(_), Some(set)) => {
+            tools::add_system_text(&mut messages, &set.system_text());
+            None
+        }
+        _ => None,
+    };
+    encode_chat(
+        template,
+        model.tokenizer(),
+        &messages,
+        defs,
+        add_generation_prompt,
+    )
+    .map_err(|e| match e {
+        ModelError::Template(e) => ApiError::bad(
+            format!("the chat template rejected the messages: {e}"),
+            "messages",
+        ),
+        e => {
+            tracing::error!("tokenising a rendered chat: {e}");
+            ApiError::Internal
+        }
     })
+}
+
+/// What the output must be: tool calls (unless `tool_choice` is `none`), else the
+/// `response_format`, else text.
+fn chat_output(req: &ChatCompletionRequest, tools: Option<&ToolSet>) -> Result<Output, ApiError> {
+    let format = tools::response_format(req.response_format.as_ref())?;
+    match (tools.map(ToolSet::output), format) {
+        (Some(o), Some(_)) if o.grammar.is_some() => Err(unsupported(
+            "response_format",
+            "a JSON response format together with tools; set tool_choice to 'none' or drop one",
+        )),
+        (Some(o), _) if o.grammar.is_some() => Ok(o),
+        (_, Some(g)) => Ok(Output {
+            grammar: Some(g),
+            param: "response_format",
+            tool_calls: false,
+        }),
+        _ => Ok(Output::text()),
+    }
 }
 
 /// Every check of a chat request that needs no tokenizer, and its messages in the template's
@@ -256,20 +338,12 @@ pub fn chat_prompt(
 pub fn chat_checked(
     req: &ChatCompletionRequest,
     vocab: Option<usize>,
-) -> Result<(Checked, Vec<ChatMessage>), ApiError> {
-    // An empty tool list is what some clients always send: nothing to refuse.
-    let empty_tools = matches!(&req.tools, Some(Value::Array(a)) if a.is_empty());
-    if present(&req.tools) && !empty_tools {
-        return Err(unsupported("tools", "this server does not do tool calling"));
-    }
-    if let Some(tc) = &req.tool_choice {
-        if !matches!(tc, Value::Null) && tc.as_str() != Some("none") {
-            return Err(unsupported(
-                "tool_choice",
-                "this server does not do tool calling",
-            ));
-        }
-    }
+) -> Result<(Checked, ChatPrompt), ApiError> {
+    let tools = tools::tool_set(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+    )?;
     for (field, v) in [
         ("functions", &req.functions),
         ("function_call", &req.function_call),
@@ -281,15 +355,7 @@ pub fn chat_checked(
             return Err(unsupported(field, "not implemented"));
         }
     }
-    if let Some(rf) = &req.response_format {
-        let kind = rf.get("type").and_then(Value::as_str);
-        if !matches!(rf, Value::Null) && kind != Some("text") {
-            return Err(unsupported(
-                "response_format",
-                "only {\"type\": \"text\"} is available (no JSON mode or schemas)",
-            ));
-        }
-    }
+    let output = chat_output(req, tools.as_ref())?;
     let f = req.sampling_fields();
     let max = req.max_completion_tokens.or(f.max_tokens);
     let mut sampling = sampling(&f, vocab, max)?;
@@ -304,7 +370,12 @@ pub fn chat_checked(
         (false, None) => None,
     };
     let checked = checked(&f, sampling, vocab, CHAT_PARAMS)?;
-    Ok((checked, chat_messages(&req.messages)?))
+    let prompt = ChatPrompt {
+        messages: chat_messages(&req.messages)?,
+        tools,
+        output,
+    };
+    Ok((checked, prompt))
 }
 
 /// A checked completion request's prompts as token ids: text encoded as the model reads a
