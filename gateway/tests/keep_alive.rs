@@ -47,12 +47,21 @@ async fn requests_after_idle_survive_the_replica_closing_pooled_connections() {
         },
         ..quick_config()
     };
-    let gw = gateway(cfg, vec![Source::Static(vec![url.clone()])], HttpLimits::default()).await;
+    let gw = gateway(
+        cfg,
+        vec![Source::Static(vec![url.clone()])],
+        HttpLimits::default(),
+    )
+    .await;
     let router = gw.router.clone();
-    eventually(Duration::from_secs(5), "the replica becomes eligible", || {
-        let now = std::time::Instant::now();
-        router.replicas().values().any(|r| r.eligible(now))
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the replica becomes eligible",
+        || {
+            let now = std::time::Instant::now();
+            router.replicas().values().any(|r| r.eligible(now))
+        },
+    )
     .await;
     let b = format!("http://{}", gw.addr);
     for round in 0..3 {
@@ -64,14 +73,21 @@ async fn requests_after_idle_survive_the_replica_closing_pooled_connections() {
                 post(&b, "/v1/chat/completions", body, &[]).await
             }
         });
-        for (i, r) in futures_util::future::join_all(burst).await.iter().enumerate() {
+        for (i, r) in futures_util::future::join_all(burst)
+            .await
+            .iter()
+            .enumerate()
+        {
             assert_eq!(r.status, 200, "round {round} request {i}: {r:?}");
             let text = r.body.as_ref().unwrap();
             assert!(text.contains("t "), "round {round} request {i}: {text}");
         }
     }
     let dropped = seen.dropped.load(Ordering::Relaxed);
-    assert!(dropped >= 3, "the fake dropped {dropped} requests: no race was met");
+    assert!(
+        dropped >= 3,
+        "the fake dropped {dropped} requests: no race was met"
+    );
     let m = get(&b, "/metrics").await.body.unwrap();
     let at = |s: &str| {
         metric(

@@ -243,7 +243,10 @@ impl Snapshot {
 
 /// The histogram names the snapshot keeps, so the map holds `&'static str` keys.
 fn base_name(base: &str) -> &'static str {
-    const KEPT: &[&str] = &[vllm::TIME_TO_FIRST_TOKEN_SECONDS, vllm::REQUEST_PROMPT_TOKENS];
+    const KEPT: &[&str] = &[
+        vllm::TIME_TO_FIRST_TOKEN_SECONDS,
+        vllm::REQUEST_PROMPT_TOKENS,
+    ];
     KEPT.iter()
         .chain(vllm::TPOT_HISTOGRAMS)
         .find(|k| **k == base)
