@@ -34,6 +34,8 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use serde::Deserialize;
+use sluice_metrics::exposition::parse_value;
+use sluice_metrics::vllm;
 
 use sluice_policy::signals::{Arrivals, Latency, Queue};
 
@@ -44,14 +46,6 @@ use crate::scrape::{error_chain, Histogram};
 
 /// Largest query answer read.
 const MAX_BODY: usize = 16 << 20;
-
-/// The TPOT histograms, in order of preference (as the scraper reads them): vLLM's per-request
-/// time per output token, its older name, then inter-token latency (what sluice exports).
-const TPOT_HISTOGRAMS: &[&str] = &[
-    "vllm:request_time_per_output_token_seconds",
-    "vllm:time_per_output_token_seconds",
-    "vllm:inter_token_latency_seconds",
-];
 
 /// How the source reaches Prometheus and judges freshness.
 #[derive(Debug, Clone, PartialEq)]
@@ -171,16 +165,6 @@ pub fn parse_answer(status: u16, body: &[u8]) -> Result<Vec<Sample>, QueryError>
         .collect()
 }
 
-/// A sample value as Prometheus writes it (`"1.5"`, `"NaN"`, `"+Inf"`, `"-Inf"`).
-fn parse_value(s: &str) -> Option<f64> {
-    match s {
-        "+Inf" | "Inf" => Some(f64::INFINITY),
-        "-Inf" => Some(f64::NEG_INFINITY),
-        "NaN" => Some(f64::NAN),
-        _ => s.parse().ok(),
-    }
-}
-
 /// A PromQL string literal.
 fn quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
@@ -250,44 +234,46 @@ impl Queries {
                 "sum",
                 format!(
                     "increase({}{r})",
-                    sel("vllm:e2e_request_latency_seconds_count")
+                    sel(vllm::E2E_REQUEST_LATENCY_SECONDS_COUNT)
                 ),
             ),
             running_delta: by(
                 "sum",
-                format!("delta({}{r})", sel("vllm:num_requests_running")),
+                format!("delta({}{r})", sel(vllm::NUM_REQUESTS_RUNNING)),
             ),
             waiting_delta: by(
                 "sum",
-                format!("delta({}{r})", sel("vllm:num_requests_waiting")),
+                format!("delta({}{r})", sel(vllm::NUM_REQUESTS_WAITING)),
             ),
         };
         Queries {
             last_sample: by(
                 "max",
-                format!("timestamp({})", sel("vllm:num_requests_running")),
+                format!("timestamp({})", sel(vllm::NUM_REQUESTS_RUNNING)),
             ),
-            running: by("sum", sel("vllm:num_requests_running")),
-            waiting: by("sum", sel("vllm:num_requests_waiting")),
+            running: by("sum", sel(vllm::NUM_REQUESTS_RUNNING)),
+            waiting: by("sum", sel(vllm::NUM_REQUESTS_WAITING)),
             kv_usage: by(
                 "max",
                 format!(
-                    "{{__name__=~\"vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc\",{matchers}}}"
+                    "{{__name__=~\"{}|{}\",{matchers}}}",
+                    vllm::KV_CACHE_USAGE_PERC,
+                    vllm::GPU_CACHE_USAGE_PERC
                 ),
             ),
             arrivals: arrivals(&w),
             arrivals_short: arrivals(&s),
             prompt_tokens: by(
                 "sum",
-                format!("increase({}{w})", sel("vllm:prompt_tokens_total")),
+                format!("increase({}{w})", sel(vllm::PROMPT_TOKENS_TOTAL)),
             ),
             generation_tokens: by(
                 "sum",
-                format!("increase({}{w})", sel("vllm:generation_tokens_total")),
+                format!("increase({}{w})", sel(vllm::GENERATION_TOKENS_TOTAL)),
             ),
-            ttft: hist("vllm:time_to_first_token_seconds", &w),
-            tpot: TPOT_HISTOGRAMS.iter().map(|n| hist(n, &w)).collect(),
-            prompt_len: hist("vllm:request_prompt_tokens", &w),
+            ttft: hist(vllm::TIME_TO_FIRST_TOKEN_SECONDS, &w),
+            tpot: vllm::TPOT_HISTOGRAMS.iter().map(|n| hist(n, &w)).collect(),
+            prompt_len: hist(vllm::REQUEST_PROMPT_TOKENS, &w),
         }
     }
 
@@ -663,7 +649,7 @@ impl<'a, 'm> Answers<'a, 'm> {
         let mut by_pod: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
         for s in (self.get)(text) {
             let pod = self.pod_of(s);
-            let Some(le) = s.labels.get("le").and_then(|le| parse_value(le)) else {
+            let Some(le) = s.labels.get(vllm::LE).and_then(|le| parse_value(le)) else {
                 continue;
             };
             if self.members.window_variant(pod).is_some() && s.value.is_finite() {

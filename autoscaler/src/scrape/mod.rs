@@ -14,11 +14,11 @@
 //! its last good figures still count towards the queue, and it is never read as idle — the
 //! actuator must not scale down on stale metrics (as HPA does with missing metrics).
 //!
-//! - [`exposition`]: the text-format parser.
+//! - [`exposition`]: the text-format parser (`sluice-metrics`').
 //! - [`snapshot`]: one scrape reduced to the figures (vLLM, llama.cpp and gateway names).
 //! - [`window`]: per-target history and increases over a window.
 
-pub mod exposition;
+pub use sluice_metrics::exposition;
 pub mod snapshot;
 pub mod window;
 

@@ -2,14 +2,16 @@
 //! KV use), counters (finished requests, prompt and output tokens, preemptions) and
 //! histograms (TTFT, time per output token, prompt length), each summed over label sets.
 //!
-//! Names: sluice replicas export vLLM's (`vllm:*`), so vLLM replicas are read the same way;
-//! older vLLM names and llama.cpp's server's (`llamacpp:*`) are mapped as the gateway's router
-//! maps them (`gateway/src/router/load.rs`). A routing gateway's own series
-//! (`sluice_gateway_*`) give its admission queue and the replicas it routes to.
+//! Names (all `sluice-metrics`'): sluice replicas export vLLM's (`vllm:*`), so vLLM replicas
+//! are read the same way; the load gauges, under older vLLM names and llama.cpp's server's
+//! (`llamacpp:*`) too, are read by `ReplicaLoad`, as the gateway's router reads them. A routing
+//! gateway's own series (`sluice_gateway_*`) give its admission queue and the replicas it
+//! routes to.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::exposition::Sample;
+use sluice_metrics::exposition::{parse_value, Sample};
+use sluice_metrics::{gateway, vllm, ReplicaLoad};
 
 /// A cumulative histogram: `(upper bound, count ≤ bound)` in increasing bound order, `+Inf`
 /// last, as Prometheus exposes it.
@@ -169,6 +171,7 @@ impl Snapshot {
     /// Reduces parsed samples to the figures above.
     pub fn from_samples(samples: &[Sample]) -> Snapshot {
         let mut s = Snapshot::default();
+        let mut load = ReplicaLoad::default();
         let mut e2e_count: Option<f64> = None;
         let mut success: Option<f64> = None;
         let mut hists: BTreeMap<&str, BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
@@ -178,26 +181,18 @@ impl Snapshot {
             if !v.is_finite() {
                 continue;
             }
+            if load.record(&x.name, v) {
+                continue;
+            }
             match x.name.as_str() {
-                "vllm:num_requests_waiting" | "llamacpp:requests_deferred" => {
-                    add(&mut s.waiting, v)
-                }
-                "vllm:num_requests_running" | "llamacpp:requests_processing" => {
-                    add(&mut s.running, v)
-                }
-                "vllm:kv_cache_usage_perc"
-                | "vllm:gpu_cache_usage_perc"
-                | "llamacpp:kv_cache_usage_ratio" => {
-                    s.kv_usage = Some(s.kv_usage.unwrap_or(0.0).max(v.clamp(0.0, 1.0)))
-                }
-                "vllm:e2e_request_latency_seconds_count" => add(&mut e2e_count, v),
-                "vllm:request_success_total" => add(&mut success, v),
-                "vllm:prompt_tokens_total" => add(&mut s.prompt_tokens, v),
-                "vllm:generation_tokens_total" => add(&mut s.generation_tokens, v),
-                "vllm:num_preemptions_total" => add(&mut s.preemptions, v),
-                "sluice_gateway_queue_depth" => add(&mut s.gateway_queue, v),
-                "sluice_gateway_replica_eligible" => {
-                    if let Some(r) = x.label("replica") {
+                vllm::E2E_REQUEST_LATENCY_SECONDS_COUNT => add(&mut e2e_count, v),
+                vllm::REQUEST_SUCCESS_TOTAL => add(&mut success, v),
+                vllm::PROMPT_TOKENS_TOTAL => add(&mut s.prompt_tokens, v),
+                vllm::GENERATION_TOKENS_TOTAL => add(&mut s.generation_tokens, v),
+                vllm::NUM_PREEMPTIONS_TOTAL => add(&mut s.preemptions, v),
+                gateway::QUEUE_DEPTH => add(&mut s.gateway_queue, v),
+                gateway::REPLICA_ELIGIBLE => {
+                    if let Some(r) = x.label(gateway::REPLICA) {
                         s.gateway_replicas
                             .get_or_insert_with(BTreeMap::new)
                             .insert(normalise_url(r), v > 0.0);
@@ -207,7 +202,7 @@ impl Snapshot {
                     let Some(base) = name.strip_suffix("_bucket") else {
                         continue;
                     };
-                    let Some(le) = x.label("le").and_then(parse_le) else {
+                    let Some(le) = x.label(vllm::LE).and_then(parse_le) else {
                         continue;
                     };
                     let key = base_name(base);
@@ -219,6 +214,7 @@ impl Snapshot {
                 }
             }
         }
+        (s.waiting, s.running, s.kv_usage) = (load.waiting, load.running, load.kv_usage);
         s.finished = e2e_count.or(success);
         let mut take = |names: &[&str]| {
             names.iter().find_map(|n| {
@@ -227,13 +223,9 @@ impl Snapshot {
                 })
             })
         };
-        s.ttft = take(&["vllm:time_to_first_token_seconds"]);
-        s.tpot = take(&[
-            "vllm:request_time_per_output_token_seconds",
-            "vllm:time_per_output_token_seconds",
-            "vllm:inter_token_latency_seconds",
-        ]);
-        s.prompt_len = take(&["vllm:request_prompt_tokens"]);
+        s.ttft = take(&[vllm::TIME_TO_FIRST_TOKEN_SECONDS]);
+        s.tpot = take(vllm::TPOT_HISTOGRAMS);
+        s.prompt_len = take(&[vllm::REQUEST_PROMPT_TOKENS]);
         s
     }
 
@@ -252,20 +244,18 @@ impl Snapshot {
 /// The histogram names the snapshot keeps, so the map holds `&'static str` keys.
 fn base_name(base: &str) -> &'static str {
     const KEPT: &[&str] = &[
-        "vllm:time_to_first_token_seconds",
-        "vllm:request_time_per_output_token_seconds",
-        "vllm:time_per_output_token_seconds",
-        "vllm:inter_token_latency_seconds",
-        "vllm:request_prompt_tokens",
+        vllm::TIME_TO_FIRST_TOKEN_SECONDS,
+        vllm::REQUEST_PROMPT_TOKENS,
     ];
-    KEPT.iter().find(|k| **k == base).copied().unwrap_or("")
+    KEPT.iter()
+        .chain(vllm::TPOT_HISTOGRAMS)
+        .find(|k| **k == base)
+        .copied()
+        .unwrap_or("")
 }
 
 fn parse_le(s: &str) -> Option<f64> {
-    match s {
-        "+Inf" | "Inf" => Some(f64::INFINITY),
-        _ => s.parse().ok().filter(|v: &f64| !v.is_nan()),
-    }
+    parse_value(s).filter(|v| !v.is_nan())
 }
 
 /// `http://host:port` without a trailing slash, so a target URL and a gateway's label match.
@@ -283,7 +273,7 @@ pub fn routed(s: &Snapshot) -> Option<BTreeSet<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scrape::exposition::parse;
+    use sluice_metrics::exposition::parse;
 
     fn hist(b: &[(f64, f64)]) -> Histogram {
         Histogram {

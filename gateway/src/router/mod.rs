@@ -2,6 +2,7 @@
 //! take a request now, which one gets it, and retrying elsewhere before the first byte.
 //!
 //! - [`remote`]: one replica's pooled HTTP client ([`remote::RemoteBackend`]) and its URL.
+//! - [`conn`]: connections that tell a request lost to keep-alive reuse from a failed one.
 //! - [`replica`]: one replica's client, in-flight count, polled load, health and models, and
 //!   the tasks that poll them.
 //! - [`load`]: parsing vLLM-named load series and turning them into a score.
@@ -15,6 +16,7 @@
 //! already on it finish (they hold the replica until their response ends).
 
 pub mod affinity;
+pub mod conn;
 pub mod dispatch;
 pub mod health;
 pub mod load;

@@ -3,6 +3,14 @@
 //! connections are reused across requests, `TCP_NODELAY` on, a connect timeout), so one slow
 //! or dead replica never holds connections another needs.
 //!
+//! Keep-alive reuse races the replica's own idle timeout: a request written on a connection
+//! the server closes at that moment fails before any byte of answer. Two things keep that from
+//! reading as a replica failure. Idle connections are dropped after [`POOL_IDLE`], shorter than
+//! servers' idle timeouts (uvicorn's 5 s, hyper's and llama.cpp's longer), so the pool rarely
+//! offers one the server is closing. And a request lost to reuse anyway (see [`super::conn`])
+//! is sent once more at once on a new connection; only that second outcome is reported. The
+//! body is buffered, and the replica sent no byte, so the resend is safe.
+//!
 //! The client moves bytes: it sends a request body it was given and hands back the response
 //! head and its body frame by frame. What to send where, and what a failure means, is the
 //! rest of the router's business.
@@ -16,6 +24,15 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+
+use super::conn::{self, Counting};
+
+/// How long an idle keep-alive connection stays in a replica's pool: below the idle timeout of
+/// the servers replicas run (uvicorn's default is 5 s), so the pool drops a connection before
+/// the server does.
+pub const POOL_IDLE: Duration = Duration::from_secs(3);
+
+type Http = Client<Counting<HttpConnector>, Full<Bytes>>;
 
 /// A replica's base URL, `http://host:port`, validated.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -122,7 +139,9 @@ impl Default for RemoteOptions {
 #[derive(Debug, Clone)]
 pub struct RemoteBackend {
     url: ReplicaUrl,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Http,
+    /// Without a pool: a new connection per request, for the resend after one lost to reuse.
+    fresh: Http,
 }
 
 impl RemoteBackend {
@@ -130,11 +149,15 @@ impl RemoteBackend {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
         conn.set_connect_timeout(Some(opts.connect_timeout));
+        let conn = Counting(conn);
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(opts.max_idle)
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(POOL_IDLE)
+            .build(conn.clone());
+        let fresh = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
             .build(conn);
-        Self { url, client }
+        Self { url, client, fresh }
     }
 
     pub fn url(&self) -> &ReplicaUrl {
@@ -142,7 +165,8 @@ impl RemoteBackend {
     }
 
     /// Sends `method path` with `body` and the given headers; resolves with the response head
-    /// (the body still streaming).
+    /// (the body still streaming). A request lost to keep-alive reuse is sent once more on a
+    /// new connection (see the module doc).
     pub async fn send(
         &self,
         method: Method,
@@ -150,16 +174,24 @@ impl RemoteBackend {
         headers: &[(hyper::header::HeaderName, hyper::header::HeaderValue)],
         body: Bytes,
     ) -> Result<Response<Incoming>, RemoteError> {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.url));
-        for (k, v) in headers {
-            req = req.header(k, v);
-        }
-        let req = req
-            .body(Full::new(body))
-            .expect("a validated base URL and a path form a request");
-        self.client.request(req).await.map_err(|source| {
+        let request = || {
+            let mut req = Request::builder()
+                .method(method.clone())
+                .uri(format!("{}{path}", self.url));
+            for (k, v) in headers {
+                req = req.header(k, v);
+            }
+            req.body(Full::new(body.clone()))
+                .expect("a validated base URL and a path form a request")
+        };
+        let answer = match self.client.request(request()).await {
+            Err(e) if conn::lost_to_reuse(&e) => {
+                tracing::debug!(replica = %self.url, "resending a request lost to keep-alive reuse: {e}");
+                self.fresh.request(request()).await
+            }
+            first => first,
+        };
+        answer.map_err(|source| {
             if source.is_connect() {
                 RemoteError::Connect {
                     url: self.url.clone(),
