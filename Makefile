@@ -26,14 +26,17 @@ release:
 
 ## Every test, against the real model: Rust tests (the autoscaler's Prometheus source against
 ## a real Prometheus, fetched into target/prometheus), then the `openai` client and schemathesis
-## against the real binary (pinned into target/pyvenv). Examples are built (and linted), not
-## rebuilt as test harnesses: they hold no tests.
+## against the real binary (pinned into target/pyvenv). The HTTP tests and the `openai` client
+## run a second time on the candle backend (`--backend candle`, on the CPU). Examples are built
+## (and linted), not rebuilt as test harnesses: they hold no tests.
 test: model
 	scripts/fetch-prometheus.sh
 	$(CARGO) build --workspace --examples --bins
 	scripts/check-deploy.sh
 	$(CARGO) test --workspace --lib --bins --tests
+	SLUICE_TEST_BACKEND=candle $(CARGO) test --workspace --test http
 	scripts/python-tests.sh
+	SLUICE_TEST_BACKEND=candle SLUICE_PYTEST_ONLY=1 scripts/python-tests.sh
 
 ## Release figures of the forward pass, with ratios to llama.cpp measured in the same run.
 bench: model
