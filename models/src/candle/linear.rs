@@ -33,8 +33,8 @@ pub(crate) enum Weight {
 impl Weight {
     /// Moves a CPU `QTensor` to its place in the form it is multiplied in.
     pub(crate) fn from_qtensor(qt: QTensor, place: &Place) -> Result<Self> {
-        if let Some(w) = Self::kernel_product(&qt, place)? {
-            return Ok(w);
+        if Self::runs_on_kernels(&qt, place) {
+            return Self::kernel_product(&qt, place);
         }
         let device = &place.device;
         Ok(match qt.dtype() {
@@ -51,24 +51,27 @@ impl Weight {
         })
     }
 
-    /// Q4_1 on the CPU: the kernels backend's product, as a candle custom op. candle-core
-    /// multiplies Q4_1 on the CPU with scalar code on one thread (its SIMD dot products cover
-    /// Q4_0, Q8_0 and the K-quants), which made this backend's CPU tests with the default model
-    /// (Q4_1) take a quarter of an hour; re-encoding as Q8_0 moved the golden check past its
-    /// bound, and f32 weights through candle's matmul made a row's result depend on its batch.
-    /// The kernels' product keeps Q4_1's values, rounds each activation row on its own and
-    /// uses every `--threads` thread. On a GPU, and for every other type, candle's quantized
-    /// kernels run (tested here with synthetic Q8_0 and Q4_K models).
-    pub(crate) fn kernel_product(qt: &QTensor, place: &Place) -> Result<Option<Self>> {
-        let (Some(pool), GgmlDType::Q4_1) = (&place.pool, qt.dtype()) else {
-            return Ok(None);
-        };
+    /// Whether this matrix is multiplied by the kernels backend's product (a candle custom op):
+    /// Q4_1 on the CPU. candle-core multiplies Q4_1 on the CPU with scalar code on one thread
+    /// (its SIMD dot products cover Q4_0, Q8_0 and the K-quants); the kernels' product keeps
+    /// Q4_1's values, rounds each activation row on its own, so a row's result does not depend
+    /// on its batch, and uses every `--threads` thread. On a GPU, and for every other type,
+    /// candle's quantized kernels run.
+    pub(crate) fn runs_on_kernels(qt: &QTensor, place: &Place) -> bool {
+        place.pool.is_some() && qt.dtype() == GgmlDType::Q4_1
+    }
+
+    /// The [`Weight::Kernel`] of a matrix that [`Weight::runs_on_kernels`].
+    pub(crate) fn kernel_product(qt: &QTensor, place: &Place) -> Result<Self> {
+        let pool = place.pool.clone().ok_or_else(|| {
+            ModelError::Device("the kernels' product runs on the CPU only".into())
+        })?;
         let (rows, cols) = qt.shape().dims2()?;
         let w = Q4_1Matrix::from_q4_1(&qt.data()?, rows, cols)?;
-        Ok(Some(Self::Kernel(KernelProduct {
+        Ok(Self::Kernel(KernelProduct {
             w: crate::linear::Linear::Q4_1(w),
-            pool: pool.clone(),
-        })))
+            pool,
+        }))
     }
 
     /// `x · Wᵀ` for `x` `[n, cols]` f32; the result is `[n, rows]` f32.

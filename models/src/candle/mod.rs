@@ -252,7 +252,7 @@ fn cpu_threads(threads: usize) -> Result<rayon::ThreadPool> {
 
 /// A separate embedding table.
 fn embedding(table: QTensor, place: &Place) -> Result<Embedding> {
-    if Weight::kernel_product(&table, place)?.is_some() {
+    if Weight::runs_on_kernels(&table, place) {
         return Ok(Embedding::Quant(Arc::new(table)));
     }
     Ok(match Weight::from_qtensor(table, place)? {
@@ -267,7 +267,8 @@ fn embedding(table: QTensor, place: &Place) -> Result<Embedding> {
 /// Embeddings tied to the output projection: one copy on the device serves both (on the CPU
 /// with Q4_1, the kernels' product keeps its own copy of the blocks).
 fn tie(table: QTensor, place: &Place) -> Result<(Embedding, Weight)> {
-    if let Some(head) = Weight::kernel_product(&table, place)? {
+    if Weight::runs_on_kernels(&table, place) {
+        let head = Weight::kernel_product(&table, place)?;
         return Ok((Embedding::Quant(Arc::new(table)), head));
     }
     Ok(match Weight::from_qtensor(table, place)? {
