@@ -118,8 +118,15 @@ pub mod llamacpp {
 /// The routing gateway's own series that the autoscaler reads (the gateway exports more,
 /// named in its `metrics` module).
 pub mod gateway {
-    /// Requests in the gateway's admission queue, by [`PRIORITY`] (gauge).
+    /// Requests in the gateway's admission queue, by [`PRIORITY`] (gauge). In routing mode
+    /// also by [`MODEL`]: requests waiting in the gateway for a replica with room.
     pub const QUEUE_DEPTH: &str = "sluice_gateway_queue_depth";
+    /// Requests held because no ready replica serves their model at all (a pool at zero, or
+    /// all of its replicas starting), by [`MODEL`] (gauge). What scales a pool up from zero.
+    pub const QUEUE_HELD: &str = "sluice_gateway_queue_held";
+    /// How long the oldest request waiting for a replica of a model has waited, seconds, by
+    /// [`MODEL`] (gauge; 0 with an empty queue).
+    pub const QUEUE_OLDEST_WAIT_SECONDS: &str = "sluice_gateway_queue_oldest_wait_seconds";
     /// 1 while a replica may be picked, by [`REPLICA`] (gauge); a replica that leaves the set
     /// loses its series.
     pub const REPLICA_ELIGIBLE: &str = "sluice_gateway_replica_eligible";
@@ -127,4 +134,6 @@ pub mod gateway {
     pub const REPLICA: &str = "replica";
     /// A request's admission priority.
     pub const PRIORITY: &str = "priority";
+    /// The model a request asked for (its served name).
+    pub const MODEL: &str = "model";
 }
