@@ -73,10 +73,11 @@ pub struct ServeArgs {
     /// (default: twice max-num-seqs; 4096 for a gateway that only routes).
     #[arg(long, env = "SLUICE_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
-    /// Requests the admission queue holds; beyond it, 429.
+    /// Requests the admission queue holds, and each model's routing queue; beyond it, 429.
     #[arg(long, env = "SLUICE_MAX_QUEUE", default_value_t = 1024)]
     pub max_queue: usize,
-    /// Longest wait in the admission queue before a 429 (e.g. 30s, 500ms).
+    /// Longest wait in the admission queue, or in a model's routing queue while its replicas
+    /// are ready but full, before a 429 (e.g. 30s, 500ms).
     #[arg(long, env = "SLUICE_QUEUE_TIMEOUT", default_value = "30s")]
     pub queue_timeout: String,
     /// Time in-flight requests get to finish after SIGTERM.
