@@ -165,6 +165,16 @@ async fn a_model_at_zero_replicas_is_listed_and_held_until_a_replica_is_announce
         "{text}"
     );
     assert!(!held.is_finished());
+    assert_eq!(
+        metric(&text, "sluice_gateway_queue_depth", &[("model", "m")]),
+        1.0
+    );
+    let oldest = metric(
+        &text,
+        "sluice_gateway_queue_oldest_wait_seconds",
+        &[("model", "m")],
+    );
+    assert!(oldest > 0.0, "{text}");
 
     // A replica is announced (the JSON form this time): the held request is answered there.
     let (fake, url) = capped(4, 0).await;
