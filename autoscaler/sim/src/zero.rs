@@ -44,7 +44,8 @@ pub struct ZeroSavings {
 /// The shortest gap after which a policy goes to zero: the arrival window empties, then the
 /// scale-down window passes with nothing planned.
 pub fn idle_threshold_s(scn: &Scenario) -> f64 {
-    scn.sim.window_s + sluice_policy::policy::SluiceConfig::new(scn.slo, Vec::new()).scale_down_window_s
+    scn.sim.window_s
+        + sluice_policy::policy::SluiceConfig::new(scn.slo, Vec::new()).scale_down_window_s
 }
 
 /// The indices of requests that end an idle period (the previous arrival at least
@@ -63,7 +64,11 @@ pub fn idle_periods(requests: &[Request], threshold_s: f64) -> (Vec<usize>, f64)
 }
 
 /// Runs each of `policies` that can go to zero at min 0 and at min 1.
-pub fn compare(scn: &Scenario, requests: &[Request], policies: &[String]) -> Result<Vec<ZeroSavings>> {
+pub fn compare(
+    scn: &Scenario,
+    requests: &[Request],
+    policies: &[String],
+) -> Result<Vec<ZeroSavings>> {
     let names: Vec<String> = policies
         .iter()
         .filter(|p| ZERO_POLICIES.contains(&p.as_str()))

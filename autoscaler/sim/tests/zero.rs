@@ -35,7 +35,11 @@ fn going_to_zero_saves_over_idle_gaps_and_pays_a_cold_start() {
             r.cost_usd,
             r.cost_min_one_usd
         );
-        assert!(r.cold_arrivals > 0, "{}: no request found the pool at zero", r.policy);
+        assert!(
+            r.cold_arrivals > 0,
+            "{}: no request found the pool at zero",
+            r.policy
+        );
         let wake = r.wake_ttft_s.expect("an idle period");
         assert!(wake >= startup, "{}: woke in {wake:.0} s", r.policy);
         // The cold start is counted against the SLO: fewer requests meet it at min 0.

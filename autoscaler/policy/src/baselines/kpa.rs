@@ -120,8 +120,7 @@ impl Policy for Kpa {
         } else {
             (f64::from(spec) / c.max_scale_down_rate).ceil() as u32
         };
-        n = n.max(rate_floor).max(c.min)
-            .min(c.max);
+        n = n.max(rate_floor).max(c.min).min(c.max);
         let mode = if panic { Mode::Panic } else { Mode::Stable };
         let mut d = super::single(t, &s.model, &self.profile, &c.variant, c.capacity, n, mode);
         d.reason(
