@@ -443,6 +443,8 @@ fn start_gateway(dir: &Path, file: &Path) -> (Proc, String) {
     let mut gw = Proc(
         Command::new(sibling("sluice"))
             .args(["serve", "--port", "0", "--policy", "least-load"])
+            // A cold start on a busy machine may take a while: hold past it.
+            .args(["--hold-timeout", "150s"])
             .arg("--discover")
             .arg(format!("file://{}", file.display()))
             .args(["--discover-interval", "100ms", "--poll-interval", "100ms"])

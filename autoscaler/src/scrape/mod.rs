@@ -422,12 +422,12 @@ fn current_load(
         match t.role {
             Role::Gateway => {
                 if let Some(s) = &st.last {
-                    // Held requests (no replica of their model ready) are not in the depth.
+                    // Held requests (no replica of their model ready) the depth leaves out.
                     let held: f64 = s
                         .gateway_models
                         .iter()
                         .flat_map(|m| m.values())
-                        .map(|q| q.held.max(0.0))
+                        .map(ModelQueue::held_beyond_depth)
                         .sum();
                     queue.waiting +=
                         (s.gateway_queue.unwrap_or(0.0).max(0.0) + held).round() as u64;

@@ -152,9 +152,15 @@ pub struct ModelQueue {
 }
 
 impl ModelQueue {
-    /// Requests the gateway has for the model, waiting or held.
+    /// Requests the gateway has for the model, waiting or held. sluice's gateway counts held
+    /// requests in the depth too; the larger of the two also covers one that does not.
     pub fn total(&self) -> f64 {
-        self.waiting.max(0.0) + self.held.max(0.0)
+        self.waiting.max(self.held).max(0.0)
+    }
+
+    /// Held requests the depth does not count.
+    pub fn held_beyond_depth(&self) -> f64 {
+        (self.held - self.waiting.max(0.0)).max(0.0)
     }
 
     pub fn add(&mut self, o: &ModelQueue) {
@@ -455,6 +461,16 @@ sluice_gateway_queue_oldest_wait_seconds{model="b"} 4.5
         let b = s.model_queue_of("b");
         assert_eq!((b.waiting, b.held, b.oldest_wait_s), (0.0, 2.0, 4.5));
         assert_eq!(s.model_queue_of("c"), ModelQueue::default());
+        // sluice's gateway counts held requests in the depth as well: not twice.
+        let both = Snapshot::from_samples(
+            &parse(
+                "sluice_gateway_queue_depth{model=\"a\",priority=\"0\"} 2\n\
+                 sluice_gateway_queue_held{model=\"a\"} 2\n",
+            )
+            .unwrap(),
+        );
+        assert_eq!(both.model_queue_of("a").total(), 2.0);
+        assert_eq!(both.model_queue_of("a").held_beyond_depth(), 0.0);
         assert_eq!(s.gateway_queue, Some(4.0), "the depth over every model");
         // Nothing per model from a gateway without the model label.
         let old = Snapshot::from_samples(
