@@ -582,13 +582,15 @@ fn a_pool_at_zero_replicas_wakes_for_a_held_request_and_idles_back_to_zero() {
     // Idle: back to no replica process.
     wait_for("the pool to idle to zero", Duration::from_secs(120), || {
         let r = records.lock().unwrap();
-        let (_, v) = r.last()?;
-        let zero = v["desired"] == 0
-            && v["ready"] == 0
-            && v["starting"] == 0
-            && v["draining"] == 0
-            && v["stopping"] == 0;
-        zero.then_some(())
+        let woke = r.iter().position(|(_, v)| v["ready"] == 1)?;
+        let zero = |v: &Value| {
+            v["desired"] == 0
+                && v["ready"] == 0
+                && v["starting"] == 0
+                && v["draining"] == 0
+                && v["stopping"] == 0
+        };
+        r[woke..].iter().any(|(_, v)| zero(v)).then_some(())
     });
     let pids: Vec<i32> = log()
         .lines()
