@@ -889,7 +889,8 @@ async fn fake_gateway() -> (String, Arc<Mutex<String>>) {
 /// is recent, goes to 0 replicas once idle for the stabilisation window (its Deployment scaled
 /// to 0), stays there with fresh (not stale) metrics though no replica is left to read, and
 /// comes back to 1 at the first reconcile that finds requests held in the gateway for its
-/// model.
+/// model. Its GKE node pool is sized while it serves, and left to GKE's own scale-down at zero
+/// (never set to 0 nodes by the controller).
 #[tokio::test]
 async fn scales_to_zero_when_idle_and_back_when_the_gateway_holds_requests() {
     let fake = Fake::start().await;
@@ -897,12 +898,24 @@ async fn scales_to_zero_when_idle_and_back_when_the_gateway_holds_requests() {
     fake.put(DEPLOYMENTS, deployment(NS, "l4", 1));
     fake.sync_pods(NS, "l4", Some("node-a"));
     let (gw, metrics) = fake_gateway().await;
-    let mut p = pool(json!([variant("l4", "nvidia-l4", "on-demand", 0, 0, 4)]));
+    let mut v = variant("l4", "nvidia-l4", "on-demand", 0, 0, 4);
+    v["nodePool"] = json!({"provider": "gke", "name": "l4-pool"});
+    let mut p = pool(json!([v]));
     p["spec"]["signals"]["gatewayUrl"] = json!(gw);
     fake.put(POOLS, p);
+    let gke = FakeGke::start().await;
+    let provider = Gke::new(GkeConfig {
+        project: "p".into(),
+        location: "us-central1".into(),
+        cluster: "c".into(),
+        api_url: gke.url(),
+        metadata_url: gke.url(),
+    })
+    .unwrap();
     let source = Arc::new(FakeSource::default());
+    let ctx = context(&fake, source.clone(), false, Some(Arc::new(provider)));
     let mut h = Harness {
-        controller: Controller::new(context(&fake, source.clone(), false, None), config()),
+        controller: Controller::new(ctx, config()),
         fake,
         source,
     };
@@ -940,6 +953,18 @@ async fn scales_to_zero_when_idle_and_back_when_the_gateway_holds_requests() {
         t += 10.0;
     }
     assert_eq!(h.condition("MetricsStale").0, "False");
+    let sizes: Vec<Value> = gke
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|c| c.1.clone())
+        .collect();
+    assert!(!sizes.is_empty(), "the node pool was sized while serving");
+    assert!(
+        !sizes.contains(&json!({"nodeCount": 0})),
+        "the node pool is left to GKE's scale-down at zero: {sizes:?}"
+    );
     // A request held in the gateway for the model: one replica at once.
     *metrics.lock().unwrap() = "sluice_gateway_queue_held{model=\"llama-3-8b\"} 2\n\
                                 sluice_gateway_queue_held{model=\"other\"} 5\n"
