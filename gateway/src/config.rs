@@ -12,7 +12,7 @@ use crate::discovery::Source;
 use crate::router::health::EjectionPolicy;
 use crate::router::policy::Policy;
 use crate::router::remote::{RemoteOptions, ReplicaUrl};
-use crate::router::RouterConfig;
+use crate::router::{Binding, RouterConfig};
 
 /// A routing-only gateway's default `--max-in-flight`.
 pub const ROUTING_MAX_IN_FLIGHT: usize = 4096;
@@ -166,6 +166,18 @@ pub struct RoutingArgs {
     pub eject_base: String,
     #[arg(long, env = "SLUICE_EJECT_MAX", default_value = "30s")]
     pub eject_max: String,
+    /// When a request is bound to a replica: `late` (it waits in the gateway's per-model queue
+    /// until a replica has room) or `early` (at once, to wait in the replica's queue).
+    #[arg(long, env = "SLUICE_BINDING", default_value = "late")]
+    pub binding: String,
+    /// The longest a request for a known model is held while no replica of it is ready
+    /// (a pool at zero); then 503 with Retry-After.
+    #[arg(long, env = "SLUICE_HOLD_TIMEOUT", default_value = "60s")]
+    pub hold_timeout: String,
+    /// Models routed even while no replica serves them (comma-separated): listed by
+    /// /v1/models, their requests held until a replica is ready.
+    #[arg(long, env = "SLUICE_SERVED_MODELS", value_delimiter = ',')]
+    pub served_models: Vec<String>,
 }
 
 /// Validated routing configuration.
@@ -190,6 +202,15 @@ impl RoutingArgs {
         }
         for d in &self.discover {
             sources.push(Source::parse(d).map_err(|e| e.to_string())?);
+        }
+        let models: Vec<String> = self
+            .served_models
+            .iter()
+            .map(|m| m.trim().to_string())
+            .filter(|m| !m.is_empty())
+            .collect();
+        if !models.is_empty() {
+            sources.push(Source::Models(models));
         }
         Ok(sources)
     }
@@ -222,7 +243,7 @@ impl RoutingArgs {
 
     /// `None` when neither --upstream nor --discover is given.
     pub fn validate(&self) -> Result<Option<RoutingConfig>, String> {
-        if self.upstreams.is_empty() && self.discover.is_empty() {
+        if self.upstreams.is_empty() && self.discover.is_empty() && self.served_models.is_empty() {
             return Ok(None);
         }
         let sources = self.sources()?;
@@ -274,6 +295,10 @@ impl RoutingArgs {
                     )?,
                     ..RemoteOptions::default()
                 },
+                binding: Binding::parse(&self.binding)?,
+                hold_timeout: parse_duration("hold-timeout", &self.hold_timeout)?,
+                // The serve flags' queue bounds, set by `ServeArgs::validate`.
+                ..RouterConfig::default()
             },
         }))
     }
@@ -330,6 +355,7 @@ impl ServeConfig {
                     serde_json::json!({ "kind": "dns", "host": host, "port": port })
                 }
                 Source::File(path) => serde_json::json!({ "kind": "file", "path": path }),
+                Source::Models(models) => serde_json::json!({ "kind": "models", "models": models }),
                 Source::K8s(t) => serde_json::json!({
                     "kind": "k8s",
                     "namespace": t.namespace,
@@ -444,7 +470,12 @@ impl ServeArgs {
                 self.max_num_batched_tokens, self.max_num_seqs
             ));
         }
-        let routing = self.routing.validate()?;
+        let mut routing = self.routing.validate()?;
+        let queue_timeout = parse_duration("queue-timeout", &self.queue_timeout)?;
+        if let Some(r) = routing.as_mut() {
+            r.router.max_queue = self.max_queue;
+            r.router.queue_timeout = queue_timeout;
+        }
         // A gateway that only routes holds no sequences itself: its own limit is the replicas'
         // (each capped by --replica-max-in-flight), so its default admission cap is wide.
         let default_in_flight = if routing.is_some() && self.model.is_none() {
@@ -479,7 +510,7 @@ impl ServeArgs {
             prefix_caching: !self.no_prefix_caching,
             max_in_flight,
             max_queue: self.max_queue,
-            queue_timeout: parse_duration("queue-timeout", &self.queue_timeout)?,
+            queue_timeout,
             drain_timeout: parse_duration("drain-timeout", &self.drain_timeout)?,
             header_timeout: parse_duration("header-timeout", &self.header_timeout)?,
             body_timeout: parse_duration("body-timeout", &self.body_timeout)?,

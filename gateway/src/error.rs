@@ -15,6 +15,9 @@ use crate::rate_limit::RateLimited;
 use crate::router::dispatch::RouteError;
 use crate::router::remote::RemoteError;
 
+/// The `Retry-After` of a 503.
+pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
     /// Malformed JSON, a wrong type, an out-of-range value, an unsupported field.
@@ -55,6 +58,9 @@ pub enum ApiError {
     /// Replicas failed or could not be reached.
     #[error("{0}")]
     BadGateway(String),
+    /// The request's deadline passed in `stage` (`queue`, `prefill`, `decode`).
+    #[error("The request's deadline passed in the {stage} stage")]
+    DeadlineExceeded { stage: &'static str },
 }
 
 impl ApiError {
@@ -79,6 +85,7 @@ impl ApiError {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            Self::DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
@@ -98,6 +105,7 @@ impl ApiError {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::BodyTimeout(_) => "body_timeout",
             Self::BadGateway(_) => "upstream_failed",
+            Self::DeadlineExceeded { .. } => "deadline_exceeded",
         }
     }
 
@@ -127,6 +135,9 @@ impl ApiError {
             Self::Timeout(_) => ("timeout", None, None),
             Self::Internal => ("internal_error", None, None),
             Self::BadGateway(_) => ("upstream_error", None, None),
+            Self::DeadlineExceeded { .. } => {
+                ("timeout_error", None, Some("deadline_exceeded".into()))
+            }
             Self::RouteNotFound | Self::MethodNotAllowed | Self::BodyTimeout(_) => {
                 ("invalid_request_error", None, None)
             }
@@ -145,11 +156,13 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), Json(self.body())).into_response();
-        if let Self::TooManyRequests {
-            retry_after: Some(retry_after),
-            ..
-        } = &self
-        {
+        // A 503 is temporary by definition (loading, draining, a pool scaling from zero).
+        let retry_after = match &self {
+            Self::TooManyRequests { retry_after, .. } => *retry_after,
+            Self::Unavailable(_) => Some(UNAVAILABLE_RETRY_AFTER),
+            _ => None,
+        };
+        if let Some(retry_after) = retry_after {
             let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
             resp.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -173,6 +186,11 @@ impl From<RouteError> for ApiError {
                 reason: "replicas_at_capacity",
             },
             RouteError::Deadline(after) => ApiError::Timeout(after),
+            RouteError::Queue(e) => e.into(),
+            RouteError::HoldTimeout { .. } => {
+                ApiError::Unavailable(format!("The model is scaling up: {e}; retry shortly"))
+            }
+            RouteError::DeadlineInQueue => ApiError::DeadlineExceeded { stage: "queue" },
             RouteError::Failed {
                 last: RemoteError::Timeout { after, .. },
                 ..

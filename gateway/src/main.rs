@@ -255,6 +255,8 @@ fn load(
     ec.kv_cache_bytes = cfg.kv_cache_bytes;
     ec.gpu_memory_utilization = cfg.gpu_memory_utilization;
     ec.enable_prefix_caching = cfg.prefix_caching;
+    // A routing gateway in front reads the replica's capacity from this series.
+    sluice_gateway::metrics::register_max_num_seqs(&registry, &served, cfg.max_num_seqs)?;
     let engine = Engine::start_with_registry(model.clone(), ec, registry)?;
     tracing::info!(
         load_s = model.load_time().as_secs_f64(),

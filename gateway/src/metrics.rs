@@ -1,10 +1,119 @@
 //! The gateway's own Prometheus series (`sluice_gateway_*`), registered next to the engine's.
-//! The two the autoscaler reads are named in `sluice-metrics`.
+//! The ones the autoscaler reads are named in `sluice-metrics`.
+//!
+//! [`MAX_NUM_SEQS`] is a replica's series, not the gateway's: a `sluice serve --model` process
+//! registers it ([`register_max_num_seqs`]) so that a routing gateway in front knows how many
+//! sequences the replica runs at once, which vLLM's names do not say.
 
 use prometheus::{
-    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry,
 };
-use sluice_metrics::gateway;
+use sluice_metrics::{gateway, vllm};
+
+/// A replica's `--max-num-seqs`, by `model_name` (gauge): the sequences its engine runs at once.
+/// The router's room rule reads it (`router::load`).
+pub const MAX_NUM_SEQS: &str = "sluice_engine_max_num_seqs";
+
+/// Requests that failed because their deadline passed, by the stage they were in (`queue`,
+/// `prefill`, `decode`) (counter).
+pub const DEADLINE_EXCEEDED: &str = "sluice_gateway_deadline_exceeded_total";
+
+/// Registers [`MAX_NUM_SEQS`] for the model this process serves.
+pub fn register_max_num_seqs(
+    registry: &Registry,
+    model_name: &str,
+    max_num_seqs: usize,
+) -> prometheus::Result<()> {
+    let g = GaugeVec::new(
+        Opts::new(
+            MAX_NUM_SEQS,
+            "Sequences the engine runs at once (--max-num-seqs).",
+        ),
+        &[vllm::MODEL_NAME],
+    )?;
+    registry.register(Box::new(g.clone()))?;
+    g.with_label_values(&[model_name]).set(max_num_seqs as f64);
+    Ok(())
+}
+
+/// `sluice_gateway_queue_depth`, by priority and model: the admission queue's requests carry
+/// an empty model (it is in front of every model), a routing model queue's the model's name.
+#[derive(Debug, Clone)]
+pub struct QueueDepth(IntGaugeVec);
+
+impl QueueDepth {
+    /// The admission queue's gauge of one priority (`values` is `[priority]`).
+    pub fn with_label_values(&self, values: &[&str]) -> IntGauge {
+        self.0.with_label_values(&[values[0], ""])
+    }
+
+    /// A model queue's gauge of one priority.
+    pub fn of_model(&self, priority: &str, model: &str) -> IntGauge {
+        self.0.with_label_values(&[priority, model])
+    }
+}
+
+/// The per-model series of the routing queue (`router::queue`).
+#[derive(Debug, Clone)]
+pub struct QueueMetrics {
+    pub depth: QueueDepth,
+    /// Requests held because no ready replica serves their model.
+    pub held: IntGaugeVec,
+    /// The oldest waiting request's wait, seconds.
+    pub oldest_wait: GaugeVec,
+    /// [`DEADLINE_EXCEEDED`].
+    pub deadline_exceeded: IntCounterVec,
+}
+
+impl QueueMetrics {
+    fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let depth = IntGaugeVec::new(
+            Opts::new(
+                gateway::QUEUE_DEPTH,
+                "Requests waiting: in the admission queue (model empty), by priority, or in a \
+                 model's routing queue for a replica with room, by priority and model.",
+            ),
+            &[gateway::PRIORITY, gateway::MODEL],
+        )?;
+        let held = IntGaugeVec::new(
+            Opts::new(
+                gateway::QUEUE_HELD,
+                "Requests held because no ready replica serves their model, by model.",
+            ),
+            &[gateway::MODEL],
+        )?;
+        let oldest_wait = GaugeVec::new(
+            Opts::new(
+                gateway::QUEUE_OLDEST_WAIT_SECONDS,
+                "How long the oldest request waiting for a replica of a model has waited.",
+            ),
+            &[gateway::MODEL],
+        )?;
+        let deadline_exceeded = IntCounterVec::new(
+            Opts::new(
+                DEADLINE_EXCEEDED,
+                "Requests whose deadline passed, by stage (queue, prefill, decode).",
+            ),
+            &["stage"],
+        )?;
+        registry.register(Box::new(depth.clone()))?;
+        registry.register(Box::new(held.clone()))?;
+        registry.register(Box::new(oldest_wait.clone()))?;
+        registry.register(Box::new(deadline_exceeded.clone()))?;
+        Ok(Self {
+            depth: QueueDepth(depth),
+            held,
+            oldest_wait,
+            deadline_exceeded,
+        })
+    }
+
+    /// The oldest-wait gauge of `model`.
+    pub fn oldest(&self, model: &str) -> Gauge {
+        self.oldest_wait.with_label_values(&[model])
+    }
+}
 
 /// Latency buckets as the client sees it (seconds), matching vLLM's request buckets at the top
 /// and finer below a second where the gateway's own cost shows.
@@ -17,7 +126,9 @@ const LATENCY_BUCKETS: &[f64] = &[
 pub struct GatewayMetrics {
     pub requests: IntCounterVec,
     pub rejections: IntCounterVec,
-    pub queue_depth: IntGaugeVec,
+    pub queue_depth: QueueDepth,
+    /// [`DEADLINE_EXCEEDED`], by stage.
+    pub deadline_exceeded: IntCounterVec,
     pub queue_wait: HistogramVec,
     pub in_flight: IntGaugeVec,
     pub ttft: HistogramVec,
@@ -41,13 +152,7 @@ impl GatewayMetrics {
             ),
             &["reason"],
         )?;
-        let queue_depth = IntGaugeVec::new(
-            Opts::new(
-                gateway::QUEUE_DEPTH,
-                "Requests waiting in the admission queue, by priority.",
-            ),
-            &["priority"],
-        )?;
+        let queue = QueueMetrics::register(registry)?;
         let queue_wait = HistogramVec::new(
             HistogramOpts::new(
                 "sluice_gateway_queue_wait_seconds",
@@ -81,16 +186,16 @@ impl GatewayMetrics {
         )?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(rejections.clone()))?;
-        registry.register(Box::new(queue_depth.clone()))?;
         registry.register(Box::new(queue_wait.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(ttft.clone()))?;
         registry.register(Box::new(e2e.clone()))?;
         Ok(Self {
-            router: RouterMetrics::register(registry)?,
+            router: RouterMetrics::register(registry, queue.clone())?,
             requests,
             rejections,
-            queue_depth,
+            queue_depth: queue.depth,
+            deadline_exceeded: queue.deadline_exceeded,
             queue_wait,
             in_flight,
             ttft,
@@ -115,10 +220,12 @@ pub struct RouterMetrics {
     pub decisions: IntCounterVec,
     /// Streams that failed after their first byte (ended with an SSE error event).
     pub broken_streams: IntCounterVec,
+    /// The routing queue's per-model series.
+    pub queue: QueueMetrics,
 }
 
 impl RouterMetrics {
-    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+    pub fn register(registry: &Registry, queue: QueueMetrics) -> prometheus::Result<Self> {
         let upstream_requests = IntCounterVec::new(
             Opts::new(
                 "sluice_gateway_upstream_requests_total",
@@ -189,6 +296,7 @@ impl RouterMetrics {
             eligible,
             decisions,
             broken_streams,
+            queue,
         })
     }
 }

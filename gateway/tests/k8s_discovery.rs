@@ -6,6 +6,9 @@
 //! `BOOKMARK` after the backlog) from the requested resource version on, held open for new
 //! changes.
 //!
+//! Services are served too, from a fixed list (`GET /api/v1/namespaces/NS/services`: a list,
+//! or a watch that sends a bookmark and then nothing), for the `sluice.dev/models` annotation.
+//!
 //! What the fake leaves out: authentication, field selectors, set-based label selectors (only
 //! `key=value`), pagination (`limit`/`continue` are ignored: every list is one page),
 //! `resourceVersionMatch` semantics, watch expiry (`410 Gone` and the relist it forces; the
@@ -43,6 +46,8 @@ struct Api {
     store: Mutex<Store>,
     changed: tokio::sync::broadcast::Sender<u64>,
     watches: Mutex<usize>,
+    /// Services, listed as they are (no changes are watched).
+    services: Mutex<Vec<Value>>,
 }
 
 impl Api {
@@ -51,6 +56,7 @@ impl Api {
             store: Mutex::default(),
             changed: tokio::sync::broadcast::channel(64).0,
             watches: Mutex::new(0),
+            services: Mutex::default(),
         })
     }
 
@@ -218,6 +224,97 @@ fn async_stream(
     futures_util::stream::iter(first)
         .chain(later)
         .map(Ok::<_, Infallible>)
+}
+
+/// Services: the list, or a watch that holds still after its bookmark.
+async fn services(
+    State(api): State<Arc<Api>>,
+    Path(ns): Path<String>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let rv = api.store.lock().unwrap().rv.to_string();
+    if !matches!(q.get("watch").map(String::as_str), Some("true" | "1")) {
+        let items: Vec<Value> = api
+            .services
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s["metadata"]["namespace"] == ns.as_str())
+            .cloned()
+            .collect();
+        let body = json!({"apiVersion": "v1", "kind": "ServiceList",
+            "metadata": {"resourceVersion": rv}, "items": items});
+        return axum::Json(body).into_response();
+    }
+    let bookmark = json!({"type": "BOOKMARK", "object": {"kind": "Service", "apiVersion": "v1",
+        "metadata": {"resourceVersion": rv}}});
+    let first =
+        futures_util::stream::iter([Ok::<_, Infallible>(Bytes::from(format!("{bookmark}\n")))]);
+    let body = first.chain(futures_util::stream::pending());
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Body::from_stream(body))
+        .unwrap()
+}
+
+/// A fake API server for `api` on a free port; returns a client of it.
+async fn api_server(api: &Arc<Api>) -> kube::Client {
+    let app = axum::Router::new()
+        .route(
+            "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
+            route_get(endpointslices),
+        )
+        .route("/api/v1/namespaces/{ns}/services", route_get(services))
+        .with_state(api.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let config = kube::Config::new(format!("http://{api_addr}").parse().unwrap());
+    kube::Client::try_from(config).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_annotation_names_models_known_with_no_ready_endpoint() {
+    let api = Api::new();
+    // The pool is at zero: its slice lists no ready endpoint.
+    api.put("prod", slice("llm-a", "llm", 8000, &[("127.0.0.9", false)]));
+    api.services.lock().unwrap().extend([
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "llm", "namespace": "prod", "resourceVersion": "1",
+                         "annotations": {"sluice.dev/models": "m2, m3"}},
+            "spec": {"clusterIP": "None"}}),
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "other", "namespace": "prod", "resourceVersion": "1",
+                         "annotations": {"sluice.dev/models": "nope"}},
+            "spec": {}}),
+    ]);
+    let client = api_server(&api).await;
+    let gw = gateway(quick_config(), vec![], HttpLimits::default()).await;
+    let slot = gw.router.add_source();
+    tokio::spawn(k8s::run(
+        client,
+        Target::parse("prod/llm:http").unwrap(),
+        gw.router.clone(),
+        slot,
+    ));
+    let router = gw.router.clone();
+    let want: BTreeSet<String> = ["m2", "m3"].map(String::from).into();
+    eventually(Duration::from_secs(10), "the annotation's models", || {
+        router.known_models() == want
+    })
+    .await;
+    assert!(gw.router.replicas().is_empty());
+    let b = format!("http://{}", gw.addr);
+    let listed = get(&b, "/v1/models").await.json();
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["m2", "m3"]);
+    let r = post(&b, "/v1/chat/completions", chat("nope", "hi", false), &[]).await;
+    assert_eq!(r.status, 404);
 }
 
 fn slice(name: &str, service: &str, port: u16, endpoints: &[(&str, bool)]) -> Value {

@@ -33,6 +33,7 @@ use super::validate::Checked;
 use crate::backend::{LocalBackend, Target};
 use crate::error::ApiError;
 use crate::router::dispatch::Routed;
+use crate::router::queue::QueueClass;
 use crate::router::Router;
 use crate::tenants::Tenant;
 
@@ -284,6 +285,10 @@ async fn start_remote<E: Endpoint>(
         model: req.model().to_string(),
         affinity: &routing.affinity,
         request_id: &scope.id,
+        class: QueueClass {
+            priority: checked.priority,
+            tenant: tenant.clone(),
+        },
     };
     proxy::forward(s, router, headers, body, forward).await
 }

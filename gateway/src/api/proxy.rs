@@ -25,6 +25,7 @@ use crate::error::ApiError;
 use crate::metrics::RouterMetrics;
 use crate::router::dispatch::{ProxyRequest, Routed};
 use crate::router::policy::Key;
+use crate::router::queue::QueueClass;
 use crate::router::replica::InFlightHere;
 use crate::router::{affinity, Router};
 
@@ -42,6 +43,8 @@ pub struct Forward<'a> {
     pub affinity: &'a [u8],
     /// Sent on as `x-request-id`.
     pub request_id: &'a str,
+    /// Its place in the model's queue.
+    pub class: QueueClass,
 }
 
 /// The affinity key of a request: its session header, else its prompt's prefix.
@@ -93,6 +96,7 @@ pub async fn forward(
         headers: fwd,
         body,
         deadline: s.limits.request_timeout.map(|d| Instant::now() + d),
+        class: Some(to.class),
     };
     Ok(router.dispatch(&req).await?)
 }

@@ -43,6 +43,7 @@ async fn proxy_tokens(
         )],
         body: bytes,
         deadline: None,
+        class: None,
     };
     Some(match router.dispatch(&req).await {
         Err(e) => Err(e.into()),

@@ -10,11 +10,15 @@
 //!
 //! The report is the union over the Service's slices. During a relist, events are buffered
 //! until the list is complete, so a restarted watch never reports a half-empty fleet.
+//!
+//! The Service itself is watched too, for its [`MODELS_ANNOTATION`] (`sluice.dev/models:
+//! "a,b"`): the pool's model names, known while it has no ready endpoint (scaled to zero).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
@@ -22,6 +26,9 @@ use kube::Api;
 
 use crate::router::remote::ReplicaUrl;
 use crate::router::Router;
+
+/// The Service annotation naming the pool's models, comma-separated.
+pub const MODELS_ANNOTATION: &str = "sluice.dev/models";
 
 /// Which Service and port to follow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,22 +106,77 @@ fn slice_name(s: &EndpointSlice) -> String {
     s.metadata.name.clone().unwrap_or_default()
 }
 
-/// Follows the Service's EndpointSlices until the task is dropped.
+/// The models a Service's annotation names.
+pub fn models(service: &Service) -> BTreeSet<String> {
+    service
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(MODELS_ANNOTATION))
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Follows the Service's EndpointSlices and its models annotation until the task is dropped.
 pub async fn run(client: kube::Client, target: Target, router: Arc<Router>, slot: usize) {
+    tokio::join!(
+        follow_slices(client.clone(), &target, &router, slot),
+        follow_service(client, &target, &router, slot),
+    );
+}
+
+/// Follows the Service's models annotation (a relist is buffered like the slices').
+async fn follow_service(client: kube::Client, target: &Target, router: &Router, slot: usize) {
+    let api: Api<Service> = Api::namespaced(client, &target.namespace);
+    let name = format!("metadata.name={}", target.service);
+    let mut events = watcher(api, watcher::Config::default().fields(&name))
+        .default_backoff()
+        .boxed();
+    let ours = |s: &Service| s.metadata.name.as_deref() == Some(target.service.as_str());
+    let mut relist: Option<BTreeSet<String>> = None;
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(Event::Init) => relist = Some(BTreeSet::new()),
+            Ok(Event::InitApply(s)) if ours(&s) => relist = Some(models(&s)),
+            Ok(Event::InitDone) => {
+                if let Some(m) = relist.take() {
+                    router.set_source_models(slot, m);
+                }
+            }
+            Ok(Event::Apply(s)) if ours(&s) => router.set_source_models(slot, models(&s)),
+            Ok(Event::Delete(s)) if ours(&s) => router.set_source_models(slot, BTreeSet::new()),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                namespace = %target.namespace,
+                service = %target.service,
+                "Service watch: {e}; retrying with backoff, keeping the last models"
+            ),
+        }
+    }
+}
+
+/// Follows the Service's EndpointSlices.
+async fn follow_slices(client: kube::Client, target: &Target, router: &Router, slot: usize) {
     let api: Api<EndpointSlice> = Api::namespaced(client, &target.namespace);
     let cfg = watcher::Config::default().labels(&target.label_selector());
     let mut events = watcher(api, cfg).default_backoff().boxed();
     let mut slices: HashMap<String, BTreeSet<ReplicaUrl>> = HashMap::new();
     let mut relist: Option<HashMap<String, BTreeSet<ReplicaUrl>>> = None;
     let report = |slices: &HashMap<String, BTreeSet<ReplicaUrl>>| {
-        super::report(&router, slot, slices.values().flatten().cloned().collect());
+        super::report(router, slot, slices.values().flatten().cloned().collect());
     };
     while let Some(ev) = events.next().await {
         match ev {
             Ok(Event::Init) => relist = Some(HashMap::new()),
             Ok(Event::InitApply(s)) => {
                 if let Some(buf) = relist.as_mut() {
-                    buf.insert(slice_name(&s), endpoints(&s, &target));
+                    buf.insert(slice_name(&s), endpoints(&s, target));
                 }
             }
             Ok(Event::InitDone) => {
@@ -124,7 +186,7 @@ pub async fn run(client: kube::Client, target: Target, router: Arc<Router>, slot
                 }
             }
             Ok(Event::Apply(s)) => {
-                slices.insert(slice_name(&s), endpoints(&s, &target));
+                slices.insert(slice_name(&s), endpoints(&s, target));
                 report(&slices);
             }
             Ok(Event::Delete(s)) => {

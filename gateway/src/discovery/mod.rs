@@ -12,6 +12,13 @@
 //! - [`k8s`]: `--discover k8s://NAMESPACE/SERVICE:PORT`, the Service's EndpointSlices through a
 //!   kube-rs watcher (list, then watch), ready endpoints only.
 //!
+//! - `--served-models a,b`: model names alone, known while no replica serves them.
+//!
+//! Besides replicas, a source may report model names (the file's `model NAME` lines or
+//! `models` key, the Service's `sluice.dev/models` annotation, `--served-models`): a pool's
+//! models stay known at zero replicas, so `/v1/models` lists them and their requests are held
+//! until a replica is ready (`crate::router::queue`).
+//!
 //! A source that fails (DNS down, file unreadable, API server unreachable) keeps its last good
 //! report and logs; it never empties the fleet because it could not look.
 
@@ -32,9 +39,14 @@ use crate::router::Router;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     Static(Vec<ReplicaUrl>),
-    Dns { host: String, port: u16 },
+    Dns {
+        host: String,
+        port: u16,
+    },
     File(PathBuf),
     K8s(k8s::Target),
+    /// `--served-models`: model names known with no replica, reported once.
+    Models(Vec<String>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +110,10 @@ pub fn spawn(
     Some(match source {
         Source::Static(urls) => {
             static_list::report(&router, slot, urls);
+            return None;
+        }
+        Source::Models(models) => {
+            router.set_source_models(slot, models.into_iter().collect());
             return None;
         }
         Source::Dns { host, port } => tokio::spawn(dns::run(host, port, router, slot, interval)),

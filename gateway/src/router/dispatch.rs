@@ -1,4 +1,5 @@
-//! One request's way to a replica: pick, send, and wait for the first byte of the answer.
+//! One request's way to a replica: bind (`super::queue`), send, and wait for the first byte of
+//! the answer.
 //! Until that byte is in hand nothing has reached the client, so a failed connect, a broken
 //! exchange, a 502/503/429 or a timeout is retried on another replica — at most
 //! `max_attempts` in all, after a jittered exponential backoff, never past the request's
@@ -19,7 +20,9 @@ use hyper::{Method, StatusCode};
 use rand::Rng;
 use tokio::time::Instant;
 
+use crate::admission::AdmissionError;
 use crate::router::policy::Key;
+use crate::router::queue::QueueClass;
 use crate::router::remote::{RemoteError, ReplicaUrl};
 use crate::router::replica::InFlightHere;
 use crate::router::{NoPick, Router};
@@ -34,6 +37,9 @@ pub struct ProxyRequest {
     pub body: Bytes,
     /// The request's deadline, if it has one.
     pub deadline: Option<Instant>,
+    /// A generation's place in its model's queue: it waits there for a replica with room.
+    /// `None` (a tokenizer call) goes to a ready replica at once.
+    pub class: Option<QueueClass>,
 }
 
 /// An answer committed to a replica: its head, the first body frame, and the rest to stream.
@@ -64,6 +70,13 @@ pub enum RouteError {
     },
     #[error("the request's deadline passed before a replica answered")]
     Deadline(Duration),
+    /// Refused by the model's queue: full, shed, or no room in time.
+    #[error("{0}")]
+    Queue(AdmissionError),
+    #[error("no replica serving '{model}' became ready within {:.1}s", waited.as_secs_f64())]
+    HoldTimeout { model: String, waited: Duration },
+    #[error("the request's deadline passed while it waited in the queue")]
+    DeadlineInQueue,
 }
 
 impl RouteError {
@@ -94,70 +107,39 @@ enum Attempt {
 }
 
 impl Router {
-    /// Routes `req`, retrying before the first byte; see the module doc.
+    /// Routes `req`, retrying before the first byte; see the module doc. A request with a
+    /// [`QueueClass`] first waits in its model's queue for a replica with room
+    /// (`super::queue`); retries go to another ready replica at once.
     pub async fn dispatch(&self, req: &ProxyRequest) -> Result<Routed, RouteError> {
-        let cfg = self.config();
+        let mut bound = match &req.class {
+            Some(class) => Some(self.bind(req, class).await?),
+            None => None,
+        };
         let started = Instant::now();
         let mut tried: Vec<ReplicaUrl> = Vec::new();
         let mut last: Option<RemoteError> = None;
-        for attempt in 0..cfg.max_attempts {
-            if attempt > 0 {
-                let base = cfg.backoff.saturating_mul(1 << (attempt - 1).min(10));
-                let jitter = rand::rng().random_range(0.5..1.5);
-                let wait = base.mul_f64(jitter);
-                if req.deadline.is_some_and(|d| Instant::now() + wait >= d) {
-                    break;
-                }
-                tokio::time::sleep(wait).await;
-                self.metrics.retries.inc();
+        for attempt in 0..self.config().max_attempts {
+            if attempt > 0 && !self.back_off(attempt, req.deadline).await {
+                break;
             }
-            let (replica, _) = match self.pick(&req.model, req.key, &tried) {
-                Ok(p) => p,
-                Err(n) => {
-                    return Err(match last {
-                        Some(last) => RouteError::Failed {
-                            attempts: attempt,
-                            last,
-                        },
-                        None => RouteError::from_no_pick(n, &req.model),
-                    })
-                }
+            let guard = match bound.take() {
+                Some(g) => g,
+                None => match self.pick(&req.model, req.key, &tried) {
+                    Ok((replica, _)) => replica.begin(),
+                    Err(n) => {
+                        return Err(match last {
+                            Some(last) => RouteError::Failed {
+                                attempts: attempt,
+                                last,
+                            },
+                            None => RouteError::from_no_pick(n, &req.model),
+                        })
+                    }
+                },
             };
-            let url = replica.url().clone();
-            let guard = replica.begin();
-            let now = Instant::now();
-            let mut limit = cfg.upstream_timeout;
-            if let Some(d) = req.deadline {
-                limit = limit.min(d.saturating_duration_since(now));
-            }
-            let final_attempt = attempt + 1 == cfg.max_attempts;
-            let outcome =
-                match tokio::time::timeout(limit, self.attempt(req, guard, final_attempt)).await {
-                    Ok(o) => o,
-                    Err(_) => Attempt::Failed {
-                        err: RemoteError::Timeout {
-                            url: url.clone(),
-                            after: limit,
-                        },
-                        counts: true,
-                    },
-                };
-            match outcome {
-                Attempt::Answer(mut routed) => {
-                    routed.attempts = attempt + 1;
-                    return Ok(routed);
-                }
-                Attempt::Failed { err, counts } => {
-                    tracing::debug!(replica = %url, "attempt failed: {err}");
-                    if !matches!(err, RemoteError::Status { .. }) {
-                        self.metrics
-                            .upstream_requests
-                            .with_label_values(&[url.as_str(), err.metric_label()])
-                            .inc();
-                    }
-                    if counts {
-                        replica.failure();
-                    }
+            match self.try_replica(req, guard, attempt).await {
+                Ok(routed) => return Ok(routed),
+                Err((url, err)) => {
                     tried.push(url);
                     last = Some(err);
                 }
@@ -174,6 +156,71 @@ impl Router {
             }),
             // Only with zero attempts configured, which validation refuses.
             None => Err(RouteError::Deadline(started.elapsed())),
+        }
+    }
+
+    /// Waits before retry `attempt` (jittered, doubling); false when that would pass the
+    /// deadline.
+    async fn back_off(&self, attempt: u32, deadline: Option<Instant>) -> bool {
+        let base = self
+            .config()
+            .backoff
+            .saturating_mul(1 << (attempt - 1).min(10));
+        let jitter = rand::rng().random_range(0.5..1.5);
+        let wait = base.mul_f64(jitter);
+        if deadline.is_some_and(|d| Instant::now() + wait >= d) {
+            return false;
+        }
+        tokio::time::sleep(wait).await;
+        self.metrics.retries.inc();
+        true
+    }
+
+    /// One attempt on the replica `guard` counts `req` in flight on, bounded by the upstream
+    /// timeout and the deadline; a failure is counted and fed to the replica's health.
+    async fn try_replica(
+        &self,
+        req: &ProxyRequest,
+        guard: InFlightHere,
+        attempt: u32,
+    ) -> Result<Routed, (ReplicaUrl, RemoteError)> {
+        let cfg = self.config();
+        let replica = guard.replica().clone();
+        let url = replica.url().clone();
+        let mut limit = cfg.upstream_timeout;
+        if let Some(d) = req.deadline {
+            limit = limit.min(d.saturating_duration_since(Instant::now()));
+        }
+        let final_attempt = attempt + 1 == cfg.max_attempts;
+        let outcome =
+            match tokio::time::timeout(limit, self.attempt(req, guard, final_attempt)).await {
+                Ok(o) => o,
+                Err(_) => Attempt::Failed {
+                    err: RemoteError::Timeout {
+                        url: url.clone(),
+                        after: limit,
+                    },
+                    counts: true,
+                },
+            };
+        match outcome {
+            Attempt::Answer(mut routed) => {
+                routed.attempts = attempt + 1;
+                Ok(routed)
+            }
+            Attempt::Failed { err, counts } => {
+                tracing::debug!(replica = %url, "attempt failed: {err}");
+                if !matches!(err, RemoteError::Status { .. }) {
+                    self.metrics
+                        .upstream_requests
+                        .with_label_values(&[url.as_str(), err.metric_label()])
+                        .inc();
+                }
+                if counts {
+                    replica.failure();
+                }
+                Err((url, err))
+            }
         }
     }
 

@@ -9,15 +9,30 @@
 //! is the last choice. A replica that exports none of these names (llama.cpp's server exports
 //! `llamacpp:` ones, which `sluice-metrics` maps; a plain OpenAI server none) is scored by
 //! in-flight alone.
+//!
+//! **Room** is whether one more request would start at once rather than queue on the replica
+//! (late binding sends a request only to a replica with room; `router::queue`). With its
+//! capacity known ([`crate::metrics::MAX_NUM_SEQS`], which sluice replicas export), a replica
+//! has room while its sequences — running, waiting, and the gateway's requests sent since the
+//! poll — stay below it and its KV cache is not nearly full. Without it (vLLM, llama.cpp), a
+//! replica has room while it reported no queue and the gateway has sent it fewer than
+//! [`PROBE`] requests since that poll. A replica with stale or no polled figures yet gets one
+//! request at a time (so a stuck `/metrics` does not stop it), and one with no load series at
+//! all is bounded only by `--replica-max-in-flight`.
 
 use std::time::{Duration, Instant};
 
-use sluice_metrics::ReplicaLoad;
+use sluice_metrics::{exposition, ReplicaLoad};
 
 /// The score of a replica whose load is unknown because its metrics are stale.
 pub const SATURATED: f64 = 1e9;
 /// How much a full KV cache adds to the score, in requests.
 const KV_WEIGHT: f64 = 4.0;
+/// KV use at or above which a replica has no room.
+pub const KV_FULL: f64 = 0.95;
+/// Requests sent since a poll to a replica of unknown capacity before the next poll must say
+/// whether it queues them.
+pub const PROBE: f64 = 4.0;
 
 /// The load figures one poll found (`sluice-metrics` reads them, as the autoscaler does):
 /// waiting and running summed over label sets (one per model), KV use the fullest cache.
@@ -27,6 +42,19 @@ pub type Polled = ReplicaLoad;
 /// fatal.
 pub fn parse_metrics(text: &str) -> Polled {
     ReplicaLoad::from_text(text)
+}
+
+/// The replica's capacity in sequences ([`crate::metrics::MAX_NUM_SEQS`], summed over its
+/// models), if it reports one.
+pub fn parse_capacity(text: &str) -> Option<f64> {
+    let mut total = None;
+    let named = exposition::samples_named(text, |n| n == crate::metrics::MAX_NUM_SEQS);
+    for s in named.flatten() {
+        if s.value.is_finite() && s.value > 0.0 {
+            total = Some(total.unwrap_or(0.0) + s.value);
+        }
+    }
+    total
 }
 
 /// What the gateway knows of a replica's metrics.
@@ -39,6 +67,8 @@ pub enum Signals {
     /// The last successful poll, and the gateway's in-flight count when it was taken.
     Fresh {
         polled: Polled,
+        /// Sequences the replica runs at once, when it says.
+        capacity: Option<f64>,
         at: Instant,
         in_flight_at_poll: usize,
     },
@@ -66,6 +96,34 @@ impl Signals {
                 let active = (waiting + running + since_poll).max(inflight);
                 active + waiting + KV_WEIGHT * polled.kv_usage.unwrap_or(0.0)
             }
+        }
+    }
+
+    /// Whether one more request would start at once; see the module doc.
+    pub fn room(&self, in_flight: usize, now: Instant, stale_after: Duration) -> bool {
+        let Signals::Fresh {
+            polled,
+            capacity,
+            in_flight_at_poll,
+            ..
+        } = *self
+        else {
+            return matches!(self, Signals::Absent) || in_flight == 0;
+        };
+        if self.is_stale(now, stale_after) {
+            return in_flight == 0;
+        }
+        if polled.kv_usage.unwrap_or(0.0) >= KV_FULL {
+            return false;
+        }
+        let waiting = polled.waiting.unwrap_or(0.0);
+        let since_poll = in_flight as f64 - in_flight_at_poll as f64;
+        match capacity {
+            Some(cap) => {
+                let active = (waiting + polled.running.unwrap_or(0.0) + since_poll).max(0.0);
+                active.max(in_flight as f64) < cap
+            }
+            None => waiting < 1.0 && since_poll < PROBE,
         }
     }
 
@@ -123,6 +181,7 @@ garbage line without value
                 running: Some(4.0),
                 kv_usage: Some(0.5),
             },
+            capacity: None,
             at: t0,
             in_flight_at_poll: 3,
         };
@@ -148,9 +207,61 @@ garbage line without value
                 running: Some(3.0),
                 kv_usage: None,
             },
+            capacity: None,
             at: t0,
             in_flight_at_poll: 0,
         };
         assert_eq!(busy.score(0, t0, stale), 3.0);
+    }
+
+    fn fresh(
+        running: f64,
+        waiting: f64,
+        kv: f64,
+        capacity: Option<f64>,
+        at_poll: usize,
+    ) -> Signals {
+        Signals::Fresh {
+            polled: Polled {
+                waiting: Some(waiting),
+                running: Some(running),
+                kv_usage: Some(kv),
+            },
+            capacity,
+            at: Instant::now(),
+            in_flight_at_poll: at_poll,
+        }
+    }
+
+    #[test]
+    fn room_is_capacity_less_what_runs_and_what_was_sent_since_the_poll() {
+        let now = Instant::now();
+        let stale = Duration::from_secs(1);
+        // Four slots, three running (two of them ours): one more fits, then none.
+        let s = fresh(3.0, 0.0, 0.2, Some(4.0), 2);
+        assert!(s.room(2, now, stale));
+        assert!(!s.room(3, now, stale));
+        // One of ours finished since the poll: room again.
+        assert!(fresh(4.0, 0.0, 0.2, Some(4.0), 2).room(1, now, stale));
+        // A queue on the replica (other clients) or a full cache: no room.
+        assert!(!fresh(2.0, 3.0, 0.2, Some(4.0), 0).room(0, now, stale));
+        assert!(!fresh(0.0, 0.0, 0.97, Some(4.0), 0).room(0, now, stale));
+        // Capacity unknown: room while it reports no queue, up to a probe since the poll.
+        let u = fresh(10.0, 0.0, 0.2, None, 0);
+        assert!(u.room(3, now, stale) && !u.room(4, now, stale));
+        assert!(!fresh(10.0, 1.0, 0.2, None, 0).room(0, now, stale));
+        // No series at all: bounded only by the hard cap; unknown or stale: one at a time.
+        assert!(Signals::Absent.room(100, now, stale));
+        let unknown = Signals::Unknown { since: now };
+        assert!(unknown.room(0, now, stale) && !unknown.room(1, now, stale));
+        let old = now + Duration::from_secs(5);
+        assert!(s.room(0, old, stale) && !s.room(1, old, stale));
+    }
+
+    #[test]
+    fn capacity_is_read_from_the_replica_gauge() {
+        let text = "sluice_engine_max_num_seqs{model_name=\"a\"} 64\nvllm:num_requests_running 1\n";
+        assert_eq!(parse_capacity(text), Some(64.0));
+        assert_eq!(parse_capacity("vllm:num_requests_running 1\n"), None);
     }
 }

@@ -9,11 +9,15 @@
 //! - [`health`]: passive outlier ejection and active health-check state.
 //! - [`policy`]: round-robin, least-load (the minimum, ties at random), prefix-affinity (bounded load).
 //! - [`affinity`]: affinity keys from prompt prefixes and sessions; rendezvous hashing.
-//! - [`dispatch`]: one request's attempts: pick, send, wait for the first byte, retry.
+//! - [`queue`]: each model's queue in the gateway: a request waits there until a replica
+//!   has room for it (late binding) or, with no ready replica at all, is held.
+//! - [`dispatch`]: one request's attempts: bind, send, wait for the first byte, retry.
 //!
 //! The set of replicas is the union of what each discovery source last reported; a source
 //! replaces only its own part. A replica leaving the set stops being picked at once; requests
-//! already on it finish (they hold the replica until their response ends).
+//! already on it finish (they hold the replica until their response ends). Sources also report
+//! model names, known even while no replica serves them (a pool at zero): such a model is
+//! listed, and its requests are held until a replica of it is ready.
 
 pub mod affinity;
 pub mod conn;
@@ -21,6 +25,7 @@ pub mod dispatch;
 pub mod health;
 pub mod load;
 pub mod policy;
+pub mod queue;
 pub mod remote;
 pub mod replica;
 
@@ -29,11 +34,42 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use tokio::sync::Notify;
+
 use crate::metrics::RouterMetrics;
 use crate::router::remote::{RemoteOptions, ReplicaUrl};
 use health::EjectionPolicy;
 use policy::{Candidate, Key, Policy, Reason};
+use queue::ModelQueue;
 use replica::{Replica, ServedModel};
+
+/// When a request is bound to a replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binding {
+    /// As soon as a ready replica serving its model is below `replica_max_in_flight`: the
+    /// request then waits in that replica's own queue.
+    Early,
+    /// When a replica has room for it (`load::Signals::room`): it waits in the gateway's queue
+    /// until then, so a replica that becomes ready takes the backlog.
+    Late,
+}
+
+impl Binding {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "early" => Ok(Self::Early),
+            "late" => Ok(Self::Late),
+            _ => Err(format!("--binding: '{s}' is not early or late")),
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Early => "early",
+            Self::Late => "late",
+        }
+    }
+}
 
 /// How the router behaves; validated from `sluice serve` flags.
 #[derive(Debug, Clone)]
@@ -59,6 +95,13 @@ pub struct RouterConfig {
     pub affinity_prefix_bytes: usize,
     pub ejection: EjectionPolicy,
     pub remote: RemoteOptions,
+    pub binding: Binding,
+    /// Requests each model's queue holds beyond the one being bound.
+    pub max_queue: usize,
+    /// The longest a request waits for room while replicas of its model are ready.
+    pub queue_timeout: Duration,
+    /// The longest a request is held while no replica of its model is ready.
+    pub hold_timeout: Duration,
 }
 
 impl Default for RouterConfig {
@@ -77,6 +120,10 @@ impl Default for RouterConfig {
             affinity_prefix_bytes: 512,
             ejection: EjectionPolicy::default(),
             remote: RemoteOptions::default(),
+            binding: Binding::Late,
+            max_queue: 1024,
+            queue_timeout: Duration::from_secs(30),
+            hold_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -92,14 +139,23 @@ pub enum NoPick {
     AllAtCap,
 }
 
+/// One discovery source's last report.
+#[derive(Debug, Default)]
+struct Report {
+    urls: BTreeSet<ReplicaUrl>,
+    models: BTreeSet<String>,
+}
+
 #[derive(Debug)]
 pub struct Router {
     cfg: Arc<RouterConfig>,
     metrics: RouterMetrics,
-    /// Each discovery source's last report.
-    sources: Mutex<Vec<BTreeSet<ReplicaUrl>>>,
+    sources: Mutex<Vec<Report>>,
     replicas: RwLock<Arc<HashMap<ReplicaUrl, Arc<Replica>>>>,
     turn: AtomicUsize,
+    /// Woken on every change that may let a waiting request be bound.
+    wake: Arc<Notify>,
+    queues: Mutex<HashMap<String, Arc<ModelQueue>>>,
 }
 
 impl Router {
@@ -110,6 +166,8 @@ impl Router {
             sources: Mutex::default(),
             replicas: RwLock::default(),
             turn: AtomicUsize::new(0),
+            wake: Arc::default(),
+            queues: Mutex::default(),
         })
     }
 
@@ -120,19 +178,38 @@ impl Router {
     /// A slot for one discovery source's reports.
     pub fn add_source(&self) -> usize {
         let mut s = self.sources.lock().unwrap();
-        s.push(BTreeSet::new());
+        s.push(Report::default());
         s.len() - 1
+    }
+
+    /// Replaces source `source`'s model names: models known even with no replica serving them.
+    pub fn set_source_models(&self, source: usize, models: BTreeSet<String>) {
+        let mut sources = self.sources.lock().unwrap();
+        if sources[source].models != models {
+            tracing::info!(?models, "models announced");
+            sources[source].models = models;
+            self.wake.notify_waiters();
+        }
+    }
+
+    /// Models some discovery source names.
+    pub fn known_models(&self) -> BTreeSet<String> {
+        let sources = self.sources.lock().unwrap();
+        sources
+            .iter()
+            .flat_map(|s| s.models.iter().cloned())
+            .collect()
     }
 
     /// Replaces source `source`'s replicas; starts new replicas, stops departed ones. Must run
     /// inside the tokio runtime (replicas start tasks).
     pub fn set_source(&self, source: usize, urls: BTreeSet<ReplicaUrl>) {
         let mut sources = self.sources.lock().unwrap();
-        if sources[source] == urls {
+        if sources[source].urls == urls {
             return;
         }
-        sources[source] = urls;
-        let want: BTreeSet<&ReplicaUrl> = sources.iter().flatten().collect();
+        sources[source].urls = urls;
+        let want: BTreeSet<&ReplicaUrl> = sources.iter().flat_map(|s| &s.urls).collect();
         let current = self.replicas.read().unwrap().clone();
         let mut next = HashMap::with_capacity(want.len());
         for url in want {
@@ -140,7 +217,12 @@ impl Router {
                 Some(r) => r.clone(),
                 None => {
                     tracing::info!(replica = %url, "replica added");
-                    Replica::start(url.clone(), &self.cfg, self.metrics.clone())
+                    Replica::start(
+                        url.clone(),
+                        &self.cfg,
+                        self.metrics.clone(),
+                        self.wake.clone(),
+                    )
                 }
             };
             next.insert(url.clone(), r);
@@ -152,6 +234,7 @@ impl Router {
             }
         }
         *self.replicas.write().unwrap() = Arc::new(next);
+        self.wake.notify_waiters();
     }
 
     pub fn replicas(&self) -> Arc<HashMap<ReplicaUrl, Arc<Replica>>> {
@@ -164,7 +247,8 @@ impl Router {
         self.replicas().values().any(|r| r.eligible(now))
     }
 
-    /// Every model some healthy replica serves (the largest context length any reports).
+    /// Every model some healthy replica serves (the largest context length any reports), and
+    /// every model a discovery source names (no context length while no replica reports one).
     pub fn models(&self) -> Vec<ServedModel> {
         let now = Instant::now();
         let mut out: Vec<ServedModel> = Vec::new();
@@ -176,12 +260,34 @@ impl Router {
                 }
             }
         }
+        for id in self.known_models() {
+            if !out.iter().any(|o| o.id == id) {
+                out.push(ServedModel {
+                    id,
+                    max_model_len: None,
+                });
+            }
+        }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
     }
 
+    /// Whether requests for `model` are routed: a replica serves it, or a source names it.
     pub fn serves(&self, model: &str) -> bool {
         self.replicas().values().any(|r| r.serves(model))
+            || self
+                .sources
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|s| s.models.contains(model))
+    }
+
+    /// Whether a replica serving `model` may take requests now.
+    pub fn ready_for(&self, model: &str, now: Instant) -> bool {
+        self.replicas()
+            .values()
+            .any(|r| r.serves(model) && r.eligible(now))
     }
 
     /// Picks a replica for `model`, avoiding `tried` while others are available.
@@ -214,6 +320,16 @@ impl Router {
             .filter(|r| !tried.contains(r.url()))
             .collect();
         let pool = if untried.is_empty() { open } else { untried };
+        Ok(self.choose(&pool, key, now))
+    }
+
+    /// The policy's choice among `pool` (not empty), counted in the decisions metric.
+    fn choose(
+        &self,
+        pool: &[&Arc<Replica>],
+        key: Option<Key>,
+        now: Instant,
+    ) -> (Arc<Replica>, Reason) {
         let cands: Vec<Candidate<'_>> = pool
             .iter()
             .map(|r| Candidate {
@@ -234,7 +350,7 @@ impl Router {
             .decisions
             .with_label_values(&[self.cfg.policy.label(), reason.label()])
             .inc();
-        Ok((pool[i].clone(), reason))
+        (pool[i].clone(), reason)
     }
 
     /// Stops every replica's tasks.

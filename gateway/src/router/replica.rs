@@ -3,6 +3,10 @@
 //! two background tasks that keep those current: the metrics poller (every
 //! `poll_interval`) and the health checker (every `health_interval`, which also refreshes the
 //! model list). Both hold only a `Weak` reference and are aborted when the replica leaves.
+//!
+//! Every change that may give a replica room — a poll, a health verdict, a model list, a
+//! request of the gateway's ending there — wakes the router's queues (`wake`), so a waiting
+//! request is bound the moment a replica can take it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -10,11 +14,12 @@ use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
 use serde::Deserialize;
+use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::metrics::RouterMetrics;
 use crate::router::health::{Health, Transition};
-use crate::router::load::{parse_metrics, Signals};
+use crate::router::load::{parse_capacity, parse_metrics, Signals};
 use crate::router::remote::{RemoteBackend, RemoteError, ReplicaUrl};
 use crate::router::RouterConfig;
 
@@ -39,11 +44,18 @@ pub struct Replica {
     /// Left the set: its per-replica series are gone and must not be recreated.
     stopped: AtomicBool,
     metrics: RouterMetrics,
+    /// The router's queues, woken on every change here.
+    wake: Arc<Notify>,
 }
 
 impl Replica {
     /// Creates the replica and starts its poller and health checker.
-    pub fn start(url: ReplicaUrl, cfg: &Arc<RouterConfig>, metrics: RouterMetrics) -> Arc<Self> {
+    pub fn start(
+        url: ReplicaUrl,
+        cfg: &Arc<RouterConfig>,
+        metrics: RouterMetrics,
+        wake: Arc<Notify>,
+    ) -> Arc<Self> {
         let r = Arc::new(Self {
             backend: RemoteBackend::new(url, &cfg.remote),
             in_flight: AtomicUsize::new(0),
@@ -55,6 +67,7 @@ impl Replica {
             tasks: Mutex::default(),
             stopped: AtomicBool::new(false),
             metrics,
+            wake,
         });
         r.metrics.eligible.with_label_values(&[r.label()]).set(0);
         r.metrics
@@ -111,6 +124,14 @@ impl Replica {
         s.score(self.in_flight(), now, stale_after)
     }
 
+    /// Whether one more request would start here at once (`load::Signals::room`), within
+    /// `hard_cap` requests of the gateway's in flight.
+    pub fn has_room(&self, now: Instant, stale_after: Duration, hard_cap: usize) -> bool {
+        let in_flight = self.in_flight();
+        let s = *self.signals.lock().unwrap();
+        in_flight < hard_cap && s.room(in_flight, now, stale_after)
+    }
+
     /// Counts a request in flight here until the guard drops.
     pub fn begin(self: &Arc<Self>) -> InFlightHere {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -152,12 +173,14 @@ impl Replica {
         let now = Instant::now();
         let next = match res {
             Ok(body) => {
-                let polled = parse_metrics(&String::from_utf8_lossy(&body));
+                let text = String::from_utf8_lossy(&body);
+                let polled = parse_metrics(&text);
                 if polled.is_empty() {
                     Signals::Absent
                 } else {
                     Signals::Fresh {
                         polled,
+                        capacity: parse_capacity(&text),
                         at: now,
                         in_flight_at_poll,
                     }
@@ -175,6 +198,7 @@ impl Replica {
             }
         };
         *self.signals.lock().unwrap() = next;
+        self.wake.notify_waiters();
         let l = self.label();
         let m = &self.metrics.replica_load;
         if let Signals::Fresh { polled, .. } = next {
@@ -246,6 +270,7 @@ impl Replica {
             }
             _ => {}
         }
+        self.wake.notify_waiters();
         self.metrics
             .eligible
             .with_label_values(&[self.label()])
@@ -299,6 +324,7 @@ impl Drop for InFlightHere {
                 .with_label_values(&[r.label()])
                 .dec();
         }
+        r.wake.notify_waiters();
     }
 }
 

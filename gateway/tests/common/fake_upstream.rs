@@ -37,6 +37,16 @@ pub struct Fake {
     pub served: AtomicUsize,
     /// The last generation's request body and `x-session-id`.
     pub last_body: Mutex<Option<Bytes>>,
+    /// When not 0, a replica with this many sequence slots: it exports the figure as
+    /// `sluice_engine_max_num_seqs`, runs at most that many generations at once (each holding
+    /// its slot for `delay_ms`), queues the rest, and exports the live counts as running and
+    /// waiting (added to `running` and `waiting`).
+    pub max_num_seqs: AtomicU64,
+    pub live_running: AtomicU64,
+    pub live_waiting: AtomicU64,
+    /// The most generations that ran at once.
+    pub peak_running: AtomicU64,
+    slot_free: tokio::sync::Notify,
 }
 
 impl Fake {
@@ -51,6 +61,43 @@ impl Fake {
 
     pub fn served(&self) -> usize {
         self.served.load(Ordering::SeqCst)
+    }
+
+    /// Waits for a sequence slot when the fake has a capacity; the slot is held until the
+    /// returned guard drops.
+    async fn slot(self: &Arc<Self>) -> Option<Slot> {
+        let cap = self.max_num_seqs.load(Ordering::SeqCst);
+        if cap == 0 {
+            return None;
+        }
+        self.live_waiting.fetch_add(1, Ordering::SeqCst);
+        loop {
+            let freed = self.slot_free.notified();
+            let mut freed = std::pin::pin!(freed);
+            freed.as_mut().enable();
+            let took = self
+                .live_running
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
+                    (r < cap).then_some(r + 1)
+                });
+            if let Ok(before) = took {
+                self.peak_running.fetch_max(before + 1, Ordering::SeqCst);
+                break;
+            }
+            freed.await;
+        }
+        self.live_waiting.fetch_sub(1, Ordering::SeqCst);
+        Some(Slot(self.clone()))
+    }
+}
+
+/// A sequence slot of a fake with a capacity.
+struct Slot(Arc<Fake>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.live_running.fetch_sub(1, Ordering::SeqCst);
+        self.0.slot_free.notify_waiters();
     }
 }
 
@@ -115,13 +162,20 @@ async fn metrics(State(f): State<Arc<Fake>>) -> Response {
     if f.no_metrics.load(Ordering::SeqCst) {
         return "process_cpu_seconds_total 1\n".into_response();
     }
-    format!(
+    let cap = f.max_num_seqs.load(Ordering::SeqCst);
+    let mut text = format!(
         "vllm:num_requests_waiting{{model_name=\"{m}\"}} {}\nvllm:num_requests_running{{model_name=\"{m}\"}} {}\nvllm:kv_cache_usage_perc{{model_name=\"{m}\"}} 0.1\n",
-        f.waiting.load(Ordering::SeqCst),
-        f.running.load(Ordering::SeqCst),
+        f.waiting.load(Ordering::SeqCst) + f.live_waiting.load(Ordering::SeqCst),
+        f.running.load(Ordering::SeqCst) + f.live_running.load(Ordering::SeqCst),
         m = f.model
-    )
-    .into_response()
+    );
+    if cap > 0 {
+        text += &format!(
+            "sluice_engine_max_num_seqs{{model_name=\"{}\"}} {cap}\n",
+            f.model
+        );
+    }
+    text.into_response()
 }
 
 const CHUNK: &str = r#"data: {"id":"x","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}"#;
@@ -129,6 +183,7 @@ const CHUNK: &str = r#"data: {"id":"x","object":"chat.completion.chunk","created
 async fn generate(State(f): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
     f.served.fetch_add(1, Ordering::SeqCst);
     let _ = headers;
+    let _slot = f.slot().await;
     let delay = f.delay_ms.load(Ordering::SeqCst);
     if delay > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
