@@ -156,6 +156,9 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
             .args(["--discover-interval", "100ms", "--poll-interval", "100ms"])
             .args(["--health-interval", "200ms", "--health-path", "/ready"])
             .args(["--stale-after", "3s"])
+            // The burst waits in the gateway's queue for a replica with room (late binding)
+            // longer than the default 30 s queue timeout, as it did on the replicas.
+            .args(["--queue-timeout", "300s"])
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(dir.join("gateway.log")).unwrap())
             .spawn()
@@ -507,7 +510,6 @@ fn one_request(gateway: &str) -> Duration {
 /// replica process at all, and a second request wakes it again. The cold-start latencies are
 /// printed, not asserted.
 #[test]
-#[ignore = "needs the gateway hold (branch lb23)"]
 fn a_pool_at_zero_replicas_wakes_for_a_held_request_and_idles_back_to_zero() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let models = model_dir();

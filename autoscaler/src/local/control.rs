@@ -92,7 +92,7 @@ impl LocalAutoscaler {
         });
         Ok(LocalAutoscaler {
             sup: Supervisor::new(cfg.replica.clone())?,
-            announcer: Announcer::new(cfg.discovery_file.clone(), announced_models(&cfg)),
+            announcer: Announcer::new(cfg.discovery_file.clone(), vec![cfg.served_model.clone()]),
             scraper,
             policy: Sluice::new(profile, pc),
             epoch: Instant::now(),
@@ -438,17 +438,6 @@ impl LocalAutoscaler {
             announced: self.announcer.current().to_vec(),
             reasons,
         }
-    }
-}
-
-/// The `model` lines of the discovery file: a pool that may go to zero names its model, so
-/// the gateway knows it (and holds its requests) with no replica to learn it from. A gateway
-/// that predates `model` lines refuses the file, so a pool that keeps a replica names none.
-fn announced_models(cfg: &LocalConfig) -> Vec<String> {
-    if cfg.min_replicas == 0 {
-        vec![cfg.served_model.clone()]
-    } else {
-        Vec::new()
     }
 }
 
