@@ -73,10 +73,11 @@ pub struct ServeArgs {
     /// (default: twice max-num-seqs; 4096 for a gateway that only routes).
     #[arg(long, env = "SLUICE_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
-    /// Requests the admission queue holds; beyond it, 429.
+    /// Requests the admission queue holds, and each model's routing queue; beyond it, 429.
     #[arg(long, env = "SLUICE_MAX_QUEUE", default_value_t = 1024)]
     pub max_queue: usize,
-    /// Longest wait in the admission queue before a 429 (e.g. 30s, 500ms).
+    /// Longest wait in the admission queue, or in a model's routing queue while its replicas
+    /// are ready but full, before a 429 (e.g. 30s, 500ms).
     #[arg(long, env = "SLUICE_QUEUE_TIMEOUT", default_value = "30s")]
     pub queue_timeout: String,
     /// Time in-flight requests get to finish after SIGTERM.
@@ -376,6 +377,8 @@ impl ServeConfig {
             "routing": self.routing.is_some(),
             "discovery": sources,
             "health_check_path": self.routing.as_ref().map(|r| r.router.health_path.clone()),
+            "binding": self.routing.as_ref().map(|r| r.router.binding.label()),
+            "hold_timeout_s": self.routing.as_ref().map(|r| r.router.hold_timeout.as_secs_f64()),
             "paths": { "health": HEALTH_PATH, "ready": READY_PATH, "metrics": METRICS_PATH },
             "drain_timeout_s": self.drain_timeout.as_secs_f64(),
             "max_num_seqs": self.max_num_seqs,
@@ -621,6 +624,44 @@ mod tests {
             (
                 &["--upstream", "http://a:1", "--poll-interval", "1ms"][..],
                 "--poll-interval",
+            ),
+        ] {
+            let e = cfg(args).unwrap_err();
+            assert!(e.contains(flag), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn queue_flags_reach_the_router_and_models_alone_make_a_routing_gateway() {
+        let gw = cfg(&["--served-models", "a, b", "--max-queue", "7"]).unwrap();
+        let r = gw.routing.as_ref().unwrap();
+        assert_eq!(r.sources, [Source::Models(vec!["a".into(), "b".into()])]);
+        assert_eq!(r.router.binding, Binding::Late);
+        assert_eq!(r.router.max_queue, 7);
+        assert_eq!(r.router.hold_timeout, Duration::from_secs(60));
+        assert_eq!(r.router.queue_timeout, Duration::from_secs(30));
+        assert!(gw.model.is_none());
+        let early = cfg(&[
+            "--upstream",
+            "http://a:1",
+            "--binding",
+            "early",
+            "--hold-timeout",
+            "5s",
+        ])
+        .unwrap()
+        .routing
+        .unwrap();
+        assert_eq!(early.router.binding, Binding::Early);
+        assert_eq!(early.router.hold_timeout, Duration::from_secs(5));
+        for (args, flag) in [
+            (
+                &["--upstream", "http://a:1", "--binding", "lazy"][..],
+                "--binding",
+            ),
+            (
+                &["--upstream", "http://a:1", "--hold-timeout", "soon"][..],
+                "--hold-timeout",
             ),
         ] {
             let e = cfg(args).unwrap_err();

@@ -145,6 +145,8 @@ async fn a_model_at_zero_replicas_is_listed_and_held_until_a_replica_is_announce
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["m"]);
+    // Ready: its requests must keep arriving for the pool to be scaled up.
+    assert_eq!(get(&b, "/ready").await.status, 200);
     let unknown = post(&b, "/v1/chat/completions", chat("other", "x", false), &[]).await;
     assert_eq!(unknown.status, 404);
 

@@ -9,6 +9,8 @@
 //! - prefix-affinity against round-robin on a shared-prefix workload: a far higher prefix-cache
 //!   hit rate on the replicas (`vllm:prefix_cache_hits_total / _queries_total`), every
 //!   replica still serving.
+//! - A pool at zero: the model, announced with no replica in the discovery file, is listed;
+//!   a request for it is held until a replica is started and announced, then answered there.
 
 mod common;
 
@@ -578,4 +580,71 @@ async fn prefix_affinity_hits_the_prefix_cache_far_more_than_round_robin() {
         ),
         3.0 * b.len() as f64
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_held_at_zero_replicas_is_answered_once_one_is_announced() {
+    let _serial = SERIAL.lock().await;
+    let file = std::env::temp_dir().join(format!("sluice-pool-{}", std::process::id()));
+    std::fs::write(&file, format!("model {MODEL}\n")).unwrap();
+    let discover = format!("file://{}", file.display());
+    let gw = gateway(
+        &[],
+        &[
+            "--discover",
+            &discover,
+            "--discover-interval",
+            "100ms",
+            "--hold-timeout",
+            "300s",
+        ],
+    );
+    let listed = |body: &str| body.contains(&format!("\"id\":\"{MODEL}\""));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listed(&get(&gw.url, "/v1/models").await.body.unwrap()) {
+        assert!(
+            Instant::now() < deadline,
+            "the announced model is not listed"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let held = {
+        let url = gw.url.clone();
+        tokio::spawn(async move {
+            post(
+                &url,
+                "/v1/completions",
+                completion("Once upon", 4, false),
+                &[],
+            )
+            .await
+        })
+    };
+    let held_metric = |m: &str| metric(m, "sluice_gateway_queue_held", &[("model", MODEL)]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while held_metric(&get(&gw.url, "/metrics").await.body.unwrap()) != 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the request is not counted as held"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // A replica starts; once ready it is announced, and the held request goes to it.
+    let r = replica(0, &["--max-num-seqs", "4"]);
+    wait_ready(&r.url, Duration::from_secs(120)).await;
+    assert_eq!(
+        replica_metric(&r.url, "sluice_engine_max_num_seqs").await,
+        4.0
+    );
+    std::fs::write(&file, format!("model {MODEL}\n{}\n", r.url)).unwrap();
+    let a = tokio::time::timeout(Duration::from_secs(60), held)
+        .await
+        .expect("the held request is answered")
+        .unwrap();
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.replica().as_deref(), Some(r.url.as_str()));
+    assert_eq!(a.json()["usage"]["completion_tokens"], 4);
+    let m = get(&gw.url, "/metrics").await.body.unwrap();
+    assert_eq!(held_metric(&m), 0.0);
+    let _ = std::fs::remove_file(&file);
 }

@@ -59,12 +59,16 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Ready when not draining and something can generate: the local model has loaded, or a
-    /// replica is healthy.
+    /// Ready when not draining and something can generate: the local model has loaded, a
+    /// replica is healthy, or a model is known with none (its requests are held while its pool
+    /// scales up from zero, so the gateway must keep receiving them).
     pub fn is_ready(&self) -> bool {
         !self.draining.load(Ordering::Acquire)
             && (self.backend.get().is_some()
-                || self.router.as_ref().is_some_and(|r| r.any_eligible()))
+                || self
+                    .router
+                    .as_ref()
+                    .is_some_and(|r| r.any_eligible() || !r.known_models().is_empty()))
     }
 
     pub(super) fn is_local(&self, model: &str) -> bool {
