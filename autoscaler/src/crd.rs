@@ -140,6 +140,14 @@ pub struct SignalSourceSpec {
     /// Query a Prometheus HTTP API at this URL instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus_url: Option<String>,
+    /// The routing gateway's base URL (`http://sluice-gateway.sluice:8080`), whose `/metrics`
+    /// say how many requests wait for this pool's model (`sluice_gateway_queue_depth` and
+    /// `sluice_gateway_queue_held` by `model`). With it the pool scales to zero: idle for the
+    /// scale-down stabilisation window, its Deployments go to 0 (when every minReplicas is 0),
+    /// and a request the gateway holds for the model brings one replica back at once.
+    /// Without it nothing wakes a pool that is at zero replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_url: Option<String>,
 }
 
 /// The Service whose EndpointSlices list the replica pods.
@@ -329,6 +337,12 @@ fn sorted(v: serde_yaml::Value) -> serde_yaml::Value {
 }
 
 impl ServingPoolSpec {
+    /// Whether the pool may go to zero replicas and come back: a gateway to wake it is named
+    /// and no variant keeps a minimum.
+    pub fn scales_to_zero(&self) -> bool {
+        self.signals.gateway_url.is_some() && self.variants.iter().all(|v| v.min_replicas == 0)
+    }
+
     /// Checks what the schema cannot: names unique, bounds ordered, exactly one signal source.
     pub fn validate(&self) -> Result<(), String> {
         if self.variants.is_empty() {
@@ -397,6 +411,19 @@ mod tests {
         for v in &sp.spec.variants {
             p.variant(&v.profile_variant).unwrap();
         }
+    }
+
+    #[test]
+    fn the_scale_to_zero_example_names_its_gateway() {
+        let zero: ServingPool = serde_yaml::from_str(include_str!(
+            "../../deploy/k8s/crd/example-servingpool-zero.yaml"
+        ))
+        .unwrap();
+        zero.spec.validate().unwrap();
+        assert!(zero.spec.scales_to_zero());
+        // The other example keeps a minimum and names no gateway: it never goes to zero.
+        let sp: ServingPool = serde_yaml::from_str(EXAMPLE).unwrap();
+        assert!(!sp.spec.scales_to_zero());
     }
 
     #[test]

@@ -146,6 +146,13 @@ struct SimulateArgs {
     /// Most replicas of any one variant.
     #[arg(long, env = "SLUICE_AUTOSCALER_MAX_REPLICAS", default_value_t = 200)]
     max_replicas: u32,
+    /// Fewest replicas sluice and KPA keep (on the baseline variant); 0 lets them go to zero.
+    #[arg(long, env = "SLUICE_AUTOSCALER_MIN_REPLICAS", default_value_t = 0)]
+    min_replicas: u32,
+    /// Also run sluice and KPA at min 0 and at min 1 and print what going to zero saves over
+    /// the trace's idle periods, and its cold starts.
+    #[arg(long, env = "SLUICE_AUTOSCALER_ZERO_SAVINGS")]
+    zero_savings: bool,
     /// The variant single-variant baselines (HPA, KPA) scale; default: cheapest per request.
     #[arg(long, env = "SLUICE_AUTOSCALER_BASELINE_VARIANT")]
     baseline_variant: Option<String>,
@@ -265,6 +272,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     scn.rate_scale = a.rate_scale;
     scn.spot = a.spot;
     scn.max_replicas_per_variant = a.max_replicas;
+    scn.min_replicas = a.min_replicas;
     scn.baseline_variant = a.baseline_variant.clone();
     scn.sim.tick_s = a.tick;
     scn.sim.seed = a.seed;
@@ -303,6 +311,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         println!("{n}");
     }
     println!("{} policies in {:.2} s", runs.len(), elapsed);
+    if a.zero_savings {
+        print_zero_savings(&scn, &requests, &a.policies)?;
+    }
     if let Some(path) = &a.json {
         let rep = Report {
             scenario: serde_json::to_value(&scn).context("scenario to JSON")?,
@@ -334,11 +345,29 @@ fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<
             println!("{}: {n}", r.trace);
         }
     }
+    if a.zero_savings {
+        for e in &entries {
+            println!("\n{}:", e.name);
+            print_zero_savings(scn, &e.requests, &a.policies)?;
+        }
+    }
     println!(
         "{} traces in {:.1} s; plots in {}",
         results.len(),
         started.elapsed().as_secs_f64(),
         a.suite_dir.display()
+    );
+    Ok(())
+}
+
+/// `--zero-savings`: each policy that may go to zero against itself at min 1.
+fn print_zero_savings(scn: &Scenario, requests: &[Request], policies: &[String]) -> Result<()> {
+    let rows = sluice_sim::zero::compare(scn, requests, policies)?;
+    println!("\n{}", sluice_sim::zero::table(&rows));
+    println!(
+        "saved: cost at min 1 minus cost at min 0 (idle periods: gaps of at least {:.0} s); \
+         a request arriving at zero waits for a cold start, counted in its TTFT",
+        sluice_sim::zero::idle_threshold_s(scn)
     );
     Ok(())
 }

@@ -865,3 +865,122 @@ async fn scraped_signals_from_endpointslice_pods() {
         "{stale}"
     );
 }
+
+/// A fake routing gateway: `/metrics` answers whatever the test sets.
+async fn fake_gateway() -> (String, Arc<Mutex<String>>) {
+    let body = Arc::new(Mutex::new(String::new()));
+    let served = body.clone();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let b = served.lock().unwrap().clone();
+            async move { b }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, body)
+}
+
+/// Scale to zero and back, against the fake API server (a faithful in-process fake speaking
+/// the real Kubernetes wire protocol through a real `kube::Client`, see `fake_k8s`) and a fake
+/// gateway: a pool with every minReplicas 0 and a `gatewayUrl` keeps one replica while traffic
+/// is recent, goes to 0 replicas once idle for the stabilisation window (its Deployment scaled
+/// to 0), stays there with fresh (not stale) metrics though no replica is left to read, and
+/// comes back to 1 at the first reconcile that finds requests held in the gateway for its
+/// model. Its GKE node pool is sized while it serves, and left to GKE's own scale-down at zero
+/// (never set to 0 nodes by the controller).
+#[tokio::test]
+async fn scales_to_zero_when_idle_and_back_when_the_gateway_holds_requests() {
+    let fake = Fake::start().await;
+    fake.put(NODES, node("node-a", &[]));
+    fake.put(DEPLOYMENTS, deployment(NS, "l4", 1));
+    fake.sync_pods(NS, "l4", Some("node-a"));
+    let (gw, metrics) = fake_gateway().await;
+    let mut v = variant("l4", "nvidia-l4", "on-demand", 0, 0, 4);
+    v["nodePool"] = json!({"provider": "gke", "name": "l4-pool"});
+    let mut p = pool(json!([v]));
+    p["spec"]["signals"]["gatewayUrl"] = json!(gw);
+    fake.put(POOLS, p);
+    let gke = FakeGke::start().await;
+    let provider = Gke::new(GkeConfig {
+        project: "p".into(),
+        location: "us-central1".into(),
+        cluster: "c".into(),
+        api_url: gke.url(),
+        metadata_url: gke.url(),
+    })
+    .unwrap();
+    let source = Arc::new(FakeSource::default());
+    let ctx = context(&fake, source.clone(), false, Some(Arc::new(provider)));
+    let mut h = Harness {
+        controller: Controller::new(ctx, config()),
+        fake,
+        source,
+    };
+    let idle_gateway = "sluice_gateway_queue_depth{model=\"llama-3-8b\",priority=\"0\"} 0\n\
+                        sluice_gateway_queue_held{model=\"llama-3-8b\"} 0\n";
+    *metrics.lock().unwrap() = idle_gateway.into();
+    let mut t = 0.0;
+    for _ in 0..3 {
+        h.source.set(Some(load(1.0, 0)));
+        assert_eq!(h.tick(t).await, vec![1], "traffic keeps a replica at t={t}");
+        t += 10.0;
+    }
+    let last_traffic = t - 10.0;
+    let mut zero_at = None;
+    while t < last_traffic + 300.0 && zero_at.is_none() {
+        h.source.set(Some(load(0.0, 0)));
+        if h.tick(t).await == vec![0] {
+            zero_at = Some(t);
+        }
+        h.fake.sync_pods(NS, "l4", Some("node-a"));
+        t += 10.0;
+    }
+    let zero_at = zero_at.expect("an idle pool goes to zero");
+    assert!(
+        zero_at - last_traffic >= 60.0,
+        "idle {} s before zero, under the 60 s window",
+        zero_at - last_traffic
+    );
+    assert_eq!(h.replicas("l4"), 0);
+    assert!(h.fake.list(PODS).is_empty());
+    // At zero the replicas' source has nothing to read; the pool stays at zero, not stale.
+    h.source.set(None);
+    for _ in 0..3 {
+        assert_eq!(h.tick(t).await, vec![0]);
+        t += 10.0;
+    }
+    assert_eq!(h.condition("MetricsStale").0, "False");
+    let sizes: Vec<Value> = gke
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|c| c.1.clone())
+        .collect();
+    assert!(!sizes.is_empty(), "the node pool was sized while serving");
+    assert!(
+        !sizes.contains(&json!({"nodeCount": 0})),
+        "the node pool is left to GKE's scale-down at zero: {sizes:?}"
+    );
+    // A request held in the gateway for the model: one replica at once.
+    *metrics.lock().unwrap() = "sluice_gateway_queue_held{model=\"llama-3-8b\"} 2\n\
+                                sluice_gateway_queue_held{model=\"other\"} 5\n"
+        .into();
+    assert_eq!(h.tick(t).await, vec![1], "held requests wake the pool");
+    assert_eq!(h.replicas("l4"), 1);
+    let s = h.status();
+    let reasons = s["lastDecision"]["reasons"].to_string();
+    assert!(
+        reasons.contains("held") || reasons.contains("queued"),
+        "{reasons}"
+    );
+    assert!(h.event_reasons().contains(&"ScaledUp".to_string()));
+    // A gateway that cannot be read holds the pool as it is (never scaled down blind).
+    h.fake.sync_pods(NS, "l4", Some("node-a"));
+    *metrics.lock().unwrap() = "not the exposition format {".into();
+    assert_eq!(h.tick(t + 10.0).await, vec![1]);
+    assert_eq!(h.condition("MetricsStale").0, "True");
+}

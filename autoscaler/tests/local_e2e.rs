@@ -134,8 +134,12 @@ fn summary(path: &Path) -> (u64, u64) {
     )
 }
 
+/// The tests here each run a fleet of real processes: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
 #[test]
 fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let models = model_dir();
     let dir = std::env::temp_dir().join(format!("sluice-local-e2e-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -152,6 +156,9 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
             .args(["--discover-interval", "100ms", "--poll-interval", "100ms"])
             .args(["--health-interval", "200ms", "--health-path", "/ready"])
             .args(["--stale-after", "3s"])
+            // The burst waits in the gateway's queue for a replica with room (late binding)
+            // longer than the default 30 s queue timeout, as it did on the replicas.
+            .args(["--queue-timeout", "300s"])
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(dir.join("gateway.log")).unwrap())
             .spawn()
@@ -409,6 +416,216 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
         0,
         "the discovery file still lists replicas: {listed}"
     );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `POST url` with a JSON body on loopback: the status and the body.
+fn post(url: &str, body: &str, timeout: Duration) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/')?;
+    let mut s = std::net::TcpStream::connect(host).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    write!(
+        s,
+        "POST /{path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let (head, body) = buf.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// A routing gateway watching `file`, its log in `dir`; and its URL.
+fn start_gateway(dir: &Path, file: &Path) -> (Proc, String) {
+    let mut gw = Proc(
+        Command::new(sibling("sluice"))
+            .args(["serve", "--port", "0", "--policy", "least-load"])
+            // A cold start on a busy machine may take a while: hold past it.
+            .args(["--hold-timeout", "150s"])
+            .arg("--discover")
+            .arg(format!("file://{}", file.display()))
+            .args(["--discover-interval", "100ms", "--poll-interval", "100ms"])
+            .args(["--health-interval", "200ms", "--health-path", "/ready"])
+            .args(["--stale-after", "3s"])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("gateway.log")).unwrap())
+            .spawn()
+            .expect("sluice starts"),
+    );
+    let mut line = String::new();
+    BufReader::new(gw.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .strip_prefix("sluice listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .trim()
+        .to_string();
+    (gw, url)
+}
+
+/// The autoscaler's tick records, collected from its stdout as they come.
+fn collect_records(scaler: &mut Proc) -> Arc<Mutex<Vec<(Instant, Value)>>> {
+    let records: Arc<Mutex<Vec<(Instant, Value)>>> = Arc::default();
+    let out = scaler.0.stdout.take().unwrap();
+    let r = records.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                r.lock().unwrap().push((Instant::now(), v));
+            }
+        }
+    });
+    records
+}
+
+/// One completion through the gateway; the time to its answer.
+fn one_request(gateway: &str) -> Duration {
+    let body = format!(
+        r#"{{"model":"{MODEL}","prompt":"Once upon a time","max_tokens":4,"temperature":0}}"#
+    );
+    let t0 = Instant::now();
+    let (status, answer) = post(
+        &format!("{gateway}/v1/completions"),
+        &body,
+        Duration::from_secs(180),
+    )
+    .expect("the gateway answers");
+    let took = t0.elapsed();
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("\"choices\""), "{answer}");
+    took
+}
+
+/// Scale to zero and back with real processes: local mode at `--min-replicas 0` starts no
+/// replica, the gateway still lists the model (the discovery file's `model` line), and a
+/// request is held by the gateway while the autoscaler, seeing it held, starts a replica; the
+/// answer is a 200. Idle past the (shortened) scale-down window, the pool goes back to no
+/// replica process at all, and a second request wakes it again. The cold-start latencies are
+/// printed, not asserted.
+#[test]
+fn a_pool_at_zero_replicas_wakes_for_a_held_request_and_idles_back_to_zero() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let models = model_dir();
+    let dir = std::env::temp_dir().join(format!("sluice-zero-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("replicas");
+    std::fs::write(&file, "").unwrap();
+    let (gw, gateway) = start_gateway(&dir, &file);
+    let mut scaler = Proc(
+        Command::new(env!("CARGO_BIN_EXE_sluice-autoscaler"))
+            .args(["run", "--local", "--discovery-file"])
+            .arg(&file)
+            .args(["--gateway", &gateway, "--model", MODEL, "--model-dir"])
+            .arg(&models)
+            .args(["--replica-arg=--threads", "--replica-arg=1"])
+            .arg("--log-dir")
+            .arg(dir.join("logs"))
+            .args([
+                "--min-replicas",
+                "0",
+                "--max-replicas",
+                "1",
+                "--tick",
+                "0.5",
+            ])
+            .args([
+                "--window",
+                "4",
+                "--short-window",
+                "2",
+                "--scale-down-window",
+                "6",
+            ])
+            .args(["--panic-window", "2", "--stop-timeout", "30"])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("autoscaler.log")).unwrap())
+            .spawn()
+            .expect("sluice-autoscaler starts"),
+    );
+    let records = collect_records(&mut scaler);
+    let fleet = |key: &str| -> Option<u64> {
+        records
+            .lock()
+            .unwrap()
+            .last()
+            .and_then(|(_, v)| v[key].as_u64())
+    };
+    let log = || std::fs::read_to_string(dir.join("autoscaler.log")).unwrap_or_default();
+    let starts = || log().matches("replica starting").count();
+
+    // At zero: the gateway knows the model, and no replica process exists.
+    wait_for(
+        "the gateway to list the model at zero replicas",
+        Duration::from_secs(30),
+        || get(&format!("{gateway}/v1/models")).filter(|b| b.contains(MODEL)),
+    );
+    wait_for("a few ticks", Duration::from_secs(30), || {
+        (records.lock().unwrap().len() >= 4).then_some(())
+    });
+    assert_eq!((fleet("ready"), fleet("starting")), (Some(0), Some(0)));
+    assert_eq!(starts(), 0, "{}", log());
+
+    // A request at zero: held, a replica started for it, answered.
+    let first = one_request(&gateway);
+    assert_eq!(starts(), 1, "{}", log());
+    eprintln!(
+        "cold start from zero replicas: first answer after {:.2} s",
+        first.as_secs_f64()
+    );
+
+    // Idle: back to no replica process.
+    wait_for("the pool to idle to zero", Duration::from_secs(120), || {
+        let r = records.lock().unwrap();
+        let woke = r.iter().position(|(_, v)| v["ready"] == 1)?;
+        let zero = |v: &Value| {
+            v["desired"] == 0
+                && v["ready"] == 0
+                && v["starting"] == 0
+                && v["draining"] == 0
+                && v["stopping"] == 0
+        };
+        r[woke..].iter().any(|(_, v)| zero(v)).then_some(())
+    });
+    let pids: Vec<i32> = log()
+        .lines()
+        .filter(|l| l.contains("replica starting"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("pid="))
+                .and_then(|p| p.parse().ok())
+        })
+        .collect();
+    assert_eq!(pids.len(), 1);
+    assert!(
+        !Path::new(&format!("/proc/{}", pids[0])).exists(),
+        "the replica process outlived the scale to zero"
+    );
+    let listed = std::fs::read_to_string(&file).unwrap();
+    assert!(listed.contains(&format!("model {MODEL}")), "{listed}");
+    assert!(!listed.contains("http://"), "{listed}");
+
+    // A second request wakes it again.
+    let second = one_request(&gateway);
+    assert_eq!(starts(), 2, "{}", log());
+    eprintln!(
+        "cold start from zero replicas, again: first answer after {:.2} s",
+        second.as_secs_f64()
+    );
+    assert!(!log().contains("replica died"), "{}", log());
+
+    signal(&scaler.0, "TERM");
+    let exit = wait_for("the autoscaler to exit", Duration::from_secs(60), || {
+        scaler.0.try_wait().unwrap()
+    });
+    assert!(exit.success(), "autoscaler exit: {exit}");
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,6 +12,8 @@
 //! - [`sim`]: the discrete-event simulator (gateway queue, routing, replicas, nodes, Spot).
 //! - [`scenario`]: the default scenario and running every policy side by side.
 //! - [`suite`]: seeded synthetic trace families plus the shared traces, every policy over each.
+//! - [`zero`]: scale to zero: the cost a policy saves over idle periods against itself at
+//!   min 1, and its cold starts.
 //! - [`report`], [`plot`]: the table, JSON and SVG.
 //! - [`error`]: the crate's error type.
 
@@ -24,5 +26,6 @@ pub mod scenario;
 pub mod sim;
 pub mod suite;
 pub mod trace;
+pub mod zero;
 
 pub use error::{Error, Result};

@@ -41,6 +41,11 @@ pub struct Scenario {
     /// Buy Spot (every policy: sluice Spot first with on-demand fallback, baselines on Spot).
     pub spot: bool,
     pub max_replicas_per_variant: u32,
+    /// Fewest replicas the scaling policies (sluice, KPA) keep, on the baseline variant: 0
+    /// lets them go to zero over idle periods (HPA keeps one; static peak and the oracle
+    /// follow their own schedules).
+    #[serde(default)]
+    pub min_replicas: u32,
     pub sim: SimConfig,
     /// The variant single-variant baselines scale; `None` picks the cheapest per request at
     /// SLO for the trace's mean shape.
@@ -63,6 +68,7 @@ impl Scenario {
             rate_scale: 4.0,
             spot: false,
             max_replicas_per_variant: 200,
+            min_replicas: 0,
             sim: SimConfig::default(),
             baseline_variant: None,
             goal: 0.99,
@@ -195,10 +201,14 @@ struct Setup<'a> {
 impl<'a> Setup<'a> {
     fn new(scn: &'a Scenario, requests: &[Request]) -> Result<Setup<'a>> {
         let timeline = Arc::new(Timeline::new(requests, TIMELINE_BUCKET_S));
-        let limits = scn.limits();
+        let mut limits = scn.limits();
         let cap_type = scn.capacity_type();
         let mean = mean_shape(requests);
         let (base_variant, base_cap) = scn.baseline_choice(&mean)?;
+        if let Some(l) = limits.iter_mut().find(|l| l.variant == base_variant) {
+            l.min = scn.min_replicas;
+            l.keep_warm = scn.min_replicas;
+        }
         let all = initial_fleet(scn, &limits, &timeline, &|_| true);
         let single = initial_fleet(scn, &limits, &timeline, &|n| n == base_variant);
         Ok(Setup {
@@ -295,6 +305,9 @@ type Built = (Box<dyn Policy + Send>, Vec<u32>);
 fn sluice(s: &Setup<'_>) -> Built {
     let mut cfg = SluiceConfig::new(s.scn.slo, s.limits.clone());
     cfg.planning = s.scn.planning;
+    // The idle period before zero follows the scale-down window, as in local mode and the
+    // controller.
+    cfg.scale_to_zero_after_s = cfg.scale_down_window_s;
     cfg.spot = s.scn.spot;
     (
         Box::new(Sluice::new(s.scn.profile.clone(), cfg)),
@@ -384,6 +397,7 @@ fn kpa(s: &Setup<'_>) -> Built {
         panic_threshold: 2.0,
         scale_to_zero_grace_s: 30.0,
         max_scale_down_rate: 2.0,
+        min: s.scn.min_replicas,
         max: s.scn.max_replicas_per_variant,
         variant: s.base_variant.clone(),
         capacity: s.cap_type,

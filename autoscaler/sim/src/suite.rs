@@ -4,7 +4,8 @@
 //! The families cover what a policy tuned on one trace has not seen: steady Poisson arrivals,
 //! gamma-distributed gaps with shape below one (bursts and lulls), a flash crowd (×10 for two
 //! minutes), a diurnal swing, code-like traffic (long prompts, short outputs), long-output chat,
-//! and a mixture of these. Each is generated from a seed, so the suite is the same every run.
+//! a mixture of these, and sessions separated by long idle gaps (where a pool may go to zero).
+//! Each is generated from a seed, so the suite is the same every run.
 
 use std::path::{Path, PathBuf};
 
@@ -39,10 +40,17 @@ pub enum Family {
     LongOutput,
     /// Conversation Poisson + code-like gamma bursts + a flash crowd of long outputs.
     Mixture,
+    /// Poisson sessions of five minutes separated by twenty idle minutes: what scale to zero
+    /// saves, and what its cold starts cost.
+    IdleGaps,
 }
 
+/// [`Family::IdleGaps`]: a session's length and the idle gap after it, seconds.
+pub const IDLE_SESSION_S: f64 = 300.0;
+pub const IDLE_GAP_S: f64 = 1200.0;
+
 impl Family {
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 8] = [
         Family::Poisson,
         Family::GammaBursts,
         Family::FlashCrowd,
@@ -50,6 +58,7 @@ impl Family {
         Family::CodeLike,
         Family::LongOutput,
         Family::Mixture,
+        Family::IdleGaps,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,6 +70,7 @@ impl Family {
             Family::CodeLike => "code-like",
             Family::LongOutput => "long-output",
             Family::Mixture => "mixture",
+            Family::IdleGaps => "idle-gaps",
         }
     }
 }
@@ -202,6 +212,11 @@ pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Re
             });
             all.extend(with_shape(&mut rng, crowd, LONG_OUTPUT));
             all
+        }
+        Family::IdleGaps => {
+            let on = |t: f64| t % (IDLE_SESSION_S + IDLE_GAP_S) < IDLE_SESSION_S;
+            let t = poisson(&mut rng, d, rate, |t| if on(t) { rate } else { 0.0 });
+            with_shape(&mut rng, t, CONVERSATION)
         }
     };
     out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
@@ -411,5 +426,10 @@ mod tests {
         let long = generate(Family::LongOutput, 1, 1200.0, 10.0);
         assert!(mean(&code, |r| r.prompt_tokens) > 10.0 * mean(&code, |r| r.output_tokens));
         assert!(mean(&long, |r| r.output_tokens) > 2.0 * mean(&long, |r| r.prompt_tokens));
+        // Idle gaps: arrivals only in the sessions, nothing for twenty minutes after each.
+        let idle = generate(Family::IdleGaps, 1, 3600.0, 2.0);
+        assert_eq!(count(&idle, 300.0, 1500.0), 0.0);
+        assert_eq!(count(&idle, 1800.0, 3000.0), 0.0);
+        assert!((count(&idle, 0.0, 300.0) / 600.0 - 1.0).abs() < 0.15);
     }
 }

@@ -8,6 +8,7 @@
 //! - [`source`]: the [`SignalSource`](source::SignalSource) trait the load comes through;
 //!   [`scraped`]: that trait over `crate::scrape` (shared with local mode); [`prometheus`]:
 //!   over a Prometheus HTTP API.
+//! - [`gateway`]: what the routing gateway holds for a pool's model (waking a pool at zero).
 //! - [`allocate`]: the policy's targets spread over the pool's variants, with fallback.
 //! - [`reconcile`]: one pass over one pool (decide, scale, node pools, status, Events).
 //! - [`status`]: conditions and their transition times.
@@ -23,6 +24,7 @@
 pub mod allocate;
 pub mod cli;
 pub mod error;
+pub mod gateway;
 pub mod lease;
 pub mod metrics;
 pub mod observe;

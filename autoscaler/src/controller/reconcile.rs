@@ -26,9 +26,10 @@ use sluice_policy::signals::{Signals, VariantSignals};
 
 use super::allocate::{self, Entry};
 use super::error::{Error, Result};
+use super::gateway::GatewayQueue;
 use super::metrics::Metrics;
 use super::observe::{self, PoolView};
-use super::source::{Query, Reading, SignalSource};
+use super::source::{Load, Query, Reading, SignalSource};
 use super::status::Conditions;
 use crate::crd::{
     Condition, DecisionStatus, NodePoolProviderKind, ServingPool, ServingPoolStatus, VariantSpec,
@@ -71,6 +72,8 @@ pub struct PoolState {
     pending_since: HashMap<String, f64>,
     /// Variant → (avoided until, condition reason).
     unavailable: HashMap<String, (f64, &'static str)>,
+    /// Reads `spec.signals.gatewayUrl`.
+    gateway: GatewayQueue,
 }
 
 /// What a reconcile did, for tests and logs.
@@ -122,7 +125,23 @@ fn build_policy(pool: &ServingPool) -> Result<(Sluice, Profile)> {
         tpot_p99_s: spec.slo.tpot.target_seconds,
     };
     let p = &spec.policy;
+    let mut limits: Vec<VariantLimits> = limits;
+    if spec.scales_to_zero() {
+        // While traffic is recent one replica of the preferred variant stays warm; idle for
+        // the scale-down window, the floor falls to zero.
+        let first = (0..spec.variants.len()).min_by_key(|&i| (spec.variants[i].priority, i));
+        if let Some(l) = first.and_then(|i| {
+            limits
+                .iter_mut()
+                .find(|l| l.variant == spec.variants[i].profile_variant)
+        }) {
+            l.keep_warm = l.keep_warm.max(1);
+        }
+    }
     let mut c = SluiceConfig::new(slo, limits);
+    if spec.scales_to_zero() {
+        c.scale_to_zero_after_s = p.scale_down_stabilisation_seconds;
+    }
     c.spot = spec
         .variants
         .iter()
@@ -146,6 +165,7 @@ impl PoolState {
             profile,
             pending_since: HashMap::new(),
             unavailable: HashMap::new(),
+            gateway: GatewayQueue::default(),
         })
     }
 
@@ -414,6 +434,7 @@ async fn decide(
             now_s,
         })
         .await?;
+    let (reading, held) = with_gateway(state, pool, &obs.view, reading).await;
     Ok(match reading {
         Reading::Stale(why) => Decided {
             desired: obs.view.variants.iter().map(|v| v.replicas).collect(),
@@ -435,7 +456,9 @@ async fn decide(
             );
             let d = state.policy.decide(&signals);
             let entries = entries(pool, state, &obs.view, &d);
-            let a = allocate::allocate(&d, &entries);
+            let mut a = allocate::allocate(&d, &entries);
+            a.notes
+                .extend(wake(&entries, &mut a.desired, held, &pool.spec.model));
             Decided {
                 desired: a.desired,
                 decision: Some(d),
@@ -444,6 +467,71 @@ async fn decide(
             }
         }
     })
+}
+
+/// Every variant's Deployment at zero, none of its pods ready or starting.
+fn at_zero(view: &PoolView) -> bool {
+    view.variants
+        .iter()
+        .all(|v| v.replicas == 0 && v.ready() + v.starting() == 0)
+}
+
+/// The load a pool at zero replicas has: nothing on replicas, over the spec's windows.
+fn idle_load(pool: &ServingPool) -> Load {
+    let mut l = Load::default();
+    l.arrivals.window_s = pool.spec.policy.window_seconds;
+    l.arrivals.short_window_s = pool.spec.policy.short_window_seconds;
+    l
+}
+
+/// The reading with the gateway's queue for the pool's model (`spec.signals.gatewayUrl`)
+/// added to what waits, and the requests the gateway has for it. A pool at zero has no
+/// replica to read, so its sources are stale: with a gateway, its load is the gateway's queue
+/// alone. A gateway that cannot be read makes the reading stale (the pool holds).
+async fn with_gateway(
+    state: &PoolState,
+    pool: &ServingPool,
+    view: &PoolView,
+    reading: Reading,
+) -> (Reading, u64) {
+    let Some(url) = pool.spec.signals.gateway_url.as_deref() else {
+        return (reading, 0);
+    };
+    let q = match state.gateway.read(url, &pool.spec.model).await {
+        Ok(q) => q,
+        Err(e) => {
+            tracing::warn!(pool = %pool.name_any(), gateway = url, error = %e, "gateway metrics");
+            return (Reading::Stale(format!("gateway {url}: {e}")), 0);
+        }
+    };
+    let held = q.total().round() as u64;
+    let reading = match reading {
+        Reading::Stale(_) if at_zero(view) => Reading::Fresh(idle_load(pool)),
+        r => r,
+    };
+    match reading {
+        Reading::Fresh(mut load) => {
+            load.queue.waiting += held;
+            (Reading::Fresh(load), held)
+        }
+        r => (r, held),
+    }
+}
+
+/// A pool whose targets are all zero while the gateway holds requests for its model gets one
+/// replica of its preferred available variant at once, whatever the policy's windows say.
+fn wake(entries: &[Entry], desired: &mut [u32], held: u64, model: &str) -> Option<String> {
+    if held == 0 || desired.iter().any(|&d| d > 0) {
+        return None;
+    }
+    let i = (0..entries.len())
+        .filter(|&i| entries[i].available && entries[i].max > 0)
+        .min_by_key(|&i| (entries[i].priority, i))?;
+    desired[i] = 1;
+    Some(format!(
+        "{held} requests for {model} held in the gateway at zero replicas: one {} replica now",
+        entries[i].name
+    ))
 }
 
 /// Act: each variant's Deployment scaled to its desired replicas, and its node pool sized.
@@ -472,7 +560,12 @@ async fn act(
         if want != current {
             events.push(scale(ctx, obs, v, current, want, &reasons).await?);
         }
-        if v.node_pool.provider == NodePoolProviderKind::None || ctx.dry_run {
+        // A pool gone to zero leaves its GKE node pool to the provider's own scale-down (one
+        // that wakes soon finds the nodes still there); unwanted ProvisioningRequests still go.
+        let leave = want == 0
+            && pool.spec.scales_to_zero()
+            && v.node_pool.provider == NodePoolProviderKind::Gke;
+        if v.node_pool.provider == NodePoolProviderKind::None || ctx.dry_run || leave {
             continue;
         }
         let req = node_request(state, obs, i, v, want)?;

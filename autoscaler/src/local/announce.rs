@@ -1,6 +1,9 @@
 //! Telling a routing gateway which replicas to use: the file its `--discover file://PATH`
 //! source re-reads when the file's modification time or length changes
-//! (`gateway/src/discovery/file.rs`): one URL a line, `#` comments allowed.
+//! (`gateway/src/discovery/file.rs`): one URL a line, `#` comments allowed, then a line
+//! `model NAME` for each model the pool serves. The model lines are written whatever the
+//! replica count, so at zero replicas the gateway still knows the model and holds its requests
+//! (instead of answering 404) while the autoscaler starts a replica.
 //!
 //! Written atomically — a temporary file in the same directory, flushed to disk, renamed over
 //! the old one — so the gateway never reads half a list (a truncated list would make it drop
@@ -17,16 +20,22 @@ use super::LocalError;
 #[derive(Debug)]
 pub struct Announcer {
     path: PathBuf,
+    /// The models the pool serves, one `model NAME` line each.
+    models: Vec<String>,
     generation: u64,
     last: Option<Vec<String>>,
+    /// The last write was [`Announcer::withdraw`]'s.
+    withdrawn: bool,
 }
 
 impl Announcer {
-    pub fn new(path: PathBuf) -> Announcer {
+    pub fn new(path: PathBuf, models: Vec<String>) -> Announcer {
         Announcer {
             path,
+            models,
             generation: 0,
             last: None,
+            withdrawn: false,
         }
     }
 
@@ -39,28 +48,45 @@ impl Announcer {
         self.last.as_deref().unwrap_or(&[])
     }
 
-    /// Writes `urls` (sorted) unless the file already lists exactly them. Returns whether it
-    /// wrote.
+    /// Writes `urls` (sorted) and the model lines unless the file already lists exactly them.
+    /// Returns whether it wrote.
     pub fn announce(&mut self, urls: &[String]) -> Result<bool, LocalError> {
         let mut urls = urls.to_vec();
         urls.sort();
         urls.dedup();
-        if self.last.as_ref() == Some(&urls) {
+        if self.last.as_ref() == Some(&urls) && !self.withdrawn {
             return Ok(false);
         }
+        self.write(&urls, true)?;
+        self.withdrawn = false;
+        Ok(true)
+    }
+
+    /// Empties the file, model lines included: the pool is going away, so the gateway should
+    /// forget its models rather than hold their requests for a replica that will not come.
+    pub fn withdraw(&mut self) -> Result<(), LocalError> {
+        self.write(&[], false)?;
+        self.withdrawn = true;
+        Ok(())
+    }
+
+    fn write(&mut self, urls: &[String], models: bool) -> Result<(), LocalError> {
         self.generation += 1;
         let mut text = format!(
             "# replicas of sluice-autoscaler run --local (pid {}), generation {}\n",
             std::process::id(),
             self.generation
         );
-        for u in &urls {
+        for u in urls {
             text.push_str(u);
             text.push('\n');
         }
+        for m in self.models.iter().filter(|_| models) {
+            text.push_str(&format!("model {m}\n"));
+        }
         write_atomically(&self.path, text.as_bytes())?;
-        self.last = Some(urls);
-        Ok(true)
+        self.last = Some(urls.to_vec());
+        Ok(())
     }
 }
 
@@ -98,7 +124,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sluice-announce-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("replicas");
-        let mut a = Announcer::new(path.clone());
+        let mut a = Announcer::new(path.clone(), Vec::new());
         assert!(a
             .announce(&["http://127.0.0.1:2".into(), "http://127.0.0.1:1".into()])
             .unwrap());
@@ -116,8 +142,36 @@ mod tests {
         assert_eq!(left.len(), 1, "only the file itself");
         std::fs::remove_dir_all(&dir).unwrap();
         // A directory that does not exist: a clear error naming the file.
-        let mut bad = Announcer::new(dir.join("missing/replicas"));
+        let mut bad = Announcer::new(dir.join("missing/replicas"), Vec::new());
         let e = bad.announce(&["http://127.0.0.1:1".into()]).unwrap_err();
         assert!(e.to_string().contains("missing/replicas"), "{e}");
+    }
+
+    #[test]
+    fn model_lines_stay_at_zero_replicas() {
+        let dir = std::env::temp_dir().join(format!("sluice-announce-m-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("replicas");
+        let mut a = Announcer::new(path.clone(), vec!["smollm2-135m-instruct".into()]);
+        a.announce(&["http://127.0.0.1:1".into()]).unwrap();
+        let lines = |p: &Path| -> Vec<String> {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(
+            lines(&path),
+            ["http://127.0.0.1:1", "model smollm2-135m-instruct"]
+        );
+        assert!(a.announce(&[]).unwrap());
+        assert_eq!(lines(&path), ["model smollm2-135m-instruct"]);
+        assert!(a.current().is_empty());
+        // Going away: nothing left, not even the model.
+        a.withdraw().unwrap();
+        assert!(lines(&path).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -81,6 +81,8 @@ pub struct LocalArgs {
     /// TPOT SLO, p99, seconds.
     #[arg(long, env = "SLUICE_AUTOSCALER_TPOT_SLO", default_value_t = 1.2)]
     pub tpot_slo: f64,
+    /// Fewest replicas. 0 (scale to zero) needs --gateway: with no replica, the gateway's held
+    /// requests are the only sign of traffic.
     #[arg(long, env = "SLUICE_AUTOSCALER_MIN_REPLICAS", default_value_t = 1)]
     pub min_replicas: u32,
     #[arg(long, env = "SLUICE_AUTOSCALER_MAX_REPLICAS", default_value_t = 3)]
@@ -107,6 +109,10 @@ pub struct LocalArgs {
         default_value_t = 300.0
     )]
     pub scale_down_window: f64,
+    /// With --min-replicas 0: seconds with no traffic (nothing arriving, running or waiting on
+    /// replicas or in the gateway) before the last replica goes (default: --scale-down-window).
+    #[arg(long, env = "SLUICE_AUTOSCALER_SCALE_TO_ZERO_AFTER")]
+    pub scale_to_zero_after: Option<f64>,
     /// No scale-down for this long after a spike, seconds.
     #[arg(long, env = "SLUICE_AUTOSCALER_PANIC_WINDOW", default_value_t = 60.0)]
     pub panic_window: f64,
@@ -142,6 +148,32 @@ pub fn default_sluice(exe: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("sluice"))
 }
 
+/// The model id the replicas serve, as the gateway and its metrics name it: the replicas'
+/// `--served-model-name` if given, else the registry name, else a path's file stem (as
+/// `sluice serve` names it).
+pub fn served_model(model: &str, replica_args: &[String]) -> String {
+    let mut it = replica_args.iter();
+    while let Some(a) = it.next() {
+        if let Some(v) = a.strip_prefix("--served-model-name=") {
+            return v.to_string();
+        }
+        if a == "--served-model-name" {
+            if let Some(v) = it.next() {
+                return v.clone();
+            }
+        }
+    }
+    let path = Path::new(model);
+    if model.ends_with(".gguf") {
+        path.file_stem()
+    } else if model.contains('/') {
+        path.file_name()
+    } else {
+        None
+    }
+    .map_or_else(|| model.to_string(), |s| s.to_string_lossy().into_owned())
+}
+
 impl LocalArgs {
     pub fn validate(&self) -> Result<LocalConfig, LocalError> {
         let bad = |m: &str| Err(LocalError::Config(m.to_string()));
@@ -153,9 +185,10 @@ impl LocalArgs {
                 "--discovery-file is required: the file the gateway's --discover file:// watches",
             );
         };
-        if self.min_replicas == 0 {
-            // Arrivals are measured at replicas: with none, no traffic could be seen to wake.
-            return bad("--min-replicas must be at least 1 in local mode");
+        if self.min_replicas == 0 && self.gateway.is_none() {
+            // Arrivals are measured at replicas: with none, only the gateway's held requests
+            // show traffic to wake for.
+            return bad("--min-replicas 0 needs --gateway (its held requests wake the pool)");
         }
         if self.max_replicas < self.min_replicas {
             return bad("--max-replicas must be at least --min-replicas");
@@ -176,7 +209,14 @@ impl LocalArgs {
         let ports = Ports::parse(&self.replica_ports)
             .map_err(|m| LocalError::Config(format!("--replica-ports: {m}")))?;
         self.check_gateway()?;
+        let scale_down_window_s =
+            secs("scale-down-window", self.scale_down_window, 0.0)?.as_secs_f64();
+        let scale_to_zero_after_s = match self.scale_to_zero_after {
+            Some(v) => secs("scale-to-zero-after", v, 0.0)?.as_secs_f64(),
+            None => scale_down_window_s,
+        };
         Ok(LocalConfig {
+            served_model: served_model(&self.model, &self.replica_args),
             profile,
             variant,
             slo,
@@ -191,8 +231,8 @@ impl LocalArgs {
             window_s: window,
             short_window_s: short,
             latency_window_s: latency,
-            scale_down_window_s: secs("scale-down-window", self.scale_down_window, 0.0)?
-                .as_secs_f64(),
+            scale_down_window_s,
+            scale_to_zero_after_s,
             panic_window_s: secs("panic-window", self.panic_window, 0.0)?.as_secs_f64(),
             drain_timeout: secs("drain-timeout", self.drain_timeout, 0.0)?,
             listen: self.listen,
@@ -271,6 +311,27 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(args);
         T::try_parse_from(v).unwrap().a.validate()
+    }
+
+    #[test]
+    fn the_served_model_is_what_sluice_serve_calls_it() {
+        assert_eq!(
+            served_model("smollm2-135m-instruct", &[]),
+            "smollm2-135m-instruct"
+        );
+        assert_eq!(served_model("/m/SmolLM2.Q4_1.gguf", &[]), "SmolLM2.Q4_1");
+        assert_eq!(served_model("/models/my-hf-dir", &[]), "my-hf-dir");
+        let named = [
+            "--threads".to_string(),
+            "1".into(),
+            "--served-model-name".into(),
+            "x".into(),
+        ];
+        assert_eq!(served_model("m", &named), "x");
+        assert_eq!(
+            served_model("m", &["--served-model-name=y".to_string()]),
+            "y"
+        );
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub struct TickRecord {
     pub stopping: u32,
     pub waiting: u64,
     pub running: u64,
+    /// Requests the gateway has for the model, waiting for room or held at zero replicas.
+    pub held: u64,
     pub rate: f64,
     pub short_rate: f64,
     pub mode: Mode,
@@ -70,10 +72,14 @@ impl LocalAutoscaler {
             variant: cfg.variant.clone(),
             min: cfg.min_replicas,
             max: cfg.max_replicas,
-            keep_warm: cfg.min_replicas,
+            // With traffic recent, at least one replica even at --min-replicas 0.
+            keep_warm: cfg.min_replicas.max(1),
         }];
         let mut pc = SluiceConfig::new(cfg.slo, limits);
         pc.scale_down_window_s = cfg.scale_down_window_s;
+        if cfg.min_replicas == 0 {
+            pc.scale_to_zero_after_s = cfg.scale_to_zero_after_s;
+        }
         pc.panic_window_s = cfg.panic_window_s;
         let profile = cfg.profile.restrict(std::slice::from_ref(&cfg.variant))?;
         let scraper = Scraper::new(ScrapeConfig {
@@ -86,7 +92,7 @@ impl LocalAutoscaler {
         });
         Ok(LocalAutoscaler {
             sup: Supervisor::new(cfg.replica.clone())?,
-            announcer: Announcer::new(cfg.discovery_file.clone()),
+            announcer: Announcer::new(cfg.discovery_file.clone(), vec![cfg.served_model.clone()]),
             scraper,
             policy: Sluice::new(profile, pc),
             epoch: Instant::now(),
@@ -133,7 +139,7 @@ impl LocalAutoscaler {
             }
         };
         tracing::info!("stopping: emptying the discovery file, then the replicas");
-        let emptied = self.announcer.announce(&[]);
+        let emptied = self.announcer.withdraw();
         // Give the gateway a moment to re-read the file before the replicas refuse work.
         if self.cfg.gateway.is_some() || !self.sup.replicas().is_empty() {
             tokio::time::sleep(self.cfg.tick.min(Duration::from_secs(1))).await;
@@ -144,7 +150,7 @@ impl LocalAutoscaler {
         if let Some(s) = server {
             s.abort();
         }
-        result.and(emptied.map(|_| ()))
+        result.and(emptied)
     }
 
     /// One tick.
@@ -179,18 +185,16 @@ impl LocalAutoscaler {
         let signals = self.signals(&obs);
         let decision = self.policy.decide(&signals);
         let decided = decision.replicas_of(&self.cfg.variant);
-        let active = self.active();
-        let mut want = decided.clamp(self.cfg.min_replicas, self.cfg.max_replicas);
-        if obs.any_stale() && want < active {
-            tracing::info!(want, active, "stale metrics: holding the fleet");
-            want = active;
-        }
+        let (want, woken) = self.want(decided, &obs);
         let reasons = if want != self.desired {
             tracing::info!(from = self.desired, to = want, "scaling");
-            for r in &decision.reasons {
+            let mut reasons: Vec<String> =
+                decision.reasons.iter().map(ToString::to_string).collect();
+            reasons.extend(woken);
+            for r in &reasons {
                 tracing::info!("  {r}");
             }
-            decision.reasons.iter().map(ToString::to_string).collect()
+            reasons
         } else {
             Vec::new()
         };
@@ -204,6 +208,32 @@ impl LocalAutoscaler {
         st.counters.stale_scrapes += rec.stale as u64;
         st.last = Some((Instant::now(), rec.clone()));
         Ok(rec)
+    }
+
+    /// The replica count to aim for: the decision within the limits, held on stale metrics,
+    /// and at zero replicas one at once when the gateway holds requests for the model (not
+    /// waiting for the policy's windows); with the sentence that says so when it woke.
+    fn want(&self, decided: u32, obs: &Observation) -> (u32, Option<String>) {
+        let active = self.active();
+        let mut want = decided.clamp(self.cfg.min_replicas, self.cfg.max_replicas);
+        if obs.any_stale() && want < active {
+            tracing::info!(want, active, "stale metrics: holding the fleet");
+            want = active;
+        }
+        let held = self.held(obs);
+        if active == 0 && want == 0 && held > 0 && self.cfg.max_replicas > 0 {
+            let why = format!(
+                "{held} requests for {} held in the gateway at zero replicas: starting one now",
+                self.cfg.served_model
+            );
+            return (1, Some(why));
+        }
+        (want, None)
+    }
+
+    /// Requests the gateway has for the served model, waiting or held.
+    fn held(&self, obs: &Observation) -> u64 {
+        obs.gateway_queue_of(&self.cfg.served_model).total().round() as u64
     }
 
     /// The shared status the `--listen` endpoint serves.
@@ -400,6 +430,7 @@ impl LocalAutoscaler {
             stopping: self.sup.count(|p| matches!(p, Phase::Stopping { .. })),
             waiting: obs.queue.waiting,
             running: obs.queue.running,
+            held: self.held(obs),
             rate: obs.arrivals.requests_per_s,
             short_rate: obs.arrivals.short_requests_per_s,
             mode: d.mode,
@@ -425,5 +456,66 @@ fn log_event(e: &Event) {
             status,
             killed,
         } => tracing::info!(id, ?url, %status, killed, "replica stopped"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::local::cli::LocalArgs;
+    use crate::scrape::{exposition, Snapshot};
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: LocalArgs,
+    }
+
+    fn gateway_saying(text: &str) -> Observation {
+        let snap = Snapshot::from_samples(&exposition::parse(text).unwrap());
+        let mut scraper = Scraper::new(ScrapeConfig::default());
+        let gw = Endpoint::gateway("http://127.0.0.1:9");
+        scraper.record(&[gw], vec![Ok(snap)], 0.0)
+    }
+
+    /// At zero replicas, a request the gateway holds for the served model starts one replica
+    /// at once (whatever the policy decided); nothing held, or held for another model, leaves
+    /// the pool at zero. Held requests count as waiting for the policy too.
+    #[test]
+    fn held_requests_at_zero_start_one_replica_at_once() {
+        let dir = std::env::temp_dir().join(format!("sluice-wake-{}", std::process::id()));
+        let args = T::try_parse_from([
+            "t",
+            "--local",
+            "--discovery-file",
+            dir.join("replicas").to_str().unwrap(),
+            "--log-dir",
+            dir.join("logs").to_str().unwrap(),
+            "--gateway",
+            "http://127.0.0.1:9",
+            "--min-replicas",
+            "0",
+        ])
+        .unwrap();
+        let cfg = args.a.validate().unwrap();
+        assert_eq!(cfg.served_model, "smollm2-135m-instruct");
+        assert_eq!(cfg.scale_to_zero_after_s, cfg.scale_down_window_s);
+        let a = LocalAutoscaler::new(cfg).unwrap();
+        let held = gateway_saying("sluice_gateway_queue_held{model=\"smollm2-135m-instruct\"} 1\n");
+        let (want, why) = a.want(0, &held);
+        assert_eq!(want, 1);
+        assert!(why.unwrap().contains("held"));
+        assert_eq!(held.queue.waiting, 1, "the policy sees it waiting");
+        let queued = gateway_saying(
+            "sluice_gateway_queue_depth{model=\"smollm2-135m-instruct\",priority=\"0\"} 2\n",
+        );
+        assert_eq!(a.want(0, &queued).0, 1);
+        let other = gateway_saying("sluice_gateway_queue_held{model=\"other\"} 3\n");
+        assert_eq!(a.want(0, &other), (0, None));
+        let idle = gateway_saying("sluice_gateway_queue_held{model=\"smollm2-135m-instruct\"} 0\n");
+        assert_eq!(a.want(0, &idle), (0, None));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -45,8 +45,13 @@ pub struct LocalConfig {
     pub variant: String,
     pub slo: Slo,
     pub replica: ReplicaCommand,
+    /// 0: the pool goes to no replica after `scale_to_zero_after_s` without traffic, and the
+    /// gateway's held requests start one again.
     pub min_replicas: u32,
     pub max_replicas: u32,
+    /// The model id the replicas serve (the gateway's `model` label, the announce file's
+    /// `model` line).
+    pub served_model: String,
     pub discovery_file: PathBuf,
     /// A routing gateway to scrape: its admission queue counts as waiting, and its replica
     /// set says when a draining replica is no longer routed to.
@@ -59,6 +64,8 @@ pub struct LocalConfig {
     pub short_window_s: f64,
     pub latency_window_s: f64,
     pub scale_down_window_s: f64,
+    /// With `min_replicas` 0: idle this long, the pool goes to zero.
+    pub scale_to_zero_after_s: f64,
     pub panic_window_s: f64,
     /// Longest wait for a draining replica to go idle before SIGTERM (which drains it too).
     pub drain_timeout: Duration,

@@ -187,6 +187,7 @@ mod tests {
             stopping: 0,
             waiting: 7,
             running: 4,
+            held: 0,
             rate: 2.5,
             short_rate: 4.0,
             mode: Mode::Panic,

@@ -31,7 +31,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-pub use snapshot::{normalise_url, Histogram, Snapshot};
+pub use snapshot::{normalise_url, Histogram, ModelQueue, Snapshot};
 use window::{History, Increase};
 
 use sluice_policy::profile::CapacityType;
@@ -178,9 +178,17 @@ pub struct Observation {
     /// exports `sluice_gateway_replica_eligible` per replica in its set); `None` without a
     /// fresh gateway scrape.
     pub routed: Option<BTreeSet<String>>,
+    /// What the gateways (fresh or not: their last figures) have waiting per model, held
+    /// requests of a pool at zero included.
+    pub gateway_models: BTreeMap<String, ModelQueue>,
 }
 
 impl Observation {
+    /// What the gateways have waiting or held for `model`.
+    pub fn gateway_queue_of(&self, model: &str) -> ModelQueue {
+        self.gateway_models.get(model).copied().unwrap_or_default()
+    }
+
     /// Whether any target's metrics are stale this tick (then no scale-down).
     pub fn any_stale(&self) -> bool {
         self.targets.iter().any(TargetStatus::is_stale)
@@ -334,6 +342,7 @@ impl Scraper {
         let c = &self.config;
         let (arrivals, latency, per_variant) = self.windows(now, started);
         let (queue, mut variants, routed) = current_load(&statuses);
+        let gateway_models = gateway_models(&statuses);
         for (key, v) in variants.iter_mut() {
             if let Some(l) = per_variant.get(key) {
                 v.ttft_p99_s = l.ttft.quantile(c.ttft_quantile);
@@ -348,6 +357,7 @@ impl Scraper {
             latency,
             variants,
             routed,
+            gateway_models,
         }
     }
 
@@ -412,7 +422,15 @@ fn current_load(
         match t.role {
             Role::Gateway => {
                 if let Some(s) = &st.last {
-                    queue.waiting += s.gateway_queue.unwrap_or(0.0).max(0.0).round() as u64;
+                    // Held requests (no replica of their model ready) the depth leaves out.
+                    let held: f64 = s
+                        .gateway_models
+                        .iter()
+                        .flat_map(|m| m.values())
+                        .map(ModelQueue::held_beyond_depth)
+                        .sum();
+                    queue.waiting +=
+                        (s.gateway_queue.unwrap_or(0.0).max(0.0) + held).round() as u64;
                     // A fresh gateway without replica series routes to none.
                     if !st.is_stale() {
                         routed
@@ -453,6 +471,20 @@ fn current_load(
         }
     }
     (queue, variants, routed)
+}
+
+/// The gateways' queues per model, summed over gateway targets (a stale one's last figures).
+fn gateway_models(statuses: &[TargetStatus]) -> BTreeMap<String, ModelQueue> {
+    let mut out: BTreeMap<String, ModelQueue> = BTreeMap::new();
+    for st in statuses.iter().filter(|s| s.target.role == Role::Gateway) {
+        let Some(models) = st.last.as_ref().and_then(|s| s.gateway_models.as_ref()) else {
+            continue;
+        };
+        for (m, q) in models {
+            out.entry(m.clone()).or_default().add(q);
+        }
+    }
+    out
 }
 
 /// An error and its causes on one line.

@@ -139,6 +139,37 @@ fn order_key(le: f64) -> u64 {
     }
 }
 
+/// What a routing gateway holds for one model.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ModelQueue {
+    /// Waiting for a replica with room (`sluice_gateway_queue_depth{model}`, all priorities).
+    pub waiting: f64,
+    /// Held because no ready replica serves the model at all (`sluice_gateway_queue_held`):
+    /// what wakes a pool at zero.
+    pub held: f64,
+    /// The oldest of them, seconds.
+    pub oldest_wait_s: f64,
+}
+
+impl ModelQueue {
+    /// Requests the gateway has for the model, waiting or held. sluice's gateway counts held
+    /// requests in the depth too; the larger of the two also covers one that does not.
+    pub fn total(&self) -> f64 {
+        self.waiting.max(self.held).max(0.0)
+    }
+
+    /// Held requests the depth does not count.
+    pub fn held_beyond_depth(&self) -> f64 {
+        (self.held - self.waiting.max(0.0)).max(0.0)
+    }
+
+    pub fn add(&mut self, o: &ModelQueue) {
+        self.waiting += o.waiting;
+        self.held += o.held;
+        self.oldest_wait_s = self.oldest_wait_s.max(o.oldest_wait_s);
+    }
+}
+
 /// What one scrape of one target said. `None`: the target does not export that series.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
@@ -161,6 +192,9 @@ pub struct Snapshot {
     pub prompt_len: Option<Histogram>,
     /// A routing gateway's admission queue (`sluice_gateway_queue_depth`, all priorities).
     pub gateway_queue: Option<f64>,
+    /// A routing gateway's queue per model (`sluice_gateway_queue_*{model}`): what a pool of
+    /// that model has waiting in the gateway, held at zero replicas included.
+    pub gateway_models: Option<BTreeMap<String, ModelQueue>>,
     /// A routing gateway's replica set: the `replica` labels of
     /// `sluice_gateway_replica_eligible` (the gateway drops a replica's series when it leaves
     /// the set), with whether each is eligible now.
@@ -190,7 +224,23 @@ impl Snapshot {
                 vllm::PROMPT_TOKENS_TOTAL => add(&mut s.prompt_tokens, v),
                 vllm::GENERATION_TOKENS_TOTAL => add(&mut s.generation_tokens, v),
                 vllm::NUM_PREEMPTIONS_TOTAL => add(&mut s.preemptions, v),
-                gateway::QUEUE_DEPTH => add(&mut s.gateway_queue, v),
+                gateway::QUEUE_DEPTH => {
+                    add(&mut s.gateway_queue, v);
+                    if let Some(m) = x.label(gateway::MODEL) {
+                        s.model_queue(m).waiting += v;
+                    }
+                }
+                gateway::QUEUE_HELD => {
+                    if let Some(m) = x.label(gateway::MODEL) {
+                        s.model_queue(m).held += v;
+                    }
+                }
+                gateway::QUEUE_OLDEST_WAIT_SECONDS => {
+                    if let Some(m) = x.label(gateway::MODEL) {
+                        let q = s.model_queue(m);
+                        q.oldest_wait_s = q.oldest_wait_s.max(v);
+                    }
+                }
                 gateway::REPLICA_ELIGIBLE => {
                     if let Some(r) = x.label(gateway::REPLICA) {
                         s.gateway_replicas
@@ -227,6 +277,22 @@ impl Snapshot {
         s.tpot = take(vllm::TPOT_HISTOGRAMS);
         s.prompt_len = take(&[vllm::REQUEST_PROMPT_TOKENS]);
         s
+    }
+
+    fn model_queue(&mut self, model: &str) -> &mut ModelQueue {
+        self.gateway_models
+            .get_or_insert_with(BTreeMap::new)
+            .entry(model.to_string())
+            .or_default()
+    }
+
+    /// What the gateway has waiting for `model` (zero when it exports nothing for it).
+    pub fn model_queue_of(&self, model: &str) -> ModelQueue {
+        self.gateway_models
+            .as_ref()
+            .and_then(|m| m.get(model))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Requests waiting on a replica: in its engine's queue, and in its own admission queue
@@ -377,5 +443,39 @@ sluice_gateway_replica_eligible{replica="http://127.0.0.1:9002"} 0
         assert_eq!(g.get("http://127.0.0.1:9002"), Some(&false));
         assert_eq!(s.in_system(), 12.0, "4 running, 3 waiting, 5 in admission");
         assert_eq!(Snapshot::default().in_system(), 0.0);
+    }
+
+    #[test]
+    fn the_gateway_queue_is_read_per_model_held_requests_included() {
+        let text = r#"
+sluice_gateway_queue_depth{model="a",priority="0"} 3
+sluice_gateway_queue_depth{model="a",priority="-1"} 1
+sluice_gateway_queue_depth{model="b",priority="0"} 0
+sluice_gateway_queue_held{model="a"} 0
+sluice_gateway_queue_held{model="b"} 2
+sluice_gateway_queue_oldest_wait_seconds{model="b"} 4.5
+"#;
+        let s = Snapshot::from_samples(&parse(text).unwrap());
+        let a = s.model_queue_of("a");
+        assert_eq!((a.waiting, a.held, a.total()), (4.0, 0.0, 4.0));
+        let b = s.model_queue_of("b");
+        assert_eq!((b.waiting, b.held, b.oldest_wait_s), (0.0, 2.0, 4.5));
+        assert_eq!(s.model_queue_of("c"), ModelQueue::default());
+        // sluice's gateway counts held requests in the depth as well: not twice.
+        let both = Snapshot::from_samples(
+            &parse(
+                "sluice_gateway_queue_depth{model=\"a\",priority=\"0\"} 2\n\
+                 sluice_gateway_queue_held{model=\"a\"} 2\n",
+            )
+            .unwrap(),
+        );
+        assert_eq!(both.model_queue_of("a").total(), 2.0);
+        assert_eq!(both.model_queue_of("a").held_beyond_depth(), 0.0);
+        assert_eq!(s.gateway_queue, Some(4.0), "the depth over every model");
+        // Nothing per model from a gateway without the model label.
+        let old = Snapshot::from_samples(
+            &parse("sluice_gateway_queue_depth{priority=\"0\"} 3\n").unwrap(),
+        );
+        assert_eq!((old.gateway_queue, old.gateway_models), (Some(3.0), None));
     }
 }

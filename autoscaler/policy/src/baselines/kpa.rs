@@ -28,6 +28,9 @@ pub struct KpaConfig {
     pub scale_to_zero_grace_s: f64,
     /// At most this factor down per decision (Knative's `max-scale-down-rate`, 2).
     pub max_scale_down_rate: f64,
+    /// Never fewer replicas (Knative's `min-scale`; 0 lets it scale to zero).
+    #[serde(default)]
+    pub min: u32,
     pub max: u32,
     pub variant: String,
     pub capacity: CapacityType,
@@ -109,9 +112,15 @@ impl Policy for Kpa {
         if t - self.last_traffic_s < c.scale_to_zero_grace_s && in_flight > 0.0 {
             n = n.max(1);
         }
-        n = n
-            .max((f64::from(spec) / c.max_scale_down_rate).ceil() as u32)
-            .min(c.max);
+        // The scale-down rate never keeps the last replica: going to zero is the grace
+        // period's to decide (idle that long, nothing in flight).
+        let idle = t - self.last_traffic_s >= c.scale_to_zero_grace_s && in_flight == 0.0;
+        let rate_floor = if idle && spec <= 1 {
+            0
+        } else {
+            (f64::from(spec) / c.max_scale_down_rate).ceil() as u32
+        };
+        n = n.max(rate_floor).max(c.min).min(c.max);
         let mode = if panic { Mode::Panic } else { Mode::Stable };
         let mut d = super::single(t, &s.model, &self.profile, &c.variant, c.capacity, n, mode);
         d.reason(
@@ -160,6 +169,7 @@ mod tests {
                 panic_threshold: 2.0,
                 scale_to_zero_grace_s: 30.0,
                 max_scale_down_rate: 2.0,
+                min: 0,
                 max: 100,
                 variant: "nvidia-l4".into(),
                 capacity: CapacityType::OnDemand,

@@ -104,6 +104,8 @@ pub struct Run {
     pub scale_events: usize,
     pub replicas_started: usize,
     pub spot_preemptions: usize,
+    /// Requests that arrived with no replica ready: they wait for a cold start.
+    pub cold_arrivals: usize,
     pub end_s: f64,
     pub samples: Vec<Sample>,
     pub variants: Vec<String>,
@@ -154,6 +156,8 @@ struct Sim<'a> {
     progress: Vec<Progress>,
     /// Requests finished, refused or cut.
     settled: usize,
+    /// Requests that arrived with no replica ready.
+    cold: usize,
     /// Routing weight per pool key: the variant's planned batch for the current request shape.
     weights: Vec<f64>,
     slo: Slo,
@@ -387,6 +391,7 @@ impl<'a> Sim<'a> {
             spot_preemptions: 0,
             progress: Vec::new(),
             settled: 0,
+            cold: 0,
             weights: vec![1.0; keys],
             slo: *slo,
             planning: *planning,
@@ -411,6 +416,14 @@ impl<'a> Sim<'a> {
         let r = &self.requests[next];
         let now = r.arrival_s;
         self.observer.on_arrival(now, r);
+        let fleet = &self.fleet;
+        if !self
+            .active
+            .iter()
+            .any(|&id| fleet.replicas[id].phase == Phase::Ready)
+        {
+            self.cold += 1;
+        }
         if fit.holds(r) {
             self.gateway.push(next as u32);
         } else {
@@ -536,6 +549,7 @@ pub fn run(
         gpu_hours: sim.fleet.billing.gpu_hours,
         scale_events: tally.scale_events,
         spot_preemptions: sim.spot_preemptions,
+        cold_arrivals: sim.cold,
         end_s,
         samples: tally.samples,
         variants: sim.variants,

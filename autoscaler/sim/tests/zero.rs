@@ -1,0 +1,54 @@
+//! Scale to zero in the simulator: on sessions separated by long idle gaps, sluice and KPA at
+//! min 0 go to zero between sessions, and sluice costs less than at min 1 (KPA's panic on the
+//! backlog a cold start leaves buys more than the idle gap saved); the requests that arrive at
+//! zero wait for a cold start (at least the variant's start-up), which their TTFT counts.
+
+use sluice_policy::profile::Profile;
+use sluice_sim::scenario::Scenario;
+use sluice_sim::suite::{self, Family};
+use sluice_sim::zero;
+
+#[test]
+fn going_to_zero_saves_over_idle_gaps_and_pays_a_cold_start() {
+    let profile = Profile::load("llama-3-8b")
+        .unwrap()
+        .restrict(&["nvidia-l4".into(), "nvidia-h100-80gb".into()])
+        .unwrap();
+    let startup = profile
+        .variants
+        .iter()
+        .map(|v| v.startup_s(true))
+        .fold(f64::INFINITY, f64::min);
+    let scn = Scenario::default_for(profile);
+    // Two five-minute sessions at 2 req/s with twenty idle minutes between them.
+    let requests = suite::generate(Family::IdleGaps, 5, 2000.0, 2.0);
+    let rows = zero::compare(&scn, &requests, &["sluice".into(), "kpa".into()]).unwrap();
+    println!("{}", zero::table(&rows));
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert_eq!(r.idle_periods, 1, "{}", r.policy);
+        assert!(r.idle_s >= 1100.0, "{}: {}", r.policy, r.idle_s);
+        assert!(
+            r.policy != "sluice" || r.saved_usd > 0.0,
+            "{}: ${:.2} at min 0, ${:.2} at min 1",
+            r.policy,
+            r.cost_usd,
+            r.cost_min_one_usd
+        );
+        assert!(
+            r.cold_arrivals > 0,
+            "{}: no request found the pool at zero",
+            r.policy
+        );
+        let wake = r.wake_ttft_s.expect("an idle period");
+        assert!(wake >= startup, "{}: woke in {wake:.0} s", r.policy);
+        // The cold start is counted against the SLO: fewer requests meet it at min 0.
+        assert!(
+            r.slo_attainment < r.slo_attainment_min_one,
+            "{}: {} vs {}",
+            r.policy,
+            r.slo_attainment,
+            r.slo_attainment_min_one
+        );
+    }
+}
