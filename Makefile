@@ -82,9 +82,10 @@ check-gpu:
 
 ## The same script on this machine's CPU, tiny shapes (a few minutes): tests it without a GPU.
 check-gpu-dry:
-	$(CARGO) build -p sluice-models --example gpucheck --example synth
+	$(CARGO) build -p sluice-models --example gpucheck --example synth -p sluice-gateway --bin sluice
 	rm -rf target/gpu-carry-dry && mkdir -p target/gpu-carry-dry/bin target/gpu-carry-dry/models
-	cp target/debug/examples/gpucheck target/debug/examples/synth target/gpu-carry-dry/bin/
+	cp target/debug/examples/gpucheck target/debug/examples/synth target/debug/sluice \
+	  target/gpu-carry-dry/bin/
 	target/debug/examples/synth --truncate-from $${SLUICE_MODEL_DIR:-models/cache}/SmolLM2-135M-Instruct.Q4_1.gguf \
 	  --layers 4 --out target/gpu-carry-dry/models/smollm2-4l.gguf
 	SLUICE_GPU_DRY=1 SLUICE_GPU_DEVICE=cpu SLUICE_GPU_BACKEND=kernels \

@@ -10,10 +10,10 @@
 # lib64/stubs/libcuda.so is. The binary is linked against it and never runs with it: on a GPU
 # node the real libcuda.so.1 comes from the driver.
 #
-# It also assembles target/gpu-carry, what `make check-gpu` runs on a GPU machine without Rust:
-# the `gpucheck` and `synth` examples built in release with `--features cuda`, stripped and
-# gzipped, and the
-# default model cut to its embeddings and first 4 layers (under 64 MiB in all).
+# It builds in release (one nvcc pass over candle's kernels serves all three binaries) and
+# assembles target/gpu-carry, what `make check-gpu` runs on a GPU machine without Rust: `sluice`
+# and the `gpucheck` and `synth` examples built with `--features cuda`, stripped and xz'd,
+# and the default model cut to its embeddings and first 4 layers (under 64 MiB in all).
 #
 # Not in CI: building candle with nvcc from scratch takes far longer than CI's budget on two
 # cores. Output goes to target/cuda (its own target dir, so the CPU builds are left alone).
@@ -34,6 +34,10 @@ CUDA_PKGS=(
   nvidia-cublas==13.0.2.14
   nvidia-curand==10.4.0.35
 )
+# candle's quantized matmul kernels are linked as machine code for this one capability (no PTX
+# to fall back on), so the binaries run on GPUs of exactly this capability: 89 for an L4, 90
+# for an H100 or H200 (`CUDA_COMPUTE_CAP=90 make check-cuda`). Changing it rebuilds candle's
+# kernels (most of this script's time).
 CAP="${CUDA_COMPUTE_CAP:-89}"
 venv="$root/target/cuda-venv"
 stamp="$venv/.packages"
@@ -74,29 +78,26 @@ export CUDA_HOME="$tk" CUDA_PATH="$tk" NVCC="$tk/bin/nvcc" CUDA_COMPUTE_CAP="$CA
 export PATH="$tk/bin:$PATH"
 export CARGO_TARGET_DIR="$root/target/cuda"
 "$NVCC" --version | tail -n 2
-echo "check-cuda: cargo build -p sluice-gateway --bin sluice --features cuda (compute capability $CAP)"
+echo "check-cuda: cargo build --release: sluice, and the gpucheck and synth examples, with cuda" \
+  "(compute capability $CAP)"
 start=$SECONDS
-cargo build --locked -p sluice-gateway --bin sluice --features cuda
-bin="$CARGO_TARGET_DIR/debug/sluice"
-echo "check-cuda: built $bin in $((SECONDS - start)) s; it links:"
-LD_LIBRARY_PATH="$tk/lib:$tk/lib/stubs" ldd "$bin" | grep -E 'cuda|cublas|curand|nvrtc|cudart'
-# The CUDA build parses and validates flags like the CPU one (no GPU is opened for this).
-LD_LIBRARY_PATH="$tk/lib:$tk/lib/stubs" "$bin" serve --check-config --model smollm2-135m-instruct
-
-echo "check-cuda: cargo build --release -p sluice-models --features cuda --example gpucheck --example synth"
-cargo build --locked --release -p sluice-models --features cuda --example gpucheck --example synth
+cargo build --locked --release -p sluice-gateway --bin sluice --features sluice-gateway/cuda \
+  -p sluice-models --example gpucheck --example synth --features sluice-models/cuda
+echo "check-cuda: built in $((SECONDS - start)) s"
 carry="$root/target/gpu-carry"
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/models"
-# Stripped and gzipped (candle's embedded PTX compresses well): check-gpu.sh unpacks them.
-for b in gpucheck synth; do
-  strip -o "$carry/bin/$b" "$CARGO_TARGET_DIR/release/examples/$b"
-  gzip -9 "$carry/bin/$b"
+echo "$CAP" >"$carry/compute_cap"
+# Stripped and xz-compressed (half gzip's size on candle's embedded PTX; the three binaries
+# and the model must fit in a device run's 64 MiB): check-gpu.sh unpacks them.
+for b in examples/gpucheck examples/synth sluice; do
+  strip -o "$carry/bin/${b#examples/}" "$CARGO_TARGET_DIR/release/$b"
+  xz -9e -T0 "$carry/bin/${b#examples/}"
 done
 # The truncated model is written by a CPU build of synth (same code, no CUDA needed to run).
-unset CUDA_HOME CUDA_PATH NVCC CUDA_COMPUTE_CAP CARGO_TARGET_DIR
 model_dir="${SLUICE_MODEL_DIR:-$root/models/cache}"
-cargo run --locked -q -p sluice-models --example synth -- \
+env -u CUDA_HOME -u CUDA_PATH -u NVCC -u CUDA_COMPUTE_CAP -u CARGO_TARGET_DIR \
+  cargo run --locked -q -p sluice-models --example synth -- \
   --truncate-from "$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf" --layers 4 \
   --out "$carry/models/smollm2-4l.gguf"
 size=$(du -sb "$carry" | cut -f1)
@@ -105,4 +106,12 @@ if [ "$size" -gt $((64 << 20)) ]; then
   echo "error: $carry is $((size >> 20)) MiB, over the 64 MiB a device run carries" >&2
   exit 1
 fi
+
+bin="$CARGO_TARGET_DIR/release/sluice"
+echo "check-cuda: $bin links:"
+LD_LIBRARY_PATH="$tk/lib:$tk/lib/stubs" ldd "$bin" | grep -E 'cuda|cublas|curand|nvrtc|cudart'
+# The CUDA build parses and validates flags like the CPU one (no GPU is opened for this).
+LD_LIBRARY_PATH="$tk/lib:$tk/lib/stubs" "$bin" serve --check-config --model smollm2-135m-instruct \
+  --device cuda:0 >/dev/null
+
 echo "check-cuda: ok ($carry: $((size >> 20)) MiB; on the GPU machine: make check-gpu)"
