@@ -17,7 +17,7 @@ use crate::block_manager::BlockManager;
 use crate::config::{EngineConfig, Resolved};
 use crate::constraint::{ChoiceMatcher, Constraint, Grammar, GrammarError, Mask, Vocabulary};
 use crate::error::{EngineError, SubmitError};
-use crate::event::{Event, Finish, FinishReason, MatchedStop, Usage};
+use crate::event::{Event, Finish, FinishReason, MatchedStop, Stage, Usage};
 use crate::metrics::EngineMetrics;
 use crate::request::{Limits, Request};
 use crate::sampler::sample;
@@ -450,8 +450,9 @@ impl Core {
             (true, Some(_)) => (Vec::new(), all_eos),
         };
         self.next_arrival += 1;
+        let resume = sub.request.resume;
         let info = Arc::new(RequestInfo {
-            params: sub.request.sampling.clone(),
+            params: sub.request.sampling,
             max_tokens: sub.max_tokens,
             priority: sub.request.priority,
             prompt_len: sub.request.prompt.len(),
@@ -460,8 +461,17 @@ impl Core {
             events: sub.events,
             eos,
             grammar_eos,
+            deadline: sub.request.deadline,
+            choice_base: resume.as_ref().map_or(0, |r| r.choice),
         });
-        let seq = Seq::new(info, 0, sub.request.prompt);
+        let mut seq = Seq::new(info, 0, sub.request.prompt);
+        if let Some(r) = resume {
+            if let Some(end) = seq.replay(self.model.tokenizer(), &r.output) {
+                // The output already ended the choice (its finish was lost on the way).
+                self.finish(seq, end.reason, end.matched);
+                return;
+            }
+        }
         self.sched.enqueue(seq);
     }
 
@@ -469,6 +479,7 @@ impl Core {
     fn step(&mut self) {
         let started = Instant::now();
         self.reap_aborted();
+        self.reap_expired(started);
         if self.sched.is_idle() {
             self.publish_load();
             return;
@@ -809,6 +820,42 @@ impl Core {
         for k in gone {
             let seq = self.sched.waiting.remove(&k).expect("key just listed");
             self.finish(seq, FinishReason::Abort, None);
+        }
+    }
+
+    /// Stops every sequence whose deadline has passed, freeing its blocks: a running one in
+    /// prefill (no token sampled yet) or decode, a waiting one in the queue.
+    fn reap_expired(&mut self, now: Instant) {
+        let expired = |s: &Seq| s.req.deadline.is_some_and(|d| now >= d);
+        let mut i = 0;
+        while i < self.sched.running.len() {
+            if expired(&self.sched.running[i]) {
+                let seq = self.sched.finish_running(i);
+                let stage = match seq.timing.first_token {
+                    None => Stage::Prefill,
+                    Some(_) => Stage::Decode,
+                };
+                self.finish(seq, FinishReason::Deadline(stage), None);
+            } else {
+                i += 1;
+            }
+        }
+        let gone: Vec<_> = self
+            .sched
+            .waiting
+            .iter()
+            .filter(|(_, s)| expired(s))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in gone {
+            let seq = self.sched.waiting.remove(&k).expect("key just listed");
+            // A preempted sequence had been scheduled: its stage is where it had got to.
+            let stage = match (seq.timing.first_scheduled, seq.timing.first_token) {
+                (None, _) => Stage::Queue,
+                (Some(_), None) => Stage::Prefill,
+                (Some(_), Some(_)) => Stage::Decode,
+            };
+            self.finish(seq, FinishReason::Deadline(stage), None);
         }
     }
 
