@@ -55,6 +55,10 @@ pub enum ApiError {
     /// Replicas failed or could not be reached.
     #[error("{0}")]
     BadGateway(String),
+    /// The request's own deadline (`X-Sluice-Deadline-Ms` or the tenant's default) passed;
+    /// `stage` is `queue`, `prefill` or `decode`.
+    #[error("The request's deadline passed in the {stage} stage")]
+    DeadlineExceeded { stage: &'static str },
 }
 
 impl ApiError {
@@ -79,6 +83,7 @@ impl ApiError {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            Self::DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
@@ -98,6 +103,7 @@ impl ApiError {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::BodyTimeout(_) => "body_timeout",
             Self::BadGateway(_) => "upstream_failed",
+            Self::DeadlineExceeded { .. } => "deadline_exceeded",
         }
     }
 
@@ -127,6 +133,9 @@ impl ApiError {
             Self::Timeout(_) => ("timeout", None, None),
             Self::Internal => ("internal_error", None, None),
             Self::BadGateway(_) => ("upstream_error", None, None),
+            Self::DeadlineExceeded { .. } => {
+                ("timeout_error", None, Some("deadline_exceeded".into()))
+            }
             Self::RouteNotFound | Self::MethodNotAllowed | Self::BodyTimeout(_) => {
                 ("invalid_request_error", None, None)
             }

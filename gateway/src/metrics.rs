@@ -22,6 +22,7 @@ pub struct GatewayMetrics {
     pub in_flight: IntGaugeVec,
     pub ttft: HistogramVec,
     pub e2e: HistogramVec,
+    pub deadline_exceeded: IntCounterVec,
     pub router: RouterMetrics,
 }
 
@@ -79,6 +80,14 @@ impl GatewayMetrics {
             .buckets(LATENCY_BUCKETS.to_vec()),
             &["route"],
         )?;
+        let deadline_exceeded = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_deadline_exceeded_total",
+                "Requests whose deadline passed, by stage (queue, prefill, decode).",
+            ),
+            &["stage"],
+        )?;
+        registry.register(Box::new(deadline_exceeded.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(rejections.clone()))?;
         registry.register(Box::new(queue_depth.clone()))?;
@@ -95,6 +104,7 @@ impl GatewayMetrics {
             in_flight,
             ttft,
             e2e,
+            deadline_exceeded,
         })
     }
 }
