@@ -191,7 +191,7 @@ async fn stream(url: String, i: usize, started: Arc<Mutex<usize>>) -> (String, S
     while let Some(frame) = body.frame().await {
         let data = frame.expect("the gateway never cuts a stream").into_data().unwrap();
         text.push_str(std::str::from_utf8(&data).unwrap());
-        if !counted && text.contains("\"content\":\"") && text.matches("data: ").count() > 2 {
+        if !counted && text.matches("data: ").count() > 12 {
             *started.lock().unwrap() += 1;
             counted = true;
         }

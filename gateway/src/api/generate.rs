@@ -682,6 +682,7 @@ impl<R: Render> Streaming<R> {
 /// `[DONE]`.
 pub fn stream<R: Render>(g: Generation<R>) -> Response {
     let choices = Choices::new(g.streams, g.n, g.deadline);
+    let token_ids = g.render.head().token_ids;
     let opening = match g.render.head().resumed {
         false => g.render.opening(choices.total),
         true => None,
@@ -697,7 +698,13 @@ pub fn stream<R: Render>(g: Generation<R>) -> Response {
     let body = stream::iter(opening)
         .chain(rest)
         .map(Ok::<_, std::convert::Infallible>);
-    sse::response(Body::from_stream(body))
+    let mut resp = sse::response(Body::from_stream(body));
+    if token_ids {
+        // Says the chunks carry token ids: the gateway may resume this stream elsewhere.
+        let (name, value) = super::resume::token_ids_header();
+        resp.headers_mut().insert(name, value);
+    }
+    resp
 }
 
 /// Seconds since the Unix epoch, for `created`.

@@ -21,7 +21,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use super::internal::remaining_header;
+use super::internal::{remaining_header, X_SLUICE_TOKEN_IDS};
 use super::resume::{self, Over, Resumption};
 use super::scope::RequestScope;
 use super::sse;
@@ -125,6 +125,14 @@ pub async fn forward(
     Ok((routed, resumption))
 }
 
+/// The replica answered with token ids (a replica that does not know the extension, or
+/// another server, answers without them and its streams cannot be resumed).
+fn sends_ids(headers: &HeaderMap) -> bool {
+    headers
+        .get(&X_SLUICE_TOKEN_IDS)
+        .is_some_and(|v| v.as_bytes() == b"1")
+}
+
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -189,7 +197,7 @@ pub fn pass(
     let mut resp = Response::builder().status(head.status);
     for (k, v) in &head.headers {
         // An SSE stream may gain an error event, so its length is not the replica's.
-        if hop_by_hop(k) || (sse && k == header::CONTENT_LENGTH) {
+        if hop_by_hop(k) || (sse && k == header::CONTENT_LENGTH) || *k == X_SLUICE_TOKEN_IDS {
             continue;
         }
         resp = resp.header(k, v);
@@ -210,8 +218,9 @@ pub fn pass(
         guard: routed.guard,
         status: head.status.as_u16(),
         metrics: s.metrics.router.clone(),
-        // Only a successful stream is resumed; an error answer passes on as it is.
-        resume: resume.filter(|_| sse && head.status.is_success()),
+        // Only a successful stream from a replica that sends token ids is resumed; anything
+        // else passes on as it is.
+        resume: resume.filter(|_| sse && head.status.is_success() && sends_ids(&head.headers)),
         done: false,
     };
     let body = stream::unfold(state, |mut p| async move { p.next().await.map(|b| (b, p)) });
