@@ -407,7 +407,10 @@ impl Resume {
             return Err(in_vocab(Field::Prompt, bad, Some(vocab)).unwrap_err());
         }
         if self.output.len() >= budget {
-            let rule = format!("leaves no room for the resumed output of {}", self.output.len());
+            let rule = format!(
+                "leaves no room for the resumed output of {}",
+                self.output.len()
+            );
             return Err(Invalid::new(Field::MaxTokens, budget, rule));
         }
         Ok(())

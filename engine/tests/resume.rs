@@ -19,7 +19,12 @@ fn seeded(seed: u64, max_tokens: usize) -> SamplingParams {
 /// Resumes choice `index` of `whole` after each of a few of its deltas, as a gateway does
 /// with what the client has (the token ids of the deltas sent), and checks the text and the
 /// tokens go on exactly as in the uninterrupted run, with the same usage.
-fn check_resumes(engine: &sluice_engine::EngineHandle, req: &Request, whole: &Choice, index: usize) {
+fn check_resumes(
+    engine: &sluice_engine::EngineHandle,
+    req: &Request,
+    whole: &Choice,
+    index: usize,
+) {
     let d = whole.deltas.len();
     assert!(d >= 4, "too short to resume: {:?}", whole.deltas);
     let stream_ids = delta_ids(engine, req, index);
@@ -51,7 +56,10 @@ fn check_resumes(engine: &sluice_engine::EngineHandle, req: &Request, whole: &Ch
         ids.extend(&resumed.token_ids);
         assert_eq!(ids, whole.token_ids, "cut after delta {cut}");
         assert_eq!(resumed.reason, whole.reason);
-        assert_eq!(resumed.usage.completion_tokens, whole.usage.completion_tokens);
+        assert_eq!(
+            resumed.usage.completion_tokens,
+            whole.usage.completion_tokens
+        );
     }
 }
 

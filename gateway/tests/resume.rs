@@ -184,12 +184,18 @@ async fn stream(url: String, i: usize, started: Arc<Mutex<usize>>) -> (String, S
         .unwrap();
     let resp = client().request(req).await.unwrap();
     assert_eq!(resp.status(), 200);
-    let replica = resp.headers()["x-sluice-replica"].to_str().unwrap().to_string();
+    let replica = resp.headers()["x-sluice-replica"]
+        .to_str()
+        .unwrap()
+        .to_string();
     let mut body = resp.into_body();
     let mut text = String::new();
     let mut counted = false;
     while let Some(frame) = body.frame().await {
-        let data = frame.expect("the gateway never cuts a stream").into_data().unwrap();
+        let data = frame
+            .expect("the gateway never cuts a stream")
+            .into_data()
+            .unwrap();
         text.push_str(std::str::from_utf8(&data).unwrap());
         if !counted && text.matches("data: ").count() > 12 {
             *started.lock().unwrap() += 1;
@@ -244,7 +250,13 @@ async fn a_replica_killed_mid_stream_is_resumed_exactly() {
         for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
             assert_eq!(got.usage[k], reference[i].usage[k], "stream {i}: {k}");
         }
-        let port = |u: &str| u.trim_end_matches('/').rsplit(':').next().unwrap().to_string();
+        let port = |u: &str| {
+            u.trim_end_matches('/')
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .to_string()
+        };
         resumed += usize::from(port(&victim) == port(&replica));
     }
     assert!(resumed > 0, "no stream ran on the killed replica");
@@ -267,7 +279,13 @@ async fn a_deadline_passes_in_the_local_queue() {
     })
     .await;
     let short = serde_json::json!({"model": MODEL, "prompt": "Hi", "max_tokens": 4}).to_string();
-    let a = post(&r.url, "/v1/completions", short.clone(), &[("x-sluice-deadline-ms", "200")]).await;
+    let a = post(
+        &r.url,
+        "/v1/completions",
+        short.clone(),
+        &[("x-sluice-deadline-ms", "200")],
+    )
+    .await;
     assert_eq!(a.status, 504, "{:?}", a.body);
     let e = a.json();
     assert_eq!(e["error"]["code"], "deadline_exceeded");
@@ -278,8 +296,17 @@ async fn a_deadline_passes_in_the_local_queue() {
     );
     let m = get(&r.url, "/metrics").await.body.unwrap();
     let queued = [("stage", "queue")];
-    assert_eq!(metric(&m, "sluice_gateway_deadline_exceeded_total", &queued), 1.0);
-    let bad = post(&r.url, "/v1/completions", short, &[("x-sluice-deadline-ms", "soon")]).await;
+    assert_eq!(
+        metric(&m, "sluice_gateway_deadline_exceeded_total", &queued),
+        1.0
+    );
+    let bad = post(
+        &r.url,
+        "/v1/completions",
+        short,
+        &[("x-sluice-deadline-ms", "soon")],
+    )
+    .await;
     assert_eq!(bad.status, 400);
     assert_eq!(bad.json()["error"]["param"], "X-Sluice-Deadline-Ms");
     busy.abort();
@@ -297,7 +324,13 @@ async fn a_deadline_passes_in_decode_through_the_gateway() {
     let long = serde_json::json!({"model": MODEL, "prompt": "Once upon a time",
         "max_tokens": 900, "ignore_eos": true, "temperature": 0, "stream": true})
     .to_string();
-    let a = post(&gw.url, "/v1/completions", long, &[("x-sluice-deadline-ms", "1500")]).await;
+    let a = post(
+        &gw.url,
+        "/v1/completions",
+        long,
+        &[("x-sluice-deadline-ms", "1500")],
+    )
+    .await;
     assert_eq!(a.status, 200);
     let body = a.body.unwrap();
     assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
@@ -308,7 +341,16 @@ async fn a_deadline_passes_in_decode_through_the_gateway() {
         .unwrap_or_else(|| panic!("no error event: {body}"));
     let v: serde_json::Value = serde_json::from_str(event.strip_prefix("data: ").unwrap()).unwrap();
     assert_eq!(v["error"]["code"], "deadline_exceeded", "{event}");
-    assert!(body.contains("\"text\":"), "the deadline passed before any text: {body}");
+    assert!(
+        body.contains("\"text\":"),
+        "the deadline passed before any text: {body}"
+    );
+    let m = get(&gw.url, "/metrics").await.body.unwrap();
+    let decode = [("stage", "decode")];
+    assert_eq!(
+        metric(&m, "sluice_gateway_deadline_exceeded_total", &decode),
+        1.0
+    );
     wait_until(&r.url, "the blocks freed", |m| {
         metric(m, "vllm:num_requests_running", &[]) == 0.0
             && metric(m, "vllm:kv_cache_usage_perc", &[]) == 0.0

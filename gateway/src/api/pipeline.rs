@@ -23,8 +23,8 @@ use sluice_engine::{EventStream, Request as EngineRequest, Resume, SamplingParam
 use super::body::{parse_json, read_body};
 use super::endpoint::Endpoint;
 use super::gate::{Ask, Gate};
-use super::internal::{self, Internal, ResumeSpec};
 use super::generate::{self, Generation, Head, Render};
+use super::internal::{self, Internal, ResumeSpec};
 use super::proxy::{self, Forward};
 use super::resume::Resumption;
 use super::scope::RequestScope;

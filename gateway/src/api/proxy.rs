@@ -299,7 +299,10 @@ impl Passing {
         match r.over() {
             Over::No => Ok(!out.is_empty()),
             Over::Failed => {
-                self.scope.ended(self.status);
+                match r.expired() {
+                    Some(stage) => self.scope.fail(&ApiError::DeadlineExceeded { stage }),
+                    None => self.scope.ended(self.status),
+                }
                 self.done = true;
                 Ok(true)
             }

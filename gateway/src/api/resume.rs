@@ -69,6 +69,8 @@ pub struct Resumption {
     over: Over,
     resumes_left: usize,
     pub deadline: Option<std::time::Instant>,
+    /// The stage named by a replica's `deadline_exceeded` error event.
+    expired: Option<&'static str>,
 }
 
 impl Resumption {
@@ -88,6 +90,7 @@ impl Resumption {
             // Each choice may be resumed a few times (a second replica may fail too).
             resumes_left: 3 * total,
             deadline: None,
+            expired: None,
         }
     }
 
@@ -99,6 +102,11 @@ impl Resumption {
 
     pub fn over(&self) -> Over {
         self.over
+    }
+
+    /// The stage a replica's deadline passed in, when its error event said so.
+    pub fn expired(&self) -> Option<&'static str> {
+        self.expired
     }
 
     /// Every choice has finished.
@@ -133,8 +141,9 @@ impl Resumption {
         let Ok(Value::Object(mut chunk)) = serde_json::from_slice::<Value>(data) else {
             return event.to_vec();
         };
-        if chunk.contains_key("error") {
+        if let Some(e) = chunk.get("error") {
             self.over = Over::Failed;
+            self.expired = deadline_stage(e);
             let mut out = event.to_vec();
             out.extend_from_slice(sse::DONE);
             return out;
@@ -277,9 +286,24 @@ impl Resumption {
         }
         req.headers
             .push((X_SLUICE_RESUME.clone(), HeaderValue::from_static("1")));
-        tracing::info!(choice = k, tokens = self.choices[k].ids.len(), "resuming a stream");
+        tracing::info!(
+            choice = k,
+            tokens = self.choices[k].ids.len(),
+            "resuming a stream"
+        );
         Ok(req)
     }
+}
+
+/// The stage of a `deadline_exceeded` error (its message names it).
+fn deadline_stage(e: &Value) -> Option<&'static str> {
+    if e.get("code").and_then(Value::as_str) != Some("deadline_exceeded") {
+        return None;
+    }
+    let message = e.get("message").and_then(Value::as_str).unwrap_or("");
+    ["queue", "prefill", "decode"]
+        .into_iter()
+        .find(|s| message.contains(&format!("the {s} stage")))
 }
 
 /// Where `needle` starts in `hay`.
