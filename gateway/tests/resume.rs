@@ -119,17 +119,21 @@ async fn wait_ready(url: &str, within: Duration) {
     }
 }
 
-/// Request `i` of the eight: even ones greedy, odd ones seeded at temperature 1.
+/// Request `i` of the eight: even ones greedy, odd ones seeded at temperature 1; the last
+/// asks for two choices.
 fn body(i: usize) -> String {
     let mut v = serde_json::json!({"model": MODEL,
         "messages": [{"role": "user", "content": format!("Tell story number {i} about a fox.")}],
         "max_tokens": 80, "ignore_eos": true, "stream": true,
         "stream_options": {"include_usage": true}});
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         v["temperature"] = 0.into();
     } else {
         v["temperature"] = 1.into();
         v["seed"] = (100 + i).into();
+    }
+    if i == 7 {
+        v["n"] = 2.into();
     }
     v.to_string()
 }
@@ -137,7 +141,8 @@ fn body(i: usize) -> String {
 /// A streamed answer read: its text, usage, chunk ids, and whether it ended cleanly.
 #[derive(Debug, Clone, PartialEq)]
 struct Streamed {
-    text: String,
+    /// Per choice index.
+    text: std::collections::BTreeMap<u64, String>,
     usage: serde_json::Value,
     ids: BTreeSet<String>,
     errors: Vec<String>,
@@ -146,7 +151,7 @@ struct Streamed {
 
 fn read_sse(body: &str) -> Streamed {
     let mut s = Streamed {
-        text: String::new(),
+        text: Default::default(),
         usage: serde_json::Value::Null,
         ids: BTreeSet::new(),
         errors: Vec::new(),
@@ -165,8 +170,11 @@ fn read_sse(body: &str) -> Streamed {
         }
         assert!(v["choices"][0].get("token_ids").is_none(), "{data}");
         s.ids.insert(v["id"].as_str().unwrap().to_string());
-        if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
-            s.text.push_str(t);
+        for c in v["choices"].as_array().unwrap() {
+            let index = c["index"].as_u64().unwrap();
+            if let Some(t) = c["delta"]["content"].as_str() {
+                s.text.entry(index).or_default().push_str(t);
+            }
         }
         if !v["usage"].is_null() {
             s.usage = v["usage"].clone();
@@ -221,7 +229,9 @@ async fn a_replica_killed_mid_stream_is_resumed_exactly() {
         let a = post(&gw.url, "/v1/chat/completions", body(i), &[]).await;
         let s = read_sse(a.body.as_ref().unwrap());
         assert!(s.done && s.errors.is_empty() && s.ids.len() == 1, "{s:?}");
-        assert_eq!(s.usage["completion_tokens"], 80);
+        let n = if i == 7 { 2 } else { 1 };
+        assert_eq!(s.usage["completion_tokens"], 80 * n);
+        assert_eq!(s.text.len(), n);
         reference.push(s);
     }
 

@@ -93,7 +93,7 @@ impl FromRequest<Arc<AppState>> for Call {
 /// One request, parsed, checked and admitted, ready to run.
 enum Started<R> {
     Local(LocalRun<R>),
-    Remote((Routed, Option<Resumption>)),
+    Remote(Box<(Routed, Option<Resumption>)>),
 }
 
 /// The engine's streams for an admitted local request, and how to render them.
@@ -122,7 +122,7 @@ async fn generation<E: Endpoint>(call: Call) -> Response {
     );
     match start::<E>(&s, &tenant, &id, &headers, body, &mut scope).await {
         Ok(Started::Local(run)) => run_local(&s, run, scope).await,
-        Ok(Started::Remote(routed)) => proxy::pass(routed, scope, &s),
+        Ok(Started::Remote(routed)) => proxy::pass(*routed, scope, &s),
         Err(e) => {
             scope.fail(&e);
             e.into_response()
@@ -155,7 +155,7 @@ async fn start<E: Endpoint>(
         }
         Target::Remote(router) => start_remote(s, tenant, headers, bytes, req, &router, scope)
             .await
-            .map(Started::Remote),
+            .map(|r| Started::Remote(Box::new(r))),
     }
 }
 

@@ -242,7 +242,7 @@ impl Passing {
             };
             let step = match read {
                 Ok(Some(data)) => self.relay(data, &mut out).await,
-                Ok(None) if self.resume.is_some() => self.continue_stream(&mut out).await,
+                Ok(None) if self.resume.is_some() => self.continue_stream(!out.is_empty()).await,
                 Ok(None) => {
                     self.scope.ended(self.status);
                     self.done = true;
@@ -253,7 +253,7 @@ impl Passing {
                     tracing::warn!(replica = %replica.url(), "answer broke mid-stream: {e}");
                     replica.failure();
                     self.count_broken();
-                    self.continue_stream(&mut out).await
+                    self.continue_stream(!out.is_empty()).await
                 }
                 Err(Stopped::TimedOut) => Err(self.timeout_error()),
             };
@@ -314,13 +314,13 @@ impl Passing {
                 Ok(true)
             }
             // A continuation ended and other choices wait for theirs.
-            Over::Done => self.continue_stream(out).await,
+            Over::Done => self.continue_stream(!out.is_empty()).await,
         }
     }
 
     /// Continues the answer's unfinished choices on another replica; a stream that cannot
     /// be resumed fails.
-    async fn continue_stream(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError> {
+    async fn continue_stream(&mut self, pending: bool) -> Result<bool, ApiError> {
         let Some(r) = self.resume.as_mut() else {
             return Err(ApiError::BadGateway(
                 "The replica failed while answering; the answer is incomplete".into(),
@@ -331,7 +331,7 @@ impl Passing {
         self.rest = routed.rest;
         self.guard = routed.guard;
         self.first = routed.first;
-        Ok(!out.is_empty())
+        Ok(pending)
     }
 
     fn timeout_error(&self) -> ApiError {
