@@ -2,7 +2,8 @@
 //!
 //! - Two replicas behind a routing gateway, 8 streams (half greedy, half seeded at
 //!   temperature 1); one replica is SIGKILLed while they run: every stream finishes, each
-//!   identical to the same request undisturbed (text, usage, one `id`).
+//!   identical to the same request undisturbed (text, usage, one `id`); a ninth, sampled
+//!   without a seed, finishes whole.
 //! - Deadlines: in the local admission queue (504 `deadline_exceeded` while the engine is
 //!   busy), and in decode through the gateway (an SSE error event with code
 //!   `deadline_exceeded`, the replica's KV blocks freed).
@@ -120,13 +121,15 @@ async fn wait_ready(url: &str, within: Duration) {
 }
 
 /// Request `i` of the eight: even ones greedy, odd ones seeded at temperature 1; the last
-/// asks for two choices.
+/// asks for two choices. A ninth samples without a seed.
 fn body(i: usize) -> String {
     let mut v = serde_json::json!({"model": MODEL,
         "messages": [{"role": "user", "content": format!("Tell story number {i} about a fox.")}],
         "max_tokens": 80, "ignore_eos": true, "stream": true,
         "stream_options": {"include_usage": true}});
-    if i.is_multiple_of(2) {
+    if i == 8 {
+        v["temperature"] = 1.into();
+    } else if i.is_multiple_of(2) {
         v["temperature"] = 0.into();
     } else {
         v["temperature"] = 1.into();
@@ -235,13 +238,13 @@ async fn a_replica_killed_mid_stream_is_resumed_exactly() {
         reference.push(s);
     }
 
-    // All eight at once; SIGKILL the first replica once every stream has text.
+    // All nine at once; SIGKILL the first replica once every stream has text.
     let started = Arc::new(Mutex::new(0));
-    let tasks: Vec<_> = (0..8)
+    let tasks: Vec<_> = (0..9)
         .map(|i| tokio::spawn(stream(gw.url.clone(), i, started.clone())))
         .collect();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while *started.lock().unwrap() < 8 {
+    while *started.lock().unwrap() < 9 {
         assert!(Instant::now() < deadline, "the streams did not start");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -255,6 +258,11 @@ async fn a_replica_killed_mid_stream_is_resumed_exactly() {
         let got = read_sse(&text);
         assert!(got.errors.is_empty(), "stream {i}: {:?}", got.errors);
         assert!(got.done && got.ids.len() == 1, "stream {i}: {got:?}");
+        if i == 8 {
+            // Unseeded: another text, but one whole stream of the length asked for.
+            assert_eq!(got.usage["completion_tokens"], 80, "{got:?}");
+            continue;
+        }
         assert_eq!(got.text, reference[i].text, "stream {i} (from {replica})");
         // The prompt's cached share depends on what ran before; the counts do not.
         for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
