@@ -387,3 +387,69 @@ async fn wait_until(url: &str, what: &str, cond: impl Fn(&str) -> bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A client that leaves while its stream runs on the replica it was resumed on aborts the
+/// generation there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_leaving_a_resumed_stream_aborts_it() {
+    let _serial = SERIAL.lock().await;
+    let mut rs = [replica(&[]), replica(&[])];
+    for r in &rs {
+        wait_ready(&r.url, Duration::from_secs(120)).await;
+    }
+    let gw = gateway(&rs.iter().collect::<Vec<_>>());
+    wait_ready(&gw.url, Duration::from_secs(30)).await;
+    let long = serde_json::json!({"model": MODEL, "prompt": "Once upon a time",
+        "max_tokens": 900, "ignore_eos": true, "temperature": 0, "stream": true})
+    .to_string();
+    let req = hyper::Request::post(format!("{}/v1/completions", gw.url))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(long)))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    let first = resp.headers()["x-sluice-replica"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let port = |u: &str| {
+        u.trim_end_matches('/')
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let (victim, other) = match port(&first) == port(&rs[0].url) {
+        true => (0, 1),
+        false => (1, 0),
+    };
+    let mut body = resp.into_body();
+    let mut seen = 0;
+    while seen < 5 {
+        let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        seen += std::str::from_utf8(&data)
+            .unwrap()
+            .matches("data: ")
+            .count();
+    }
+    rs[victim].child.kill().unwrap();
+    let _ = rs[victim].child.wait();
+    let other_url = rs[other].url.clone();
+    wait_until(&other_url, "the continuation running", |m| {
+        metric(m, "vllm:num_requests_running", &[]) == 1.0
+    })
+    .await;
+    // More text comes from the continuation; then the client leaves.
+    let data = body.frame().await.unwrap().unwrap();
+    assert!(data.is_data());
+    drop(body);
+    wait_until(&other_url, "the continuation aborted", |m| {
+        metric(m, "vllm:num_requests_running", &[]) == 0.0
+            && metric(m, "vllm:kv_cache_usage_perc", &[]) == 0.0
+            && metric(
+                m,
+                "vllm:request_success_total",
+                &[("finished_reason", "abort")],
+            ) == 1.0
+    })
+    .await;
+}
