@@ -397,8 +397,8 @@ impl Request {
 }
 
 impl Resume {
-    /// A resumed choice is one choice, its output within the vocabulary and short of the
-    /// completion budget (a choice at its budget had finished).
+    /// A resumed choice is one choice, its output within the vocabulary and the completion
+    /// budget (an output at its budget finishes at once: its finish was lost on the way).
     fn check(&self, n: usize, budget: usize, vocab: usize) -> Result<(), Invalid> {
         if n != 1 {
             return Err(Invalid::new(Field::N, n, "must be 1 to resume a choice"));
@@ -406,7 +406,7 @@ impl Resume {
         if let Some(&bad) = self.output.iter().find(|&&t| t as usize >= vocab) {
             return Err(in_vocab(Field::Prompt, bad, Some(vocab)).unwrap_err());
         }
-        if self.output.len() >= budget {
+        if self.output.len() > budget {
             let rule = format!(
                 "leaves no room for the resumed output of {}",
                 self.output.len()

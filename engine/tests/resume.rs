@@ -104,13 +104,14 @@ fn a_resumed_seeded_choice_continues_exactly() {
 }
 
 /// A resume counts its output in the usage and the budget: one token short of `max_tokens`
-/// it adds one; at `max_tokens` it is refused.
+/// it adds one; at `max_tokens` it finishes at once (its finish was lost); past it, it is
+/// refused.
 #[test]
 fn a_resume_at_the_end_finishes_at_once() {
     let engine = start(|_| {});
     let req = request(prompt(TOPICS[0]), SamplingParams::greedy(3));
     let whole = run(&engine, req.clone()).remove(0);
-    // max_tokens 3 ends at 3 tokens: a resume from 3 outputs is refused, from 2 adds one.
+    // max_tokens 3 ends at 3 tokens: a resume from 2 outputs adds one, from 3 adds none.
     let mut r = req.clone();
     r.resume = Some(Resume {
         choice: 0,
@@ -119,12 +120,22 @@ fn a_resume_at_the_end_finishes_at_once() {
     let one = run(&engine, r).remove(0);
     assert_eq!(one.usage.completion_tokens, 3);
     assert_eq!(one.reason, FinishReason::Length);
-    let mut full = req;
+    let mut full = req.clone();
     full.resume = Some(Resume {
         choice: 0,
         output: whole.token_ids.clone(),
     });
-    assert!(engine.submit(full).is_err());
+    let none = run(&engine, full).remove(0);
+    assert_eq!(
+        (none.text.as_str(), none.reason),
+        ("", FinishReason::Length)
+    );
+    assert_eq!(none.usage.completion_tokens, 3);
+    let mut past = req;
+    let mut output = whole.token_ids.clone();
+    output.push(whole.token_ids[0]);
+    past.resume = Some(Resume { choice: 0, output });
+    assert!(engine.submit(past).is_err());
 }
 
 /// A deadline already passed at submission ends the request in the queue; one that passes
