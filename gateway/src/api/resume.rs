@@ -318,3 +318,104 @@ pub fn token_ids_header() -> (HeaderName, HeaderValue) {
         HeaderValue::from_static("1"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::RouterMetrics;
+    use crate::router::RouterConfig;
+
+    fn resumption(n: usize, prompts: usize) -> Resumption {
+        let metrics = RouterMetrics::register(&prometheus::Registry::new()).unwrap();
+        let req = ProxyRequest {
+            path: "/v1/chat/completions",
+            model: "m".into(),
+            key: None,
+            headers: Vec::new(),
+            body: Bytes::from_static(br#"{"model":"m","stream":true}"#),
+            deadline: None,
+        };
+        Resumption::new(
+            Router::new(RouterConfig::default(), metrics),
+            req,
+            n,
+            prompts,
+        )
+        .with_usage(true)
+    }
+
+    fn events(b: &[u8]) -> Vec<Value> {
+        std::str::from_utf8(b)
+            .unwrap()
+            .split_terminator("\n\n")
+            .map(|e| {
+                let d = e.strip_prefix("data: ").unwrap();
+                serde_json::from_str(d).unwrap_or(Value::String(d.into()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ids_and_usage_are_recorded_stripped_and_summed() {
+        let mut r = resumption(2, 1);
+        let usage = |c: u64| {
+            format!(
+                r#""sluice_usage":{{"prompt_tokens":5,"completion_tokens":{c},"total_tokens":0,"prompt_tokens_details":{{"cached_tokens":0}}}}"#
+            )
+        };
+        let stream = format!(
+            "data: {{\"id\":\"a\",\"created\":1,\"choices\":[{{\"index\":1,\"delta\":{{\"content\":\"x\"}},\"token_ids\":[7,8]}}]}}\n\n\
+             data: {{\"id\":\"a\",\"created\":1,\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\",{}}}]}}\n\n\
+             data: {{\"id\":\"a\",\"created\":1,\"choices\":[{{\"index\":1,\"delta\":{{}},\"finish_reason\":\"length\",{}}}]}}\n\n\
+             data: {{\"id\":\"a\",\"created\":1,\"choices\":[],\"usage\":{{\"prompt_tokens\":5}}}}\n\ndata: [DONE]\n\n",
+            usage(3),
+            usage(4)
+        );
+        // Split mid-event: the reader waits for whole events.
+        let (a, b) = stream.as_bytes().split_at(30);
+        let mut out = r.feed(a).to_vec();
+        out.extend_from_slice(&r.feed(b));
+        let ev = events(&out);
+        assert_eq!(ev.len(), 3, "{ev:?}");
+        assert_eq!(ev[0]["choices"][0]["delta"]["content"], "x");
+        assert!(ev[0]["choices"][0].get("token_ids").is_none());
+        assert!(ev[1]["choices"][0].get("sluice_usage").is_none());
+        assert_eq!(r.choices[1].ids, [7, 8]);
+        assert!(r.complete() && r.over() == Over::Done);
+        let (end, totals) = r.ending();
+        let end = events(&end);
+        assert_eq!(end[0]["usage"]["completion_tokens"], 7);
+        assert_eq!(end[0]["usage"]["prompt_tokens"], 5);
+        assert_eq!(end[0]["id"], "a");
+        assert_eq!(end[1], Value::String("[DONE]".into()));
+        assert_eq!(totals, (7, 5));
+    }
+
+    #[test]
+    fn a_continuation_is_renumbered_and_carries_the_first_head() {
+        let mut r = resumption(2, 1);
+        r.feed(b"data: {\"id\":\"a\",\"created\":1,\"choices\":[{\"index\":1,\"delta\":{\"content\":\"x\"},\"token_ids\":[7]}]}\n\n");
+        let req = r.continuation(0).unwrap();
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
+        assert_eq!(body["sluice_resume"]["index"], 0);
+        assert!(req.headers.iter().any(|(h, _)| *h == X_SLUICE_RESUME));
+        let req = r.continuation(1).unwrap();
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
+        assert_eq!(body["sluice_resume"]["token_ids"], serde_json::json!([7]));
+        r.current = Some(1);
+        let out = r.feed(b"data: {\"id\":\"b\",\"created\":2,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"y\"},\"token_ids\":[9]}]}\n\n");
+        let ev = events(&out);
+        assert_eq!(ev[0]["id"], "a");
+        assert_eq!(ev[0]["created"], 1);
+        assert_eq!(ev[0]["choices"][0]["index"], 1);
+        assert_eq!(r.choices[1].ids, [7, 9]);
+    }
+
+    #[test]
+    fn a_deadline_error_names_its_stage() {
+        let mut r = resumption(1, 1);
+        let out = r.feed(b"data: {\"error\":{\"message\":\"The request's deadline passed in the decode stage\",\"code\":\"deadline_exceeded\"}}\n\n");
+        assert!(out.ends_with(sse::DONE));
+        assert_eq!((r.over(), r.expired()), (Over::Failed, Some("decode")));
+    }
+}
