@@ -453,3 +453,70 @@ async fn a_client_leaving_a_resumed_stream_aborts_it() {
     })
     .await;
 }
+
+/// Pieces of a streamed completion as a replica sends them to a gateway: text, token ids,
+/// log-probability offsets, and the finishing chunk's usage.
+fn pieces(body: &str) -> (Vec<(String, Vec<u64>, Vec<u64>)>, serde_json::Value) {
+    let mut out = Vec::new();
+    let mut usage = serde_json::Value::Null;
+    for e in body
+        .split("\n\n")
+        .filter(|e| !e.is_empty() && *e != "data: [DONE]")
+    {
+        let v: serde_json::Value = serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap();
+        let c = &v["choices"][0];
+        if !c["sluice_usage"].is_null() {
+            usage = c["sluice_usage"].clone();
+        }
+        let nums = |x: &serde_json::Value| -> Vec<u64> {
+            x.as_array()
+                .map(|a| a.iter().map(|n| n.as_u64().unwrap()).collect())
+                .unwrap_or_default()
+        };
+        if c["finish_reason"].is_null() {
+            let text = c["text"].as_str().unwrap().to_string();
+            out.push((
+                text,
+                nums(&c["token_ids"]),
+                nums(&c["logprobs"]["text_offset"]),
+            ));
+        }
+    }
+    (out, usage)
+}
+
+/// The replica's side of resumption: token ids on request, and a continuation that goes on
+/// exactly where the output stopped (text, token ids, log-probability offsets, usage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_continuation_request_goes_on_where_the_output_stopped() {
+    let _serial = SERIAL.lock().await;
+    let r = replica(&[]);
+    wait_ready(&r.url, Duration::from_secs(120)).await;
+    let mut body = serde_json::json!({"model": MODEL, "prompt": "Count: one, two, three,",
+        "max_tokens": 24, "ignore_eos": true, "temperature": 0, "stream": true, "logprobs": 1});
+    let ids_header = [("x-sluice-token-ids", "1")];
+    let whole = post(&r.url, "/v1/completions", body.to_string(), &ids_header).await;
+    assert_eq!(whole.headers["x-sluice-token-ids"], "1");
+    let (whole, usage) = pieces(whole.body.as_ref().unwrap());
+    assert_eq!(usage["completion_tokens"], 24);
+    let cut = whole.len() / 2;
+    let sent: Vec<u64> = whole[..cut].iter().flat_map(|p| p.1.clone()).collect();
+    body["sluice_resume"] = serde_json::json!({"index": 0, "token_ids": sent});
+    // Without its header the field is ignored: the answer starts from the beginning.
+    let plain = post(&r.url, "/v1/completions", body.to_string(), &ids_header).await;
+    assert_eq!(pieces(plain.body.as_ref().unwrap()).0, whole);
+    let headers = [("x-sluice-token-ids", "1"), ("x-sluice-resume", "1")];
+    let rest = post(&r.url, "/v1/completions", body.to_string(), &headers).await;
+    let (rest, usage) = pieces(rest.body.as_ref().unwrap());
+    let text =
+        |p: &[(String, Vec<u64>, Vec<u64>)]| p.iter().map(|p| p.0.clone()).collect::<String>();
+    let flat = |p: &[(String, Vec<u64>, Vec<u64>)], i: usize| -> Vec<u64> {
+        p.iter()
+            .flat_map(|p| if i == 1 { p.1.clone() } else { p.2.clone() })
+            .collect()
+    };
+    assert_eq!(text(&rest), text(&whole[cut..]));
+    assert_eq!(flat(&rest, 1), flat(&whole[cut..], 1));
+    assert_eq!(flat(&rest, 2), flat(&whole[cut..], 2));
+    assert_eq!(usage["completion_tokens"], 24);
+}

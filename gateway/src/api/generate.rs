@@ -79,6 +79,9 @@ pub trait Render: Send + Sized + 'static {
         None
     }
 
+    /// Choice `i` continues output another replica sent (`ids`): later pieces go on from it.
+    fn resumed(&mut self, _i: usize, _ids: &[u32]) {}
+
     /// The chunk carrying `d`; `None` when it carries nothing to send yet.
     fn delta(&mut self, i: usize, d: Delta) -> Option<Bytes> {
         let choice = self.delta_choice(i, d);
@@ -217,6 +220,15 @@ impl Render for ChatRender {
         }
     }
 
+    /// A call reader reads the text sent before, so calls continue where they were (their
+    /// ids are new: call ids are random).
+    fn resumed(&mut self, i: usize, ids: &[u32]) {
+        if let Some(reader) = self.readers.get_mut(i) {
+            let text = self.head.tok().decode(ids, true).unwrap_or_default();
+            reader.push(&text);
+        }
+    }
+
     fn finish_choice(i: usize, reason: &'static str, usage: Option<UsageOut>) -> ChatChunkChoice {
         ChatChunkChoice {
             index: i,
@@ -325,6 +337,12 @@ impl Render for TextRender {
             token_ids: self.head.token_ids.then_some(d.token_ids),
             sluice_usage: None,
         }
+    }
+
+    /// Log-probability text offsets go on from the text sent before.
+    fn resumed(&mut self, i: usize, ids: &[u32]) {
+        let tok = self.head.tok();
+        self.offsets[i] += ids.iter().map(|&id| piece(tok, id).len()).sum::<usize>();
     }
 
     fn finish_choice(i: usize, reason: &'static str, usage: Option<UsageOut>) -> CompletionChoice {

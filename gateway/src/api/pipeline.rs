@@ -205,7 +205,7 @@ async fn start_local<E: Endpoint>(
         prompt_tokens: Some(prompt_tokens),
     };
     gate(s, tenant, ask, scope).await?;
-    let resumed = resume.is_some();
+    let resumed = resume.as_ref().map(|r| r.output.clone());
     let streams = submit(backend, prompts, &checked, (scope.deadline, resume))
         .map_err(|e| E::PARAMS.submit_error(e))?;
     let head = Head {
@@ -217,11 +217,15 @@ async fn start_local<E: Endpoint>(
         tokenizer: model.clone(),
         tool_calls,
         token_ids: internal.token_ids,
-        resumed,
+        resumed: resumed.is_some(),
     };
     let n = checked.sampling.n;
+    let mut render = E::Render::new(head, streams.len() * n);
+    if let Some(output) = resumed {
+        render.resumed(0, &output);
+    }
     Ok(LocalRun {
-        render: E::Render::new(head, streams.len() * n),
+        render,
         streams,
         n,
         stream: checked.stream,

@@ -17,8 +17,9 @@
 //! is not batch invariant (candle on a GPU) the stream continues, but the text may differ
 //! from what the failed replica would have written. Choices resume one after another.
 //!
-//! Limits: a chat answer read as tool calls resumes with a fresh call reader on the new
-//! replica, and completions' log-probability `text_offset`s restart at the break.
+//! The new replica's renderer reads the output sent before (`Render::resumed`): completions'
+//! log-probability `text_offset`s go on, and a chat answer read as tool calls continues its
+//! call reader (a call that starts after the break gets a new random id, as any call does).
 
 use std::sync::Arc;
 
