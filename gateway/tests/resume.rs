@@ -454,9 +454,12 @@ async fn a_client_leaving_a_resumed_stream_aborts_it() {
     .await;
 }
 
-/// Pieces of a streamed completion as a replica sends them to a gateway: text, token ids,
-/// log-probability offsets, and the finishing chunk's usage.
-fn pieces(body: &str) -> (Vec<(String, Vec<u64>, Vec<u64>)>, serde_json::Value) {
+/// A streamed completion's piece: text, token ids, log-probability offsets.
+type Piece = (String, Vec<u64>, Vec<u64>);
+
+/// Pieces of a streamed completion as a replica sends them to a gateway, and the finishing
+/// chunk's usage.
+fn pieces(body: &str) -> (Vec<Piece>, serde_json::Value) {
     let mut out = Vec::new();
     let mut usage = serde_json::Value::Null;
     for e in body
@@ -510,7 +513,7 @@ async fn a_continuation_request_goes_on_where_the_output_stopped() {
     let (rest, usage) = pieces(rest.body.as_ref().unwrap());
     let text =
         |p: &[(String, Vec<u64>, Vec<u64>)]| p.iter().map(|p| p.0.clone()).collect::<String>();
-    let flat = |p: &[(String, Vec<u64>, Vec<u64>)], i: usize| -> Vec<u64> {
+    let flat = |p: &[Piece], i: usize| -> Vec<u64> {
         p.iter()
             .flat_map(|p| if i == 1 { p.1.clone() } else { p.2.clone() })
             .collect()
