@@ -214,15 +214,22 @@ impl Seq {
         self.muted = true;
         let mut end = None;
         for &t in output {
-            if let Some(Err(e)) = self.matcher.as_mut().map(|m| m.consume(t)) {
-                end = Some(Ended {
-                    reason: FinishReason::Error(format!("the output grammar failed: {e}")),
-                    matched: None,
-                });
-                break;
-            }
+            let complete = match self.matcher.as_mut().map(|m| m.consume(t)) {
+                Some(Err(e)) => {
+                    end = Some(Ended {
+                        reason: FinishReason::Error(format!("the output grammar failed: {e}")),
+                        matched: None,
+                    });
+                    break;
+                }
+                Some(Ok(complete)) => complete,
+                None => false,
+            };
             end = self.append(tok, t, None);
             self.sampler.skip();
+            if end.is_none() && complete {
+                end = Some(self.grammar_done(tok));
+            }
             if end.is_some() {
                 break;
             }
