@@ -248,6 +248,7 @@ fn run_level(engine: &EngineHandle, model: &Arc<Model>, level: Level) -> (Durati
                             prompt,
                             sampling,
                             priority: 0,
+                            ..Request::default()
                         })
                         .expect("accepted");
                     let mut s = Sample::default();

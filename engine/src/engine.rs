@@ -17,7 +17,7 @@ use crate::block_manager::BlockManager;
 use crate::config::{EngineConfig, Resolved};
 use crate::constraint::{ChoiceMatcher, Constraint, Grammar, GrammarError, Mask, Vocabulary};
 use crate::error::{EngineError, SubmitError};
-use crate::event::{Event, Finish, FinishReason, MatchedStop, Usage};
+use crate::event::{Event, Finish, FinishReason, MatchedStop, Stage, Usage};
 use crate::metrics::EngineMetrics;
 use crate::request::{Limits, Request};
 use crate::sampler::sample;
@@ -68,7 +68,7 @@ impl Engine {
             load: LoadCounters::default(),
             shutting_down: AtomicBool::new(false),
             limits: Limits {
-                vocab_size: model.config().vocab_size,
+                vocab_size: sampled_vocab(&model),
                 max_model_len: resolved.max_model_len,
                 // A request's choices are admitted together, so n cannot exceed the batch.
                 max_n: config.max_n.min(config.max_num_seqs),
@@ -369,6 +369,23 @@ fn grammar_failed(e: &str) -> Ended {
 }
 
 /// The state the engine thread owns.
+/// The ids a step may sample: the logits' width, cut to the tokenizer's vocabulary where the
+/// model's is larger. Padded embedding tables are common (and synthetic models borrow a
+/// smaller tokenizer); an id with no text could never be sent, so it is never drawn, and
+/// `logit_bias` may not name it.
+fn sampled_vocab(model: &Model) -> usize {
+    let (logits, text) = (model.config().vocab_size, model.tokenizer().vocab_size());
+    if text < logits {
+        tracing::warn!(
+            logits,
+            tokenizer = text,
+            "the model scores more ids than its tokenizer has; ids past the tokenizer's are \
+             never sampled"
+        );
+    }
+    logits.min(text)
+}
+
 struct Core {
     model: Arc<Model>,
     kv: KvStore,
@@ -450,8 +467,9 @@ impl Core {
             (true, Some(_)) => (Vec::new(), all_eos),
         };
         self.next_arrival += 1;
+        let resume = sub.request.resume;
         let info = Arc::new(RequestInfo {
-            params: sub.request.sampling.clone(),
+            params: sub.request.sampling,
             max_tokens: sub.max_tokens,
             priority: sub.request.priority,
             prompt_len: sub.request.prompt.len(),
@@ -460,8 +478,17 @@ impl Core {
             events: sub.events,
             eos,
             grammar_eos,
+            deadline: sub.request.deadline,
+            choice_base: resume.as_ref().map_or(0, |r| r.choice),
         });
-        let seq = Seq::new(info, 0, sub.request.prompt);
+        let mut seq = Seq::new(info, 0, sub.request.prompt);
+        if let Some(r) = resume {
+            if let Some(end) = seq.replay(self.model.tokenizer(), &r.output) {
+                // The output already ended the choice (its finish was lost on the way).
+                self.finish(seq, end.reason, end.matched);
+                return;
+            }
+        }
         self.sched.enqueue(seq);
     }
 
@@ -469,6 +496,7 @@ impl Core {
     fn step(&mut self) {
         let started = Instant::now();
         self.reap_aborted();
+        self.reap_expired(started);
         if self.sched.is_idle() {
             self.publish_load();
             return;
@@ -639,7 +667,7 @@ impl Core {
             if s.num_computed < s.tokens.len() {
                 continue;
             }
-            let raw = &logits[row * vocab..(row + 1) * vocab];
+            let raw = &logits[row * vocab..row * vocab + self.shared.limits.vocab_size];
             row += 1;
             let mask = masks.remove(&i);
             if s.forks_left > 0 {
@@ -809,6 +837,42 @@ impl Core {
         for k in gone {
             let seq = self.sched.waiting.remove(&k).expect("key just listed");
             self.finish(seq, FinishReason::Abort, None);
+        }
+    }
+
+    /// Stops every sequence whose deadline has passed, freeing its blocks: a running one in
+    /// prefill (no token sampled yet) or decode, a waiting one in the queue.
+    fn reap_expired(&mut self, now: Instant) {
+        let expired = |s: &Seq| s.req.deadline.is_some_and(|d| now >= d);
+        let mut i = 0;
+        while i < self.sched.running.len() {
+            if expired(&self.sched.running[i]) {
+                let seq = self.sched.finish_running(i);
+                let stage = match seq.timing.first_token {
+                    None => Stage::Prefill,
+                    Some(_) => Stage::Decode,
+                };
+                self.finish(seq, FinishReason::Deadline(stage), None);
+            } else {
+                i += 1;
+            }
+        }
+        let gone: Vec<_> = self
+            .sched
+            .waiting
+            .iter()
+            .filter(|(_, s)| expired(s))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in gone {
+            let seq = self.sched.waiting.remove(&k).expect("key just listed");
+            // A preempted sequence had been scheduled: its stage is where it had got to.
+            let stage = match (seq.timing.first_scheduled, seq.timing.first_token) {
+                (None, _) => Stage::Queue,
+                (Some(_), None) => Stage::Prefill,
+                (Some(_), Some(_)) => Stage::Decode,
+            };
+            self.finish(seq, FinishReason::Deadline(stage), None);
         }
     }
 

@@ -41,6 +41,30 @@ pub enum FinishReason {
     Abort,
     /// The engine failed on this request; the message says why.
     Error(String),
+    /// The request's deadline passed; the stage it was in then.
+    Deadline(Stage),
+}
+
+/// Where a request was when its deadline passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Waiting for admission (never scheduled).
+    Queue,
+    /// Scheduled, no token sampled yet.
+    Prefill,
+    /// Generating.
+    Decode,
+}
+
+impl Stage {
+    /// `queue`, `prefill` or `decode`: the `stage` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queue => "queue",
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+        }
+    }
 }
 
 impl FinishReason {
@@ -51,6 +75,7 @@ impl FinishReason {
             Self::Length => "length",
             Self::Abort => "abort",
             Self::Error(_) => "error",
+            Self::Deadline(_) => "deadline",
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::constraint::Constraint;
 
@@ -17,6 +18,25 @@ pub struct Request {
     pub sampling: SamplingParams,
     /// Higher runs first; equal priorities are served in arrival order.
     pub priority: i32,
+    /// When the request must be done. A sequence still running (or waiting) past it is
+    /// stopped at the next step, its blocks freed, and finishes with
+    /// [`FinishReason::Deadline`](crate::FinishReason::Deadline).
+    pub deadline: Option<Instant>,
+    /// Continue one choice from output generated before (on a replica that failed), instead
+    /// of starting afresh; `sampling.n` must be 1.
+    pub resume: Option<Resume>,
+}
+
+/// A choice continued from its output so far: the prompt and `output` are prefilled, the
+/// output replayed through the sampler, detokeniser and stop matcher without being sent
+/// again, and generation goes on from there. With greedy or seeded sampling on batch
+/// invariant kernels the continuation is the uninterrupted run's, token for token.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resume {
+    /// The choice's index in the original request: it keys the choice's random stream.
+    pub choice: usize,
+    /// The output tokens the caller already has.
+    pub output: Vec<u32>,
 }
 
 /// How each choice of a request is sampled and when it stops.
@@ -369,7 +389,31 @@ impl Request {
             let rule = format!("exceeds max_tokens {budget}");
             return Err(Invalid::new(Field::MinTokens, self.sampling.min_tokens, rule).into());
         }
+        if let Some(r) = &self.resume {
+            r.check(n, budget, vocab)?;
+        }
         Ok(budget)
+    }
+}
+
+impl Resume {
+    /// A resumed choice is one choice, its output within the vocabulary and the completion
+    /// budget (an output at its budget finishes at once: its finish was lost on the way).
+    fn check(&self, n: usize, budget: usize, vocab: usize) -> Result<(), Invalid> {
+        if n != 1 {
+            return Err(Invalid::new(Field::N, n, "must be 1 to resume a choice"));
+        }
+        if let Some(&bad) = self.output.iter().find(|&&t| t as usize >= vocab) {
+            return Err(in_vocab(Field::Prompt, bad, Some(vocab)).unwrap_err());
+        }
+        if self.output.len() > budget {
+            let rule = format!(
+                "leaves no room for the resumed output of {}",
+                self.output.len()
+            );
+            return Err(Invalid::new(Field::MaxTokens, budget, rule));
+        }
+        Ok(())
     }
 }
 
@@ -387,7 +431,7 @@ mod tests {
         Request {
             prompt: vec![1; prompt],
             sampling,
-            priority: 0,
+            ..Request::default()
         }
     }
 

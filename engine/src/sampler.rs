@@ -1,9 +1,12 @@
 //! Choosing the next token from one row of logits: bias, penalties, a grammar's mask,
 //! temperature, top-k, top-p, min-p, then a draw from the choice's own random stream.
 //!
-//! Every choice owns its generator, seeded from the request's seed and the choice's index, so
-//! the same seeded request draws the same tokens whatever else shares the batch, and a choice
-//! that is preempted and recomputed continues its stream where it left off.
+//! A choice's randomness depends only on (seed, choice index, output position): the draw for
+//! output token `k` is the first word of ChaCha8 stream `k` under a key made from the seed
+//! and the choice's index. So the same seeded request draws the same tokens whatever else
+//! shares the batch, a preempted and recomputed choice continues where it left off, and a
+//! choice resumed at position `p` on another replica (its output so far replayed) draws
+//! exactly what the uninterrupted run drew from `p` on.
 
 use std::collections::{HashMap, HashSet};
 
@@ -22,7 +25,10 @@ const TOP_P_PARTIAL: usize = 1024;
 /// Per-choice sampling state.
 #[derive(Debug)]
 pub(crate) struct SamplerState {
-    rng: ChaCha8Rng,
+    /// The ChaCha8 key of this choice: from the seed and the choice index, or from the OS.
+    key: u64,
+    /// The output position of the next draw (tokens sampled or replayed so far).
+    position: u64,
     /// Occurrences of each generated token (frequency and presence penalties).
     output_counts: HashMap<u32, u32>,
     /// Tokens of the prompt and output (repetition penalty).
@@ -32,14 +38,13 @@ pub(crate) struct SamplerState {
 impl SamplerState {
     /// State for choice `index` of a request. Unseeded requests draw a seed from the OS.
     pub fn new(seed: Option<u64>, index: usize, prompt: &[u32]) -> Self {
-        let rng = match seed {
-            Some(s) => {
-                ChaCha8Rng::seed_from_u64(s ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            }
-            None => ChaCha8Rng::from_os_rng(),
+        let key = match seed {
+            Some(s) => s ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            None => rand::rng().random(),
         };
         Self {
-            rng,
+            key,
+            position: 0,
             output_counts: HashMap::new(),
             seen: prompt.iter().copied().collect(),
         }
@@ -49,6 +54,27 @@ impl SamplerState {
     pub fn push(&mut self, token: u32) {
         *self.output_counts.entry(token).or_default() += 1;
         self.seen.insert(token);
+    }
+
+    /// Records a token generated before (a resumed choice's output so far): as if it had
+    /// been sampled here, so penalties and the next draw's position are those of the
+    /// uninterrupted run.
+    #[cfg(test)]
+    pub fn replay(&mut self, token: u32) {
+        self.push(token);
+        self.skip();
+    }
+
+    /// Moves past one output position without drawing (a replayed token already pushed).
+    pub fn skip(&mut self) {
+        self.position += 1;
+    }
+
+    /// The uniform number in [0, 1) of the draw at the current position.
+    fn uniform(&self) -> f64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.key);
+        rng.set_stream(self.position);
+        rng.random::<f64>()
     }
 }
 
@@ -104,8 +130,9 @@ pub(crate) fn sample(
     let token = if p.is_greedy() {
         argmax(&l)
     } else {
-        draw(&l, p, &mut state.rng)
+        draw(&l, p, state.uniform())
     };
+    state.position += 1;
     let logprob = p.logprobs.map(|k| logprob_of(raw, token, k));
     Sampled { token, logprob }
 }
@@ -127,7 +154,7 @@ fn logprob_of(raw: &[f32], token: u32, k: usize) -> TokenLogprob {
 }
 
 /// A random draw after temperature, top-k, top-p and min-p.
-fn draw(l: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
+fn draw(l: &[f32], p: &SamplingParams, uniform: f64) -> u32 {
     let mut cand: Vec<u32> = (0..l.len() as u32)
         .filter(|&i| l[i as usize] > f32::NEG_INFINITY)
         .collect();
@@ -180,7 +207,7 @@ fn draw(l: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
     }
     let weights: Vec<f64> = cand.iter().map(|&i| weight(i)).collect();
     let total: f64 = weights.iter().sum();
-    let mut r = rng.random::<f64>() * total;
+    let mut r = uniform * total;
     for (&i, w) in cand.iter().zip(&weights) {
         if r < *w {
             return i;
@@ -238,6 +265,37 @@ mod tests {
             .map(|_| sample(&logits, &p, &mut b, &[], None).token)
             .collect();
         assert_ne!(sa, sb);
+    }
+
+    #[test]
+    fn a_draw_depends_only_on_seed_choice_and_position() {
+        let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+        let p = params(|p| p.presence_penalty = 0.4);
+        let run = |st: &mut SamplerState, n: usize| -> Vec<u32> {
+            (0..n)
+                .map(|_| {
+                    let t = sample(&logits, &p, st, &[], None).token;
+                    st.push(t);
+                    t
+                })
+                .collect()
+        };
+        for index in [0, 3] {
+            let whole = run(&mut SamplerState::new(Some(11), index, &[1, 2]), 40);
+            // A choice resumed at position 17: its output so far replayed, then sampled on.
+            let mut resumed = SamplerState::new(Some(11), index, &[1, 2]);
+            for &t in &whole[..17] {
+                resumed.replay(t);
+            }
+            assert_eq!(run(&mut resumed, 23), whole[17..], "choice {index}");
+        }
+        // Greedy draws take a position too, so a mixed history stays aligned.
+        let mut a = SamplerState::new(Some(5), 0, &[]);
+        let mut b = SamplerState::new(Some(5), 0, &[]);
+        sample(&logits, &SamplingParams::greedy(1), &mut a, &[], None);
+        b.replay(0);
+        assert_eq!(a.position, b.position);
+        assert_eq!(a.uniform(), b.uniform());
     }
 
     #[test]

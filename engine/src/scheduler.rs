@@ -244,6 +244,8 @@ mod tests {
             events,
             eos: Vec::new(),
             grammar_eos: Vec::new(),
+            deadline: None,
+            choice_base: 0,
         });
         // Distinct tokens per request, so prompts share no cached prefix by accident.
         let tokens = (0..prompt_len as u32)

@@ -31,6 +31,11 @@ pub(crate) struct RequestInfo {
     /// With `ignore_eos` and a grammar: the ids its mask allows once complete, kept out while
     /// the grammar allows anything else (so the output runs on where the grammar permits).
     pub grammar_eos: Vec<u32>,
+    /// When the request must be done.
+    pub deadline: Option<Instant>,
+    /// Added to a choice's index for its random stream: a resumed choice keeps the stream of
+    /// its index in the original request (0 otherwise).
+    pub choice_base: usize,
 }
 
 /// A choice's timestamps, for the latency histograms.
@@ -69,6 +74,8 @@ pub(crate) struct Seq {
     /// Output tokens whose text has not been released yet, with their log-probabilities.
     pending_ids: Vec<u32>,
     pending_logprobs: Vec<TokenLogprob>,
+    /// Replaying output the caller already has: nothing is sent.
+    muted: bool,
     pub timing: Timing,
 }
 
@@ -82,7 +89,7 @@ pub(crate) struct Ended {
 impl Seq {
     pub fn new(req: Arc<RequestInfo>, index: usize, tokens: Vec<u32>) -> Self {
         let p = &req.params;
-        let sampler = SamplerState::new(p.seed, index, &tokens[..req.prompt_len]);
+        let sampler = SamplerState::new(p.seed, index + req.choice_base, &tokens[..req.prompt_len]);
         let detok = Detokenizer::new(p.skip_special_tokens);
         let stop = StopMatcher::new(p.stop.clone());
         let forks_left = if index == 0 { p.n - 1 } else { 0 };
@@ -103,6 +110,7 @@ impl Seq {
             stop,
             pending_ids: Vec::new(),
             pending_logprobs: Vec::new(),
+            muted: false,
             timing: Timing {
                 first_scheduled: None,
                 first_token: None,
@@ -197,6 +205,39 @@ impl Seq {
         None
     }
 
+    /// Replays output generated before (a resumed choice) as if it had been sampled here,
+    /// sending nothing: the sampler's penalties and position, the grammar, the detokeniser
+    /// and the stop matcher end up as in the uninterrupted run, so text held back there (a
+    /// split character, a possible stop string) is held back here. Returns the end when the
+    /// output already ends the choice.
+    pub fn replay(&mut self, tok: &Tokenizer, output: &[u32]) -> Option<Ended> {
+        self.muted = true;
+        let mut end = None;
+        for &t in output {
+            let complete = match self.matcher.as_mut().map(|m| m.consume(t)) {
+                Some(Err(e)) => {
+                    end = Some(Ended {
+                        reason: FinishReason::Error(format!("the output grammar failed: {e}")),
+                        matched: None,
+                    });
+                    break;
+                }
+                Some(Ok(complete)) => complete,
+                None => false,
+            };
+            end = self.append(tok, t, None);
+            self.sampler.skip();
+            if end.is_none() && complete {
+                end = Some(self.grammar_done(tok));
+            }
+            if end.is_some() {
+                break;
+            }
+        }
+        self.muted = false;
+        end
+    }
+
     /// Ends the choice because its grammar is complete (a stop, like an end-of-sequence
     /// token), releasing the text held back.
     pub fn grammar_done(&mut self, tok: &Tokenizer) -> Ended {
@@ -227,6 +268,9 @@ impl Seq {
             token_ids: std::mem::take(&mut self.pending_ids),
             logprobs: std::mem::take(&mut self.pending_logprobs),
         };
+        if self.muted {
+            return;
+        }
         // A closed stream is noticed (and the choice aborted) at the next step.
         let _ = self.req.events.send(Event::Delta(delta));
     }

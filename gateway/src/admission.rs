@@ -503,6 +503,7 @@ mod tests {
             requests_per_minute: None,
             tokens_per_minute: None,
             max_concurrent,
+            deadline_ms: None,
         })
     }
 

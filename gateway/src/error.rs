@@ -58,7 +58,8 @@ pub enum ApiError {
     /// Replicas failed or could not be reached.
     #[error("{0}")]
     BadGateway(String),
-    /// The request's deadline passed in `stage` (`queue`, `prefill`, `decode`).
+    /// The request's own deadline (`X-Sluice-Deadline-Ms` or the tenant's default) passed;
+    /// `stage` is `queue`, `prefill` or `decode`.
     #[error("The request's deadline passed in the {stage} stage")]
     DeadlineExceeded { stage: &'static str },
 }

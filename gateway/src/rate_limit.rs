@@ -305,6 +305,7 @@ mod tests {
             requests_per_minute: rpm,
             tokens_per_minute: tpm,
             max_concurrent: None,
+            deadline_ms: None,
         }
     }
 

@@ -37,6 +37,9 @@ pub struct Tenant {
     pub tokens_per_minute: Option<u64>,
     /// At most this many of the tenant's requests hold admission permits at once.
     pub max_concurrent: Option<usize>,
+    /// The deadline of the tenant's requests that send no `X-Sluice-Deadline-Ms` header, in
+    /// milliseconds from receipt; `None` = no deadline.
+    pub deadline_ms: Option<u64>,
 }
 
 impl Tenant {
@@ -48,6 +51,7 @@ impl Tenant {
             requests_per_minute: None,
             tokens_per_minute: None,
             max_concurrent: None,
+            deadline_ms: None,
         }
     }
 }
@@ -204,6 +208,7 @@ struct RawTenant {
     requests_per_minute: Option<u32>,
     tokens_per_minute: Option<u64>,
     max_concurrent: Option<usize>,
+    deadline_ms: Option<u64>,
 }
 
 fn default_weight() -> f64 {
@@ -330,6 +335,8 @@ impl Tenants {
                 Some("tokens_per_minute")
             } else if t.max_concurrent == Some(0) {
                 Some("max_concurrent")
+            } else if t.deadline_ms == Some(0) {
+                Some("deadline_ms")
             } else {
                 None
             };
@@ -347,6 +354,7 @@ impl Tenants {
                 requests_per_minute: t.requests_per_minute,
                 tokens_per_minute: t.tokens_per_minute,
                 max_concurrent: t.max_concurrent,
+                deadline_ms: t.deadline_ms,
             }));
         }
         Ok((tenants, by_name))
@@ -501,6 +509,7 @@ weight = 2.0
 requests_per_minute = 600
 tokens_per_minute = 100000
 max_concurrent = 8
+deadline_ms = 1500
 
 [[tenants]]
 name = "team-b"
@@ -532,6 +541,7 @@ tenant = "team-b"
                 requests_per_minute: Some(600),
                 tokens_per_minute: Some(100_000),
                 max_concurrent: Some(8),
+                deadline_ms: Some(1500),
             }
         );
         let b = t.get("team-b").unwrap();
@@ -641,7 +651,13 @@ tenant = "team-b"
 
     #[test]
     fn zero_limits_are_refused() {
-        for field in ["requests_per_minute", "tokens_per_minute", "max_concurrent"] {
+        let fields = [
+            "requests_per_minute",
+            "tokens_per_minute",
+            "max_concurrent",
+            "deadline_ms",
+        ];
+        for field in fields {
             let msg = error_of(&format!("[[tenants]]\nname = \"x\"\n{field} = 0\n{KEY_X}"));
             assert!(msg.contains(&format!("'x' has {field} = 0")), "{msg}");
         }

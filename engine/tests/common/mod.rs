@@ -89,6 +89,7 @@ pub fn request(prompt: Vec<u32>, sampling: SamplingParams) -> Request {
         prompt,
         sampling,
         priority: 0,
+        ..Request::default()
     }
 }
 

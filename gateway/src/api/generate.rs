@@ -40,6 +40,10 @@ pub struct Head {
     pub tokenizer: Arc<Model>,
     /// Chat output read as tool calls: `Some(true)` calls only, `Some(false)` text or calls.
     pub tool_calls: Option<bool>,
+    /// Streamed choices carry their token ids and usage (`X-Sluice-Token-Ids`).
+    pub token_ids: bool,
+    /// A continuation (`X-Sluice-Resume`): the client has had the opening already.
+    pub resumed: bool,
 }
 
 impl Head {
@@ -65,8 +69,8 @@ pub trait Render: Send + Sized + 'static {
     fn chunk(&self, choices: Vec<Self::Choice>, usage: Option<Option<UsageOut>>) -> Bytes;
     /// The choice carrying new text of choice `i`.
     fn delta_choice(&mut self, i: usize, d: Delta) -> Self::Choice;
-    /// The choice that finishes choice `i`.
-    fn finish_choice(i: usize, reason: &'static str) -> Self::Choice;
+    /// The choice that finishes choice `i`, with its usage when the gateway asked for it.
+    fn finish_choice(i: usize, reason: &'static str, usage: Option<UsageOut>) -> Self::Choice;
     /// The whole answer as one JSON body.
     fn body(self, choices: Vec<Acc>, usage: UsageOut) -> Response;
 
@@ -75,15 +79,19 @@ pub trait Render: Send + Sized + 'static {
         None
     }
 
+    /// Choice `i` continues output another replica sent (`ids`): later pieces go on from it.
+    fn resumed(&mut self, _i: usize, _ids: &[u32]) {}
+
     /// The chunk carrying `d`; `None` when it carries nothing to send yet.
     fn delta(&mut self, i: usize, d: Delta) -> Option<Bytes> {
         let choice = self.delta_choice(i, d);
         Some(self.chunk(vec![choice], self.head().usage_field()))
     }
 
-    fn finish(&self, i: usize, reason: &'static str) -> Bytes {
+    fn finish(&self, i: usize, reason: &'static str, usage: &Usage) -> Bytes {
+        let usage = self.head().token_ids.then(|| usage_out(usage));
         self.chunk(
-            vec![Self::finish_choice(i, reason)],
+            vec![Self::finish_choice(i, reason, usage)],
             self.head().usage_field(),
         )
     }
@@ -175,6 +183,8 @@ impl Render for ChatRender {
                 },
                 logprobs: None,
                 finish_reason: None,
+                token_ids: None,
+                sluice_usage: None,
             })
             .collect();
         Some(self.chunk(opening, self.head.usage_field()))
@@ -205,32 +215,46 @@ impl Render for ChatRender {
             delta,
             logprobs,
             finish_reason: None,
+            token_ids: self.head.token_ids.then_some(d.token_ids),
+            sluice_usage: None,
         }
     }
 
-    fn finish_choice(i: usize, reason: &'static str) -> ChatChunkChoice {
+    /// A call reader reads the text sent before, so calls continue where they were (their
+    /// ids are new: call ids are random).
+    fn resumed(&mut self, i: usize, ids: &[u32]) {
+        if let Some(reader) = self.readers.get_mut(i) {
+            let text = self.head.tok().decode(ids, true).unwrap_or_default();
+            reader.push(&text);
+        }
+    }
+
+    fn finish_choice(i: usize, reason: &'static str, usage: Option<UsageOut>) -> ChatChunkChoice {
         ChatChunkChoice {
             index: i,
             delta: ChatDelta::default(),
             logprobs: None,
             finish_reason: Some(reason),
+            token_ids: None,
+            sluice_usage: usage,
         }
     }
 
     /// With tools, a piece of output that completes nothing (a call's name still coming, an
-    /// argument's end held back) sends no chunk.
+    /// argument's end held back) sends no chunk, unless it carries token ids for a gateway.
     fn delta(&mut self, i: usize, d: Delta) -> Option<Bytes> {
         let choice = self.delta_choice(i, d);
         let empty = choice.delta.content.is_none() && choice.delta.tool_calls.is_none();
-        if empty && choice.logprobs.is_none() {
+        if empty && choice.logprobs.is_none() && choice.token_ids.is_none() {
             return None;
         }
         Some(self.chunk(vec![choice], self.head.usage_field()))
     }
 
-    fn finish(&self, i: usize, reason: &'static str) -> Bytes {
+    fn finish(&self, i: usize, reason: &'static str, usage: &Usage) -> Bytes {
         let called = self.readers.get(i).is_some_and(|r| r.calls() > 0);
-        let choice = Self::finish_choice(i, Self::label(reason, called));
+        let usage = self.head.token_ids.then(|| usage_out(usage));
+        let choice = Self::finish_choice(i, Self::label(reason, called), usage);
         self.chunk(vec![choice], self.head.usage_field())
     }
 
@@ -310,15 +334,25 @@ impl Render for TextRender {
             text: d.text,
             logprobs,
             finish_reason: None,
+            token_ids: self.head.token_ids.then_some(d.token_ids),
+            sluice_usage: None,
         }
     }
 
-    fn finish_choice(i: usize, reason: &'static str) -> CompletionChoice {
+    /// Log-probability text offsets go on from the text sent before.
+    fn resumed(&mut self, i: usize, ids: &[u32]) {
+        let tok = self.head.tok();
+        self.offsets[i] += ids.iter().map(|&id| piece(tok, id).len()).sum::<usize>();
+    }
+
+    fn finish_choice(i: usize, reason: &'static str, usage: Option<UsageOut>) -> CompletionChoice {
         CompletionChoice {
             index: i,
             text: String::new(),
             logprobs: None,
             finish_reason: Some(reason),
+            token_ids: None,
+            sluice_usage: usage,
         }
     }
 
@@ -336,6 +370,8 @@ impl Render for TextRender {
                 }),
                 text: a.text,
                 finish_reason: a.finish.as_ref().map(finish_label),
+                token_ids: None,
+                sluice_usage: None,
             })
             .collect();
         Json(Completion {
@@ -489,6 +525,11 @@ impl<S: futures_util::Stream<Item = (usize, Event)> + Unpin> Events<S> {
                         "The server stopped before the request finished".into(),
                     ))
                 }
+                FinishReason::Deadline(stage) => {
+                    return Err(ApiError::DeadlineExceeded {
+                        stage: stage.as_str(),
+                    })
+                }
                 FinishReason::Stop | FinishReason::Length => {}
             }
         }
@@ -532,7 +573,7 @@ struct Choices {
 /// What one event means for the response.
 enum Step {
     Delta(usize, Delta),
-    Finish(usize, FinishReason),
+    Finish(usize, FinishReason, Usage),
 }
 
 impl Choices {
@@ -558,7 +599,7 @@ impl Choices {
             Event::Finish(f) => {
                 self.finished += 1;
                 self.usage.add(&f.usage, f.index == 0);
-                Step::Finish(choice_index(p, self.n, f.index), f.reason)
+                Step::Finish(choice_index(p, self.n, f.index), f.reason, f.usage)
             }
         })
     }
@@ -582,7 +623,7 @@ pub async fn respond<R: Render>(g: Generation<R>) -> Result<Response, ApiError> 
                 acc[i].text.push_str(&d.text);
                 acc[i].lps.extend(d.logprobs);
             }
-            Ok(Step::Finish(i, reason)) => acc[i].finish = Some(reason),
+            Ok(Step::Finish(i, reason, _)) => acc[i].finish = Some(reason),
             Err(e) => {
                 scope.fail(&e);
                 return Err(e);
@@ -623,7 +664,9 @@ impl<R: Render> Streaming<R> {
                 self.scope.first_token();
                 self.render.delta(i, d)
             }
-            Ok(Step::Finish(i, reason)) => Some(self.render.finish(i, finish_label(&reason))),
+            Ok(Step::Finish(i, reason, usage)) => {
+                Some(self.render.finish(i, finish_label(&reason), &usage))
+            }
             Err(e) => {
                 // Dropping the engine streams now aborts whatever is left.
                 self.choices = None;
@@ -657,7 +700,11 @@ impl<R: Render> Streaming<R> {
 /// `[DONE]`.
 pub fn stream<R: Render>(g: Generation<R>) -> Response {
     let choices = Choices::new(g.streams, g.n, g.deadline);
-    let opening = g.render.opening(choices.total);
+    let token_ids = g.render.head().token_ids;
+    let opening = match g.render.head().resumed {
+        false => g.render.opening(choices.total),
+        true => None,
+    };
     let state = Streaming {
         render: g.render,
         choices: Some(choices),
@@ -669,7 +716,13 @@ pub fn stream<R: Render>(g: Generation<R>) -> Response {
     let body = stream::iter(opening)
         .chain(rest)
         .map(Ok::<_, std::convert::Infallible>);
-    sse::response(Body::from_stream(body))
+    let mut resp = sse::response(Body::from_stream(body));
+    if token_ids {
+        // Says the chunks carry token ids: the gateway may resume this stream elsewhere.
+        let (name, value) = super::resume::token_ids_header();
+        resp.headers_mut().insert(name, value);
+    }
+    resp
 }
 
 /// Seconds since the Unix epoch, for `created`.

@@ -18,13 +18,15 @@ use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Request};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use sluice_engine::{EventStream, Request as EngineRequest, SamplingParams, SubmitError};
+use sluice_engine::{EventStream, Request as EngineRequest, Resume, SamplingParams, SubmitError};
 
 use super::body::{parse_json, read_body};
 use super::endpoint::Endpoint;
 use super::gate::{Ask, Gate};
 use super::generate::{self, Generation, Head, Render};
+use super::internal::{self, Internal, ResumeSpec};
 use super::proxy::{self, Forward};
+use super::resume::Resumption;
 use super::scope::RequestScope;
 use super::state::{AppState, RequestId};
 use super::tools;
@@ -92,7 +94,7 @@ impl FromRequest<Arc<AppState>> for Call {
 /// One request, parsed, checked and admitted, ready to run.
 enum Started<R> {
     Local(LocalRun<R>),
-    Remote(Routed),
+    Remote(Box<(Routed, Option<Resumption>)>),
 }
 
 /// The engine's streams for an admitted local request, and how to render them.
@@ -121,7 +123,7 @@ async fn generation<E: Endpoint>(call: Call) -> Response {
     );
     match start::<E>(&s, &tenant, &id, &headers, body, &mut scope).await {
         Ok(Started::Local(run)) => run_local(&s, run, scope).await,
-        Ok(Started::Remote(routed)) => proxy::pass(routed, scope, &s),
+        Ok(Started::Remote(routed)) => proxy::pass(*routed, scope, &s),
         Err(e) => {
             scope.fail(&e);
             e.into_response()
@@ -144,13 +146,17 @@ async fn start<E: Endpoint>(
     if s.log_prompts {
         req.log_prompt(&scope.id);
     }
+    scope.deadline = internal::deadline(headers, tenant, scope.started())?;
     match s.resolve(req.model())? {
-        Target::Local(backend) => start_local(s, tenant, id, req, &backend, scope)
-            .await
-            .map(Started::Local),
+        Target::Local(backend) => {
+            let internal = Internal::of(headers, &bytes)?;
+            start_local(s, tenant, id, (req, internal), &backend, scope)
+                .await
+                .map(Started::Local)
+        }
         Target::Remote(router) => start_remote(s, tenant, headers, bytes, req, &router, scope)
             .await
-            .map(Started::Remote),
+            .map(|r| Started::Remote(Box::new(r))),
     }
 }
 
@@ -160,7 +166,14 @@ async fn gate(
     ask: Ask,
     scope: &mut RequestScope,
 ) -> Result<(), ApiError> {
-    let gate = Gate::enter(&s.limiter, &s.admission, &s.metrics, tenant, ask).await?;
+    let enter = Gate::enter(&s.limiter, &s.admission, &s.metrics, tenant, ask);
+    let gate = match scope.deadline {
+        // Leaving the queue at the deadline drops the wait (and the place in the queue).
+        Some(d) => tokio::time::timeout_at(d.into(), enter)
+            .await
+            .map_err(|_| ApiError::DeadlineExceeded { stage: "queue" })??,
+        None => enter.await?,
+    };
     scope.hold(gate);
     Ok(())
 }
@@ -170,7 +183,7 @@ async fn start_local<E: Endpoint>(
     s: &AppState,
     tenant: &Arc<Tenant>,
     id: &RequestId,
-    req: E,
+    (req, internal): (E, Internal),
     backend: &LocalBackend,
     scope: &mut RequestScope,
 ) -> Result<LocalRun<E::Render>, ApiError> {
@@ -179,6 +192,7 @@ async fn start_local<E: Endpoint>(
     let grammar = E::grammar(&prompt);
     let tool_calls = E::tool_calls(&prompt);
     let prompts = req.encode(prompt, model)?;
+    let (prompts, resume) = resumed(prompts, &mut checked, internal.resume)?;
     if let Some((grammar, param)) = grammar {
         checked.sampling.constraint = Some(tools::compile(backend, grammar, param).await?);
     }
@@ -192,7 +206,9 @@ async fn start_local<E: Endpoint>(
         prompt_tokens: Some(prompt_tokens),
     };
     gate(s, tenant, ask, scope).await?;
-    let streams = submit(backend, prompts, &checked).map_err(|e| E::PARAMS.submit_error(e))?;
+    let resumed = resume.as_ref().map(|r| r.output.clone());
+    let streams = submit(backend, prompts, &checked, (scope.deadline, resume))
+        .map_err(|e| E::PARAMS.submit_error(e))?;
     let head = Head {
         id: format!("{}{}", E::ID_PREFIX, id.0),
         created: generate::unix_now(),
@@ -201,10 +217,16 @@ async fn start_local<E: Endpoint>(
         include_usage: checked.include_usage,
         tokenizer: model.clone(),
         tool_calls,
+        token_ids: internal.token_ids,
+        resumed: resumed.is_some(),
     };
     let n = checked.sampling.n;
+    let mut render = E::Render::new(head, streams.len() * n);
+    if let Some(output) = resumed {
+        render.resumed(0, &output);
+    }
     Ok(LocalRun {
-        render: E::Render::new(head, streams.len() * n),
+        render,
         streams,
         n,
         stream: checked.stream,
@@ -225,10 +247,35 @@ fn reservation(
     Ok(total as u64)
 }
 
+/// A continuation's one prompt and choice: prompt `index / n`, choice `index % n`, run as a
+/// request of one choice that resumes from `token_ids`.
+fn resumed(
+    mut prompts: Vec<Vec<u32>>,
+    checked: &mut Checked,
+    spec: Option<ResumeSpec>,
+) -> Result<(Vec<Vec<u32>>, Option<Resume>), ApiError> {
+    let Some(spec) = spec else {
+        return Ok((prompts, None));
+    };
+    let n = checked.sampling.n;
+    let p = spec.index / n;
+    if p >= prompts.len() {
+        let message = format!("sluice_resume.index {} has no choice", spec.index);
+        return Err(ApiError::bad(message, "sluice_resume"));
+    }
+    checked.sampling.n = 1;
+    let resume = Resume {
+        choice: spec.index % n,
+        output: spec.token_ids,
+    };
+    Ok((vec![prompts.swap_remove(p)], Some(resume)))
+}
+
 fn submit(
     backend: &LocalBackend,
     prompts: Vec<Vec<u32>>,
     checked: &Checked,
+    (deadline, resume): (Option<Instant>, Option<Resume>),
 ) -> Result<Vec<EventStream>, SubmitError> {
     prompts
         .into_iter()
@@ -237,6 +284,8 @@ fn submit(
                 prompt,
                 sampling: checked.sampling.clone(),
                 priority: checked.priority,
+                deadline,
+                resume: resume.clone(),
             })
         })
         .collect()
@@ -266,9 +315,9 @@ async fn start_remote<E: Endpoint>(
     headers: &HeaderMap,
     body: Bytes,
     req: E,
-    router: &Router,
+    router: &Arc<Router>,
     scope: &mut RequestScope,
-) -> Result<Routed, ApiError> {
+) -> Result<(Routed, Option<Resumption>), ApiError> {
     let (checked, prompt) = req.check(None)?;
     let routing = req.routing(&prompt);
     let sampling = &checked.sampling;
@@ -289,6 +338,10 @@ async fn start_remote<E: Endpoint>(
             priority: checked.priority,
             tenant: tenant.clone(),
         },
+        deadline: scope.deadline,
+        stream: checked
+            .stream
+            .then_some((sampling.n, routing.prompts, checked.include_usage)),
     };
     proxy::forward(s, router, headers, body, forward).await
 }

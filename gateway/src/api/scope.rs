@@ -62,6 +62,8 @@ struct Outcome {
 pub struct RequestScope {
     pub id: String,
     pub tenant: String,
+    /// When the request must be done (`X-Sluice-Deadline-Ms` or the tenant's default).
+    pub deadline: Option<Instant>,
     route: &'static str,
     started: Instant,
     first_token: Option<Instant>,
@@ -94,6 +96,7 @@ impl RequestScope {
         Self {
             id,
             tenant,
+            deadline: None,
             route,
             started,
             first_token: None,
@@ -102,6 +105,11 @@ impl RequestScope {
             gate: None,
             _in_flight: in_flight,
         }
+    }
+
+    /// When the request was received.
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     /// Holds the request's gate until the request ends.
@@ -133,6 +141,12 @@ impl RequestScope {
             .rejections
             .with_label_values(&[e.metric_label()])
             .inc();
+        if let ApiError::DeadlineExceeded { stage } = e {
+            self.metrics
+                .deadline_exceeded
+                .with_label_values(&[stage])
+                .inc();
+        }
         self.outcome = Some(Outcome {
             status: e.status().as_u16(),
             prompt_tokens: 0,

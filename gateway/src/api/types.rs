@@ -352,6 +352,14 @@ pub struct ChatChunkChoice {
     pub delta: ChatDelta,
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// Internal (`X-Sluice-Token-Ids`): the tokens of this piece, for a routing gateway.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub token_ids: Option<Vec<u32>>,
+    /// Internal (`X-Sluice-Token-Ids`): the choice's usage, on the chunk that finishes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub sluice_usage: Option<UsageOut>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -382,6 +390,14 @@ pub struct CompletionChoice {
     pub text: String,
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// Internal (`X-Sluice-Token-Ids`): the tokens of this piece, for a routing gateway.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub token_ids: Option<Vec<u32>>,
+    /// Internal (`X-Sluice-Token-Ids`): the choice's usage, on the chunk that finishes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub sluice_usage: Option<UsageOut>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
