@@ -11,7 +11,9 @@
 #   - decode tok/s and inter-token latency at batch 1, 16 and 64, and prefill tok/s, at context
 #     512, for the default model's shape (a synthetic full-depth Q4_1 model written here) and
 #     for Llama-3-8B's shape in Q4_K (also written here);
-#   - whether greedy tokens are identical alone and in a batch of 16, for both shapes;
+#   - whether greedy tokens are identical alone and in a batch of 16, for both shapes and the
+#     truncated default model (real weights: random ones leave near-ties that any rounding
+#     difference flips);
 #   - `sluice serve` on the device, over HTTP, for the truncated default model and Llama-3-8B's
 #     shape: KV pool sized from free memory, `vllm:cache_config_info`, chat completions
 #     (scripts/gpu-serve-check.py).
@@ -189,6 +191,7 @@ fi
 # real model served over HTTP, then speed at the default model's shape, then at Llama-3-8B's.
 step agree_truncated "$limit" "$bin/gpucheck" --model "$truncated" "${gpu[@]}" agree --tokens "$tokens"
 serve serve_truncated "$truncated"
+step identical_truncated "$limit" "$bin/gpucheck" --model "$truncated" "${gpu[@]}" identical --tokens "$greedy"
 step synth_small 120 "$bin/synth" --shape smollm2-135m --layers 2 --dtype q4_1 --seed 1 \
   --tokenizer-from "$truncated" --out "$work/synth-small.gguf"
 step agree_synthetic "$limit" "$bin/gpucheck" --model "$work/synth-small.gguf" "${gpu[@]}" agree --tokens "$tokens"
