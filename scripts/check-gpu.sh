@@ -11,6 +11,8 @@
 #   - decode tok/s and inter-token latency at batch 1, 16 and 64, and prefill tok/s, at context
 #     512, for the default model's shape (a synthetic full-depth Q4_1 model written here) and
 #     for Llama-3-8B's shape in Q4_K (also written here);
+#   - for the candle backend, each phase's share of a decode step at batch 1 and the largest
+#     batch (gpucheck profile: launches, matmuls, attention);
 #   - whether greedy tokens are identical alone and in a batch of 16, for both shapes and the
 #     truncated default model (real weights: random ones leave near-ties that any rounding
 #     difference flips);
@@ -164,6 +166,13 @@ EOF
 
 gpu=(--device "$device" --backend "$backend")
 layers() { [ -n "$1" ] && echo "--layers $1"; }
+# profile NAME MODEL: where a decode step's time goes, phase by phase (candle only).
+profile() {
+  if [ "$backend" = candle ]; then
+    step "$1" "$limit" "$bin/gpucheck" --model "$2" "${gpu[@]}" profile \
+      --batches "1,$(echo "$batches" | tr ',' '\n' | tail -n 1)" --ctx "$ctx" --steps 8
+  fi
+}
 # serve NAME MODEL: `sluice serve` on the device over HTTP (scripts/gpu-serve-check.py), when
 # the carry holds the binary.
 serve() {
@@ -201,6 +210,7 @@ step synth_smollm2 300 "$bin/synth" --shape smollm2-135m $(layers "$full_layers"
   --seed 2 --tokenizer-from "$truncated" --out "$work/smollm2.gguf"
 step bench_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
+profile profile_smollm2 "$work/smollm2.gguf"
 step identical_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" identical --tokens "$greedy"
 rm -f "$work/smollm2.gguf"
 
@@ -209,6 +219,7 @@ step synth_llama3_8b 400 "$bin/synth" --shape llama3-8b $(layers "$big_layers") 
   --seed 3 --tokenizer-from "$truncated" --out "$work/llama3-8b.gguf"
 step bench_llama3_8b "$limit" "$bin/gpucheck" --model "$work/llama3-8b.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
+profile profile_llama3_8b "$work/llama3-8b.gguf"
 serve serve_llama3_8b "$work/llama3-8b.gguf"
 step identical_llama3_8b "$limit" "$bin/gpucheck" --model "$work/llama3-8b.gguf" "${gpu[@]}" identical --tokens "$greedy"
 rm -f "$work/llama3-8b.gguf"

@@ -62,7 +62,8 @@ pub struct QueueMetrics {
     pub held: IntGaugeVec,
     /// The oldest waiting request's wait, seconds.
     pub oldest_wait: GaugeVec,
-    /// [`DEADLINE_EXCEEDED`].
+    /// [`DEADLINE_EXCEEDED`]: registered here, counted by the request's scope (`api::scope`)
+    /// for every stage when the error reaches the client.
     pub deadline_exceeded: IntCounterVec,
 }
 

@@ -8,7 +8,11 @@
 //!   each batch size `--steps` decode steps at context `--ctx`: aggregate tok/s and the
 //!   inter-token latency (a step's time) mean, p50 and p90;
 //! - `identical`: whether a sequence's greedy tokens are the same alone and inside a batch of
-//!   16 sequences of other lengths.
+//!   16 sequences of other lengths;
+//! - `profile` (candle only): `bench`'s decode steps with the device synchronised at each phase
+//!   of the forward pass, giving each phase's milliseconds per step by batch size (the
+//!   synchronisation serialises the step, so the total exceeds `bench`'s step time; what is
+//!   left over by the phases' kernels is launch overhead).
 //!
 //! It runs on the CPU too (`--device cpu`), which is how the script is tested without a GPU.
 
@@ -59,6 +63,14 @@ enum Mode {
         #[arg(long, default_value_t = 24)]
         tokens: usize,
     },
+    Profile {
+        #[arg(long, value_delimiter = ',', default_value = "1,64")]
+        batches: Vec<usize>,
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
+        #[arg(long, default_value_t = 8)]
+        steps: usize,
+    },
 }
 
 const BLOCK: usize = 16;
@@ -92,6 +104,14 @@ impl Net {
         Ok(self.model.new_kv_store(blocks, BLOCK)?)
     }
 
+    /// The candle network, for its per-phase profile.
+    fn candle(&self) -> Result<&sluice_models::CandleLlama> {
+        match self.model.network() {
+            sluice_models::Network::Candle(c) => Ok(c),
+            sluice_models::Network::Kernels(_) => anyhow::bail!("profile needs --backend candle"),
+        }
+    }
+
     /// The logits rows the batch asks for, on the host.
     fn forward(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Vec<Vec<f32>>> {
         Ok(self.model.forward(batch, kv)?.to_vec2::<f32>()?)
@@ -112,6 +132,11 @@ fn main() -> Result<()> {
             steps,
         } => bench(&net, batches, *ctx, *steps)?,
         Mode::Identical { tokens } => identical(&net, *tokens)?,
+        Mode::Profile {
+            batches,
+            ctx,
+            steps,
+        } => profile(&net, batches, *ctx, *steps)?,
     };
     out["model"] = json!(args.model.display().to_string());
     out["device"] = json!(args.device);
@@ -194,16 +219,69 @@ fn agree(net: &Net, args: &Args, n: usize) -> Result<serde_json::Value> {
 }
 
 fn bench(net: &Net, batches: &[usize], ctx: usize, steps: usize) -> Result<serde_json::Value> {
-    let vocab = net.config().vocab_size;
     let most = batches.iter().copied().max().unwrap_or(1);
     let per_seq = ctx + steps + 1;
     let mut kv = net.new_kv(per_seq, most)?;
+    let (last, prefill_s) = prefill(net, &mut kv, most, ctx, per_seq)?;
+    let mut decode = Vec::new();
+    for &b in batches {
+        decode.push(decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?);
+    }
+    Ok(json!({
+        "mode": "bench",
+        "ctx": ctx,
+        "prefill_tokens": most * ctx,
+        "prefill_tok_s": (most * ctx) as f64 / prefill_s,
+        "decode": decode,
+    }))
+}
+
+/// `bench`'s decode steps, profiled phase by phase for each batch size.
+fn profile(net: &Net, batches: &[usize], ctx: usize, steps: usize) -> Result<serde_json::Value> {
+    let candle = net.candle()?;
+    let most = batches.iter().copied().max().unwrap_or(1);
+    let per_seq = ctx + steps + 1;
+    let mut kv = net.new_kv(per_seq, most)?;
+    let (last, _) = prefill(net, &mut kv, most, ctx, per_seq)?;
+    let mut out = Vec::new();
+    for &b in batches {
+        let plain = decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?;
+        candle.set_profiling(true);
+        // `decode_steps` runs one unmeasured warm-up step more than it times.
+        let profiled = decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?;
+        let phases = candle.take_profile();
+        candle.set_profiling(false);
+        let per_step = |s: f64| s * 1e3 / (steps + 1) as f64;
+        let phase_ms: serde_json::Map<String, serde_json::Value> = phases
+            .iter()
+            .map(|&(name, s)| (name.to_string(), json!(per_step(s))))
+            .collect();
+        out.push(json!({
+            "batch": b,
+            "step_ms": plain["itl_ms_mean"],
+            "profiled_step_ms": profiled["itl_ms_mean"],
+            "phase_ms_per_step": phase_ms,
+        }));
+    }
+    Ok(json!({"mode": "profile", "ctx": ctx, "steps": steps, "profile": out}))
+}
+
+/// Prefills `most` prompts of `ctx` tokens, one sequence per step after a warm-up; returns each
+/// sequence's next token and the seconds the prompts took.
+fn prefill(
+    net: &Net,
+    kv: &mut KvStore,
+    most: usize,
+    ctx: usize,
+    per_seq: usize,
+) -> Result<(Vec<u32>, f64)> {
+    let vocab = net.config().vocab_size;
     // Warm-up (kernel loading, first allocations), then every prompt prefilled once, one
     // sequence per step.
     let warm = StepBatch {
         seqs: vec![chunk(tokens(0, 8, vocab), 0, 0, per_seq, Logits::Last)],
     };
-    net.forward(&warm, &mut kv)?;
+    net.forward(&warm, kv)?;
     let started = Instant::now();
     let mut last = Vec::with_capacity(most);
     for s in 0..most {
@@ -216,20 +294,9 @@ fn bench(net: &Net, batches: &[usize], ctx: usize, steps: usize) -> Result<serde
                 Logits::Last,
             )],
         };
-        last.push(argmax(&net.forward(&batch, &mut kv)?[0]));
+        last.push(argmax(&net.forward(&batch, kv)?[0]));
     }
-    let prefill_s = started.elapsed().as_secs_f64();
-    let mut decode = Vec::new();
-    for &b in batches {
-        decode.push(decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?);
-    }
-    Ok(json!({
-        "mode": "bench",
-        "ctx": ctx,
-        "prefill_tokens": most * ctx,
-        "prefill_tok_s": (most * ctx) as f64 / prefill_s,
-        "decode": decode,
-    }))
+    Ok((last, started.elapsed().as_secs_f64()))
 }
 
 /// `steps` decode steps of `first.len()` sequences whose prompts fill `0..ctx`; each step

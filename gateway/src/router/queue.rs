@@ -237,11 +237,7 @@ impl Router {
     fn verdict(&self, req: &ProxyRequest, arrived: Instant) -> Option<RouteError> {
         let now = Instant::now();
         if req.deadline.is_some_and(|d| now >= d) {
-            self.metrics
-                .queue
-                .deadline_exceeded
-                .with_label_values(&["queue"])
-                .inc();
+            // Counted once, where the error reaches the client (`api::scope`).
             return Some(RouteError::DeadlineInQueue);
         }
         let waited = now.duration_since(arrived);

@@ -11,6 +11,7 @@
 mod attention;
 mod kv;
 mod linear;
+mod profile;
 
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ use crate::kv::KvStore;
 use crate::weights::WeightSource;
 use attention::StepPlan;
 use linear::{read_matrix, Linear, Place, Weight};
+use profile::{Clock, Phase, Profiler};
 
 /// The token embeddings: kept in their stored type (quantized rows are dequantized as they are
 /// looked up), so a quantized table costs its file size, not four bytes per weight.
@@ -67,6 +69,8 @@ pub struct CandleLlama {
     sin: Tensor,
     /// CPU only: the threads candle's CPU ops run on (`--threads`).
     threads: Option<Arc<rayon::ThreadPool>>,
+    /// Per-phase step time, when [`CandleLlama::set_profiling`] turned it on.
+    profiler: Profiler,
 }
 
 impl CandleLlama {
@@ -121,7 +125,20 @@ impl CandleLlama {
             output_norm,
             layers,
             threads,
+            profiler: Profiler::default(),
         })
+    }
+
+    /// Turns per-phase timing of each step on or off (clearing it). While on, the device is
+    /// synchronised at every phase boundary: steps get slower, and for measurement only.
+    pub fn set_profiling(&self, on: bool) {
+        self.profiler.set(on);
+    }
+
+    /// Seconds spent in each phase of the steps since profiling was turned on (or last
+    /// taken), by phase name in step order; clears them.
+    pub fn take_profile(&self) -> Vec<(&'static str, f64)> {
+        self.profiler.take()
     }
 
     pub fn config(&self) -> &LlamaConfig {
@@ -179,7 +196,9 @@ impl CandleLlama {
         if batch.seqs.is_empty() {
             return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu)?);
         }
+        let mut clock = self.profiler.clock(&self.device)?;
         let plan = StepPlan::new(batch, c, block_size, &self.device)?;
+        clock.mark(Phase::Plan)?;
         let mut x = match &self.embed {
             Embedding::Quant(q) => q.embedding(&plan.tokens)?,
             Embedding::Dense(t) => t.index_select(&plan.tokens, 0)?.to_dtype(DType::F32)?,
@@ -193,8 +212,9 @@ impl CandleLlama {
                 .index_select(&plan.positions, 0)?
                 .reshape((n, 1, ()))?,
         );
+        clock.mark(Phase::Embed)?;
         for (li, layer) in self.layers.iter().enumerate() {
-            x = self.layer(li, layer, &x, &plan, &rope, pool)?;
+            x = self.layer(li, layer, &x, (&plan, pool), &rope, &mut clock)?;
         }
         if plan.num_logit_rows == 0 {
             return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu)?);
@@ -203,7 +223,9 @@ impl CandleLlama {
         let rows = x.index_select(&plan.logit_rows, 0)?;
         let normed = rms_norm(&rows, &self.output_norm, c.rms_norm_eps)?;
         let logits = self.head.forward(&normed)?;
-        Ok(logits.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
+        let logits = logits.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
+        clock.mark(Phase::Logits)?;
+        Ok(logits)
     }
 
     /// One transformer block: `x` `[n, d]` in, the next `x` out.
@@ -212,15 +234,17 @@ impl CandleLlama {
         li: usize,
         layer: &Layer,
         x: &Tensor,
-        plan: &StepPlan,
+        (plan, pool): (&StepPlan, &DeviceKv),
         (cos, sin): &(Tensor, Tensor),
-        pool: &DeviceKv,
+        clock: &mut Clock<'_>,
     ) -> Result<Tensor> {
         let c = &self.config;
         let (heads, kv_heads, hd, kv_w) = (c.head_count, c.head_count_kv, c.head_dim, c.kv_width());
         let n = x.dim(0)?;
         let h = rms_norm(x, &layer.attn_norm, c.rms_norm_eps)?;
+        clock.mark(Phase::Norm)?;
         let qkv = layer.wqkv.forward(&h)?;
+        clock.mark(Phase::Qkv)?;
         // RoPE with each token as its own batch entry, so every token takes its own position.
         let rope = |t: Tensor, nh: usize| -> Result<Tensor> {
             let t = t.contiguous()?.reshape((n, nh, 1, hd))?;
@@ -229,15 +253,24 @@ impl CandleLlama {
         let q = rope(qkv.narrow(1, 0, heads * hd)?, heads)?;
         let k = rope(qkv.narrow(1, heads * hd, kv_w)?, kv_heads)?;
         let v = qkv.narrow(1, heads * hd + kv_w, kv_w)?.contiguous()?;
+        clock.mark(Phase::Rope)?;
         pool.write(li, &plan.write_index, &k.reshape((n, kv_w))?, &v)?;
+        clock.mark(Phase::KvWrite)?;
         let attn = attention::attend(&q, pool.layer(li), plan, c)?;
+        clock.mark(Phase::Attention)?;
         let x = (x + layer.wo.forward(&attn)?)?;
+        clock.mark(Phase::Wo)?;
         let h = rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps)?;
+        clock.mark(Phase::Norm)?;
         let gate_up = layer.wgate_up.forward(&h)?;
+        clock.mark(Phase::GateUp)?;
         let ff = c.feed_forward_length;
         let act =
             (candle_nn::ops::silu(&gate_up.narrow(1, 0, ff)?)? * gate_up.narrow(1, ff, ff)?)?;
-        Ok((x + layer.wdown.forward(&act)?)?)
+        clock.mark(Phase::Act)?;
+        let x = (x + layer.wdown.forward(&act)?)?;
+        clock.mark(Phase::Down)?;
+        Ok(x)
     }
 }
 
