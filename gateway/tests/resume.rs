@@ -11,63 +11,17 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::routing::{client, get, metric, post, send};
+use common::processes::{model_dir, spawn, wait_ready, Proc};
+use common::routing::{client, get, metric, post};
+use common::MODEL;
 use http_body_util::{BodyExt, Full};
-
-const MODEL: &str = "smollm2-135m-instruct";
 
 /// The tests here each start several processes; one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn model_dir() -> PathBuf {
-    std::env::var_os("SLUICE_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/cache"))
-}
-
-/// A `sluice serve` process, killed when dropped.
-struct Proc {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn(args: &[&str]) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("serve")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(if std::env::var_os("SLUICE_TEST_LOGS").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        })
-        .spawn()
-        .expect("the sluice binary starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .strip_prefix("sluice listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .trim()
-        .to_string();
-    Proc { child, url }
-}
 
 fn replica(extra: &[&str]) -> Proc {
     let dir = model_dir();
@@ -105,19 +59,6 @@ fn gateway(replicas: &[&Proc]) -> Proc {
         "/ready",
     ]);
     spawn(&args)
-}
-
-async fn wait_ready(url: &str, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Ok(a) = send(url, "GET", "/ready", None, &[]).await {
-            if a.status == 200 {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "{url} did not become ready");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 /// Request `i` of the eight: even ones greedy, odd ones seeded at temperature 1; the last

@@ -213,16 +213,26 @@ pub fn table(summaries: &[(String, Summary)]) -> String {
             s.bursts.to_string(),
             format!("{:.0}", s.recovery_s_max),
         ];
-        t.add_row(row.into_iter().enumerate().map(|(i, c)| {
+        t.add_row(figures_row(row, 1));
+    }
+    t.to_string()
+}
+
+/// A table row: its first `labels` cells are names, left-aligned; the rest are figures,
+/// right-aligned.
+pub(crate) fn figures_row(cells: impl IntoIterator<Item = String>, labels: usize) -> Vec<Cell> {
+    cells
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
             let cell = Cell::new(c);
-            if i == 0 {
+            if i < labels {
                 cell
             } else {
                 cell.set_alignment(CellAlignment::Right)
             }
-        }));
-    }
-    t.to_string()
+        })
+        .collect()
 }
 
 /// What the table's "SLO met" counts: the requests set apart as infeasible.

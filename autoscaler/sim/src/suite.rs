@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Gamma, LogNormal};
@@ -367,14 +367,7 @@ pub fn table(results: &[TraceResult]) -> String {
                 s.cost_vs_oracle.map_or("-".into(), |x| format!("{x:.2}")),
                 format!("{:.0}", s.recovery_s_max),
             ];
-            t.add_row(row.into_iter().enumerate().map(|(i, c)| {
-                let cell = Cell::new(c);
-                if i < 2 {
-                    cell
-                } else {
-                    cell.set_alignment(CellAlignment::Right)
-                }
-            }));
+            t.add_row(report::figures_row(row, 2));
         }
     }
     t.to_string()

@@ -8,7 +8,7 @@
 //! gateway queue for the policy's next tick and the variant's start-up on a new node, and that
 //! wait is its time to first token: it counts against the TTFT SLO like any other.
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde::{Deserialize, Serialize};
 
 use sluice_policy::timeline::Request;
@@ -141,14 +141,7 @@ pub fn table(rows: &[ZeroSavings]) -> String {
             format!("{:.0}", r.idle_s / 60.0),
             r.wake_ttft_s.map_or("-".into(), |x| format!("{x:.0}")),
         ];
-        t.add_row(row.into_iter().enumerate().map(|(i, c)| {
-            let cell = Cell::new(c);
-            if i == 0 {
-                cell
-            } else {
-                cell.set_alignment(CellAlignment::Right)
-            }
-        }));
+        t.add_row(report::figures_row(row, 1));
     }
     t.to_string()
 }

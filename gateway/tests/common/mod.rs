@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fake_upstream;
+pub mod processes;
 pub mod routing;
 
 use std::path::PathBuf;
