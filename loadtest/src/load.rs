@@ -194,7 +194,13 @@ async fn closed(
                 let Some((p, _)) = shared.prepare(i as usize) else {
                     break;
                 };
-                out.push(shared.fire(p, start, Instant::now()).await);
+                // One clock reading both bounds the run and schedules the request, so nothing
+                // is scheduled past `--duration` however long preparing it took.
+                let now = Instant::now();
+                if bounds.duration.is_some_and(|d| now - start >= d) {
+                    break;
+                }
+                out.push(shared.fire(p, start, now).await);
             }
             out
         });
