@@ -55,6 +55,8 @@ THIRD_PARTY = {
 # Series that come from outside sluice: kube-state-metrics and GKE log-based metrics.
 EXTERNAL_METRICS = re.compile(r"^(kube_|logging_googleapis_com:user_)")
 SERVE_IMAGES = ("sluice", "sluice-cuda")
+# The headless Service annotation naming the served models (gateway/src/discovery/k8s.rs).
+MODELS_ANNOTATION = "sluice.dev/models"
 
 
 class Report:
@@ -286,6 +288,7 @@ def check_consistency(objs: list[dict], where: str, rep: Report, bins: dict) -> 
             cfg = serve.get((g["metadata"]["name"], c["name"]))
             if cfg:
                 check_discovery(g, cfg, services, replicas, gateways, objs, f"{where} {name_of(g)}", rep)
+                check_models_annotation(cfg, services, replicas, serve, f"{where} {name_of(g)}", rep)
     if replicas and not gateways and where.split()[0] != "base":
         pass  # a replica-only render is allowed (none ships today)
 
@@ -408,6 +411,27 @@ def check_discovery(g, cfg, services, replicas, gateways, objs, at, rep) -> None
     if cfg.get("health_check_path") != cfg["paths"]["ready"]:
         rep.error(at, f"--health-path {cfg.get('health_check_path')!r}: sluice replicas are ready at "
                       f"{cfg['paths']['ready']} (/health answers while the model still loads)")
+
+
+def check_models_annotation(cfg, services, replicas, serve, at, rep) -> None:
+    """The discovered Service's `sluice.dev/models` annotation is what the gateway lists and holds
+    requests for while the pool is at zero: it must name exactly the models the replicas serve."""
+    served = {s.get("served_model_name") or s["model"]
+              for r in replicas for c in pod_spec(r)["containers"]
+              if (s := serve.get((r["metadata"]["name"], c["name"])))}
+    for src in (d for d in cfg["discovery"] if d["kind"] == "k8s"):
+        svc = services.get((src["namespace"], src["service"]))
+        if svc is None:
+            continue
+        raw = (svc["metadata"].get("annotations") or {}).get(MODELS_ANNOTATION)
+        if raw is None:
+            rep.error(at, f"Service {src['service']} has no {MODELS_ANNOTATION} annotation: the gateway "
+                          "cannot list the model or hold its requests while the pool is at zero")
+            continue
+        named = {m.strip() for m in raw.split(",") if m.strip()}
+        if named != served:
+            rep.error(at, f"Service {src['service']} annotation {MODELS_ANNOTATION}={raw!r} but the "
+                          f"replicas serve {sorted(served)}")
 
 
 def check_endpointslice_rbac(g, ns, objs, at, rep) -> None:
@@ -599,12 +623,16 @@ def self_test(renders: dict, bins: dict, crd) -> list[str]:
         c = container(find(objs, "Deployment", "sluice-replica-l4"), "replica")
         c["args"] = [a.replace("--device=cuda:0", "--device=gpu:0") for a in c["args"]]
 
+    def b_models_annotation(objs):
+        find(objs, "Service", "sluice-replicas")["metadata"]["annotations"][MODELS_ANNOTATION] = "llama-3-8b"
+
     def b_two_gpus(objs):
         c = container(find(objs, "Deployment", "sluice-replica-h100-spot"), "replica")
         c["resources"]["limits"]["nvidia.com/gpu"] = "2"
 
     breaks = [b_gpu_on_cpu, b_bad_device, b_two_gpus, b_discover_wrong_service, b_unknown_flag, b_invalid_value, b_probe_port, b_probe_path,
-              b_grace, b_headless, b_selector, b_rbac, b_schema, b_model_dir, b_servingpool]
+              b_grace, b_headless, b_selector, b_rbac, b_schema, b_model_dir, b_servingpool,
+              b_models_annotation]
     if crd is not None:
         breaks.append(b_crd_field)
     missed = []
