@@ -500,7 +500,12 @@ impl Sluice {
         } else {
             planned
         };
-        self.history.push_back((t, held_now));
+        // The window remembers the demand planned, not the fleet panic held: replicas bought
+        // for a backlog that has drained are not held for a whole window after the panic.
+        // While the first window is measured the fleet is remembered (its rates are not yet
+        // rates).
+        let remembered = if p.warming { held_now } else { planned };
+        self.history.push_back((t, remembered));
         while self
             .history
             .front()

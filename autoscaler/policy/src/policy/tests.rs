@@ -138,6 +138,41 @@ fn a_queue_spike_panics_scales_up_at_once_and_blocks_scale_down() {
 }
 
 #[test]
+fn replicas_bought_for_a_drained_backlog_are_not_held_a_window_after_panic() {
+    let mut p = Sluice::new(profile(), config());
+    let d = settle(&mut p, 0.0, 30, 20.0);
+    let before = d.replicas_of(H100);
+    // A crowd leaves five thousand requests queued: panic buys for the backlog.
+    let mut s = signals(
+        450.0,
+        20.0,
+        5000,
+        &[(H100, CapacityType::OnDemand, before, 0)],
+    );
+    s.arrivals.short_requests_per_s = 60.0;
+    let grown = p.decide(&s).replicas_of(H100);
+    assert!(grown > before + 2, "{before} → {grown}");
+    // The rate is back at once; the queue takes six minutes to drain while the new replicas
+    // start, and panic holds the fleet all along.
+    let starting = [(H100, CapacityType::OnDemand, before, grown - before)];
+    for i in 1..=24 {
+        let d = p.decide(&signals(450.0 + f64::from(i) * 15.0, 20.0, 5000, &starting));
+        assert_eq!(d.mode, Mode::Panic);
+        assert_eq!(d.replicas_of(H100), grown, "tick {i}");
+    }
+    // The replicas serve and the queue is gone: once panic's window has passed, the fleet
+    // follows the demand planned over the stabilisation window, not the fleet panic held.
+    let mut fleet = [(H100, CapacityType::OnDemand, grown, 0)];
+    let mut last = grown;
+    for i in 25..34 {
+        let d = p.decide(&signals(450.0 + f64::from(i) * 15.0, 20.0, 0, &fleet));
+        last = d.replicas_of(H100);
+        fleet = [(H100, CapacityType::OnDemand, last, 0)];
+    }
+    assert!(last <= before + 1, "{grown} → {last}, from {before}");
+}
+
+#[test]
 fn scale_down_waits_for_the_stabilisation_window() {
     let mut p = Sluice::new(profile(), config());
     let d = settle(&mut p, 0.0, 30, 40.0);
