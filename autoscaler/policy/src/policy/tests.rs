@@ -333,3 +333,25 @@ fn signals_and_decisions_round_trip_through_json() {
     let partial: Signals = serde_json::from_str(r#"{"time_s": 1.0, "model": "m", "arrivals": {"window_s": 60, "requests_per_s": 1, "prompt_tokens_per_s": 100, "output_tokens_per_s": 10, "short_window_s": 10, "short_requests_per_s": 1, "max_prompt_tokens": 100}, "queue": {"waiting": 0, "waiting_prompt_tokens": 0, "running": 0}, "latency": {"window_s": 60}, "variants": [], "pools": []}"#).unwrap();
     assert_eq!(partial.request_shape(), Some((100.0, 10.0)));
 }
+
+#[test]
+fn a_learnt_headroom_falls_below_the_prior_on_a_steady_rate() {
+    let mut cfg = config();
+    cfg.headroom_quantile = Some(0.9);
+    let mut learnt = Sluice::new(profile(), cfg);
+    let mut fixed = Sluice::new(profile(), config());
+    // Two hours at a steady 40 req/s: every plan was met exactly a lead later.
+    let l = settle(&mut learnt, 0.0, 480, 40.0);
+    let f = settle(&mut fixed, 0.0, 480, 40.0);
+    assert!(
+        (f.demand.planned_requests_per_s - 48.0).abs() < 1e-6,
+        "{:?}",
+        f.demand
+    );
+    assert!(
+        l.demand.planned_requests_per_s < 41.0 && l.demand.planned_requests_per_s >= 40.0,
+        "{:?}",
+        l.demand
+    );
+    assert!(l.demand.cost_per_hour <= f.demand.cost_per_hour);
+}
