@@ -176,7 +176,8 @@ impl Sluice {
     /// error meanwhile would order more that arrives after the spike (anti-windup). A variant
     /// whose own replicas decode slower than the TPOT SLO has its capacity discounted instead
     /// (they are loaded past what they serve well): more of every variant would not fix it,
-    /// fewer requests per replica of that one does.
+    /// fewer requests per replica of that one does. So does one whose first tokens are late
+    /// with nothing queued while another variant prefills faster.
     fn update_margin(&mut self, s: &Signals, d: &mut Decision) {
         let slo = self.config.slo;
         for l in &self.config.limits {
@@ -189,10 +190,15 @@ impl Sluice {
             };
             let tpot = worst(|v| v.tpot_p99_s);
             let ttft = worst(|v| v.ttft_p99_s);
+            // Late first tokens mostly come from the shared queue, which the demand margin
+            // below answers. With nothing queued they come from the variant's own prefill and
+            // steps: attributed to it when another variant prefills faster, so that load moves
+            // there (more replicas of the same variant would not make its prompts faster).
+            let own_ttft = s.queue.waiting == 0
+                && ttft.is_some_and(|x| x > slo.ttft_p99_s)
+                && self.faster_prefill_exists(&l.variant);
             let m = self.variant_margin.entry(l.variant.clone()).or_insert(1.0);
-            // Only decode speed is attributed to a variant: late first tokens mostly come from
-            // the shared queue, which the demand margin below answers.
-            if tpot.is_some_and(|x| x > slo.tpot_p99_s) {
+            if tpot.is_some_and(|x| x > slo.tpot_p99_s) || own_ttft {
                 *m = (*m * 1.1).min(self.config.max_margin);
                 d.reason(
                     ReasonKind::LatencyBreach,
@@ -231,6 +237,17 @@ impl Sluice {
         } else if low {
             self.margin = (self.margin * 0.97).max(1.0);
         }
+    }
+
+    /// Whether another limited variant prefills faster than `variant`.
+    fn faster_prefill_exists(&self, variant: &str) -> bool {
+        let prefill = |n: &str| {
+            self.profile
+                .variant(n)
+                .map_or(0.0, |v| v.perf.prefill_tokens_per_s)
+        };
+        let own = prefill(variant);
+        self.config.limits.iter().any(|o| prefill(&o.variant) > own)
     }
 
     fn spot_allowed(&mut self, s: &Signals, d: &mut Decision) -> HashMap<String, bool> {

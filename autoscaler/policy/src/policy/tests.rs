@@ -355,3 +355,44 @@ fn a_learnt_headroom_falls_below_the_prior_on_a_steady_rate() {
     );
     assert!(l.demand.cost_per_hour <= f.demand.cost_per_hour);
 }
+
+#[test]
+fn late_first_tokens_with_nothing_queued_discount_the_slower_prefilling_variant() {
+    let late = |waiting: u64, ttft: f64| {
+        let mut p = Sluice::new(profile(), config());
+        settle(&mut p, 0.0, 10, 3.0);
+        let mut d = Decision::default();
+        for i in 0..10 {
+            let mut s = signals(
+                150.0 + f64::from(i) * 15.0,
+                3.0,
+                waiting,
+                &[
+                    (L4, CapacityType::OnDemand, 4, 0),
+                    (H100, CapacityType::OnDemand, 1, 0),
+                ],
+            );
+            for v in &mut s.variants {
+                v.ttft_p99_s = Some(ttft);
+                v.tpot_p99_s = Some(0.05);
+            }
+            d = p.decide(&s);
+        }
+        d
+    };
+    let breach = |d: &Decision, v: &str| {
+        d.reasons
+            .iter()
+            .any(|r| r.kind == ReasonKind::LatencyBreach && r.variant.as_deref() == Some(v))
+    };
+    // First tokens at 3 s against a 2 s SLO, nothing queued: the L4's own prefill is slow and
+    // the H100 prefills eight times faster, so the L4 alone is credited with less.
+    let d = late(0, 3.0);
+    assert!(breach(&d, L4) && !breach(&d, H100), "{:?}", d.reasons);
+    // With a queue, late first tokens are the queue's (the demand margin answers them).
+    let d = late(500, 3.0);
+    assert!(!breach(&d, L4) && !breach(&d, H100), "{:?}", d.reasons);
+    // In time: nothing to attribute.
+    let d = late(0, 0.5);
+    assert!(!breach(&d, L4), "{:?}", d.reasons);
+}
