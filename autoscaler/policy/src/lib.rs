@@ -17,6 +17,7 @@
 //! - [`mix`]: the cheapest mix of variants for a demand (exact small integer search) and gang
 //!   packing of replicas onto nodes.
 //! - [`forecast`]: Holt's linear trend over the start-up lead time.
+//! - [`headroom`]: a headroom learnt from the forecast's shortfalls over the start-up lead.
 //! - [`policy`]: the [`Policy`](policy::Policy) trait, shared planning, and [`policy::sluice`].
 //! - [`baselines`]: HPA on CPU and on concurrency, Knative's KPA, static peak, the oracle.
 //! - [`timeline`]: requests and their arrivals in buckets, which the oracle and the
@@ -28,6 +29,7 @@ pub mod capacity;
 pub mod decision;
 pub mod error;
 pub mod forecast;
+pub mod headroom;
 pub mod mix;
 pub mod policy;
 pub mod profile;

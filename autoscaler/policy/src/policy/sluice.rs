@@ -17,6 +17,7 @@ use super::Policy;
 use crate::capacity::{Capacity, Planning, Slo, Workload};
 use crate::decision::{Decision, Demand, Mode, ReasonKind};
 use crate::forecast::Holt;
+use crate::headroom::Headroom;
 use crate::mix::{self, Offer};
 use crate::profile::{CapacityType, Profile};
 use crate::signals::Signals;
@@ -35,6 +36,14 @@ pub struct SluiceConfig {
     /// swings of a bursty arrival process, and capacity ordered for a swing arrives minutes
     /// after it.
     pub headroom: f64,
+    /// Learn the headroom instead: the extra load that covered this quantile of the
+    /// shortfalls of each plan against the load seen one start-up lead later (see
+    /// [`Headroom`]), starting from `headroom` × the planned load. `None` (the default):
+    /// `headroom` fixed. Off by default: a quantile that spares steady traffic its headroom
+    /// leaves too little for bursts of a minute or two, and one that covers those costs more
+    /// than the fixed share.
+    #[serde(default)]
+    pub headroom_quantile: Option<f64>,
     /// Queued requests are planned to drain within this many seconds; `None` means the
     /// start-up lead: capacity ordered now serves only what is still queued when it is up.
     pub backlog_drain_s: Option<f64>,
@@ -75,6 +84,7 @@ impl SluiceConfig {
             limits,
             spot: false,
             headroom: 0.2,
+            headroom_quantile: None,
             backlog_drain_s: None,
             holt_alpha: 0.3,
             holt_beta: 0.1,
@@ -104,6 +114,8 @@ pub struct Sluice {
     config: SluiceConfig,
     profile: Profile,
     holt: Holt,
+    /// The forecast's shortfalls over the start-up lead, when the headroom is learnt.
+    learnt: Option<Headroom>,
     shape: Option<Workload>,
     /// Recent planned demand (requests/s) for the scale-down window.
     history: VecDeque<(f64, f64)>,
@@ -120,7 +132,7 @@ pub struct Sluice {
 
 impl Sluice {
     pub fn new(profile: Profile, config: SluiceConfig) -> Self {
-        Sluice {
+        let mut s = Sluice {
             holt: Holt::new(config.holt_alpha, config.holt_beta).damped(config.forecast_damping_s),
             first_seen_s: None,
             first_tick_s: None,
@@ -133,7 +145,14 @@ impl Sluice {
             last_traffic_s: f64::NEG_INFINITY,
             margin: 1.0,
             spot_out_until: HashMap::new(),
-        }
+            learnt: None,
+        };
+        let (lead, prior) = (s.horizon_s(), s.config.headroom);
+        s.learnt = s
+            .config
+            .headroom_quantile
+            .map(|q| Headroom::new(lead, q, prior));
+        s
     }
 
     pub fn config(&self) -> &SluiceConfig {
@@ -157,7 +176,8 @@ impl Sluice {
     /// error meanwhile would order more that arrives after the spike (anti-windup). A variant
     /// whose own replicas decode slower than the TPOT SLO has its capacity discounted instead
     /// (they are loaded past what they serve well): more of every variant would not fix it,
-    /// fewer requests per replica of that one does.
+    /// fewer requests per replica of that one does. So does one whose first tokens are late
+    /// with nothing queued while another variant prefills faster.
     fn update_margin(&mut self, s: &Signals, d: &mut Decision) {
         let slo = self.config.slo;
         for l in &self.config.limits {
@@ -170,10 +190,15 @@ impl Sluice {
             };
             let tpot = worst(|v| v.tpot_p99_s);
             let ttft = worst(|v| v.ttft_p99_s);
+            // Late first tokens mostly come from the shared queue, which the demand margin
+            // below answers. With nothing queued they come from the variant's own prefill and
+            // steps: attributed to it when another variant prefills faster, so that load moves
+            // there (more replicas of the same variant would not make its prompts faster).
+            let own_ttft = s.queue.waiting == 0
+                && ttft.is_some_and(|x| x > slo.ttft_p99_s)
+                && self.faster_prefill_exists(&l.variant);
             let m = self.variant_margin.entry(l.variant.clone()).or_insert(1.0);
-            // Only decode speed is attributed to a variant: late first tokens mostly come from
-            // the shared queue, which the demand margin below answers.
-            if tpot.is_some_and(|x| x > slo.tpot_p99_s) {
+            if tpot.is_some_and(|x| x > slo.tpot_p99_s) || own_ttft {
                 *m = (*m * 1.1).min(self.config.max_margin);
                 d.reason(
                     ReasonKind::LatencyBreach,
@@ -212,6 +237,17 @@ impl Sluice {
         } else if low {
             self.margin = (self.margin * 0.97).max(1.0);
         }
+    }
+
+    /// Whether another limited variant prefills faster than `variant`.
+    fn faster_prefill_exists(&self, variant: &str) -> bool {
+        let prefill = |n: &str| {
+            self.profile
+                .variant(n)
+                .map_or(0.0, |v| v.perf.prefill_tokens_per_s)
+        };
+        let own = prefill(variant);
+        self.config.limits.iter().any(|o| prefill(&o.variant) > own)
     }
 
     fn spot_allowed(&mut self, s: &Signals, d: &mut Decision) -> HashMap<String, bool> {
@@ -396,7 +432,14 @@ impl Sluice {
 
     /// The rate to plan for: the larger of the observed and forecast rate (the short-window
     /// rate too in panic), with headroom and margin, plus the backlog's drain rate.
-    fn plan_demand(&mut self, s: &Signals, panic: bool, idle: bool, d: &mut Decision) -> Planned {
+    fn plan_demand(
+        &mut self,
+        s: &Signals,
+        panic: bool,
+        idle: bool,
+        ref_capacity: f64,
+        d: &mut Decision,
+    ) -> Planned {
         let (a, t) = (&s.arrivals, s.time_s);
         let horizon = self.horizon_s();
         // A trend needs a full window of history before it means anything.
@@ -423,6 +466,13 @@ impl Sluice {
                 ),
             );
         }
+        let learnt = self.learnt_headroom(
+            t,
+            a.requests_per_s,
+            base,
+            ref_capacity,
+            t - first >= a.window_s,
+        );
         if panic {
             base = base.max(a.short_requests_per_s);
         }
@@ -440,7 +490,11 @@ impl Sluice {
                 ),
             );
         }
-        let mut planned = base * (1.0 + self.config.headroom) * self.margin + backlog;
+        let with_headroom = match learnt {
+            Some(extra) => base + extra,
+            None => base * (1.0 + self.config.headroom),
+        };
+        let mut planned = with_headroom * self.margin + backlog;
         if idle {
             planned = 0.0;
             d.reason(
@@ -455,6 +509,28 @@ impl Sluice {
             planned,
             warming: t - first < a.window_s,
         }
+    }
+
+    /// The rate added to the planned one when the headroom is learnt (`None` when it is
+    /// fixed): the forecast's past shortfalls over the start-up lead. Loads are compared in
+    /// replica units (requests/s over what the largest replica serves of the shape then), so
+    /// a change of request shape is a change of load. Only rates from full windows teach it.
+    fn learnt_headroom(
+        &mut self,
+        t: f64,
+        observed: f64,
+        planned: f64,
+        ref_capacity: f64,
+        full_window: bool,
+    ) -> Option<f64> {
+        let h = self.learnt.as_mut()?;
+        if ref_capacity <= 0.0 {
+            return None;
+        }
+        if full_window {
+            h.observe(t, observed / ref_capacity, planned / ref_capacity);
+        }
+        Some(h.extra(planned / ref_capacity) * ref_capacity)
     }
 
     /// Replicas per offer key that will serve: Spot replicas still pending in a stockout are
@@ -500,7 +576,12 @@ impl Sluice {
         } else {
             planned
         };
-        self.history.push_back((t, held_now));
+        // The window remembers the demand planned, not the fleet panic held: replicas bought
+        // for a backlog that has drained are not held for a whole window after the panic.
+        // While the first window is measured the fleet is remembered (its rates are not yet
+        // rates).
+        let remembered = if p.warming { held_now } else { planned };
+        self.history.push_back((t, remembered));
         while self
             .history
             .front()
@@ -608,7 +689,16 @@ impl Policy for Sluice {
         let keys = plan::offer_keys(&limits);
         let panic = self.update_panic(s, ready_capacity(s, &keys, &caps), &mut d);
         d.mode = if panic { Mode::Panic } else { Mode::Stable };
-        let p = self.plan_demand(s, panic, idle, &mut d);
+        // What the largest replica serves of this shape, before latency margins: the unit a
+        // learnt headroom measures load in.
+        let ref_capacity = limits
+            .iter()
+            .zip(&caps)
+            .map(|(l, c)| {
+                c.requests_per_s * self.variant_margin.get(&l.variant).copied().unwrap_or(1.0)
+            })
+            .fold(0.0, f64::max);
+        let p = self.plan_demand(s, panic, idle, ref_capacity, &mut d);
         let spot_ok = self.spot_allowed(s, &mut d);
         let spot = self.config.spot;
         let allow = |n: &str, c: CapacityType| match c {

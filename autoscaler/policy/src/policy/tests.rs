@@ -138,6 +138,41 @@ fn a_queue_spike_panics_scales_up_at_once_and_blocks_scale_down() {
 }
 
 #[test]
+fn replicas_bought_for_a_drained_backlog_are_not_held_a_window_after_panic() {
+    let mut p = Sluice::new(profile(), config());
+    let d = settle(&mut p, 0.0, 30, 20.0);
+    let before = d.replicas_of(H100);
+    // A crowd leaves five thousand requests queued: panic buys for the backlog.
+    let mut s = signals(
+        450.0,
+        20.0,
+        5000,
+        &[(H100, CapacityType::OnDemand, before, 0)],
+    );
+    s.arrivals.short_requests_per_s = 60.0;
+    let grown = p.decide(&s).replicas_of(H100);
+    assert!(grown > before + 2, "{before} → {grown}");
+    // The rate is back at once; the queue takes six minutes to drain while the new replicas
+    // start, and panic holds the fleet all along.
+    let starting = [(H100, CapacityType::OnDemand, before, grown - before)];
+    for i in 1..=24 {
+        let d = p.decide(&signals(450.0 + f64::from(i) * 15.0, 20.0, 5000, &starting));
+        assert_eq!(d.mode, Mode::Panic);
+        assert_eq!(d.replicas_of(H100), grown, "tick {i}");
+    }
+    // The replicas serve and the queue is gone: once panic's window has passed, the fleet
+    // follows the demand planned over the stabilisation window, not the fleet panic held.
+    let mut fleet = [(H100, CapacityType::OnDemand, grown, 0)];
+    let mut last = grown;
+    for i in 25..34 {
+        let d = p.decide(&signals(450.0 + f64::from(i) * 15.0, 20.0, 0, &fleet));
+        last = d.replicas_of(H100);
+        fleet = [(H100, CapacityType::OnDemand, last, 0)];
+    }
+    assert!(last <= before + 1, "{grown} → {last}, from {before}");
+}
+
+#[test]
 fn scale_down_waits_for_the_stabilisation_window() {
     let mut p = Sluice::new(profile(), config());
     let d = settle(&mut p, 0.0, 30, 40.0);
@@ -297,4 +332,67 @@ fn signals_and_decisions_round_trip_through_json() {
     // Partial signals (what a controller may have) parse with defaults.
     let partial: Signals = serde_json::from_str(r#"{"time_s": 1.0, "model": "m", "arrivals": {"window_s": 60, "requests_per_s": 1, "prompt_tokens_per_s": 100, "output_tokens_per_s": 10, "short_window_s": 10, "short_requests_per_s": 1, "max_prompt_tokens": 100}, "queue": {"waiting": 0, "waiting_prompt_tokens": 0, "running": 0}, "latency": {"window_s": 60}, "variants": [], "pools": []}"#).unwrap();
     assert_eq!(partial.request_shape(), Some((100.0, 10.0)));
+}
+
+#[test]
+fn a_learnt_headroom_falls_below_the_prior_on_a_steady_rate() {
+    let mut cfg = config();
+    cfg.headroom_quantile = Some(0.9);
+    let mut learnt = Sluice::new(profile(), cfg);
+    let mut fixed = Sluice::new(profile(), config());
+    // Two hours at a steady 40 req/s: every plan was met exactly a lead later.
+    let l = settle(&mut learnt, 0.0, 480, 40.0);
+    let f = settle(&mut fixed, 0.0, 480, 40.0);
+    assert!(
+        (f.demand.planned_requests_per_s - 48.0).abs() < 1e-6,
+        "{:?}",
+        f.demand
+    );
+    assert!(
+        l.demand.planned_requests_per_s < 41.0 && l.demand.planned_requests_per_s >= 40.0,
+        "{:?}",
+        l.demand
+    );
+    assert!(l.demand.cost_per_hour <= f.demand.cost_per_hour);
+}
+
+#[test]
+fn late_first_tokens_with_nothing_queued_discount_the_slower_prefilling_variant() {
+    let late = |waiting: u64, ttft: f64| {
+        let mut p = Sluice::new(profile(), config());
+        settle(&mut p, 0.0, 10, 3.0);
+        let mut d = Decision::default();
+        for i in 0..10 {
+            let mut s = signals(
+                150.0 + f64::from(i) * 15.0,
+                3.0,
+                waiting,
+                &[
+                    (L4, CapacityType::OnDemand, 4, 0),
+                    (H100, CapacityType::OnDemand, 1, 0),
+                ],
+            );
+            for v in &mut s.variants {
+                v.ttft_p99_s = Some(ttft);
+                v.tpot_p99_s = Some(0.05);
+            }
+            d = p.decide(&s);
+        }
+        d
+    };
+    let breach = |d: &Decision, v: &str| {
+        d.reasons
+            .iter()
+            .any(|r| r.kind == ReasonKind::LatencyBreach && r.variant.as_deref() == Some(v))
+    };
+    // First tokens at 3 s against a 2 s SLO, nothing queued: the L4's own prefill is slow and
+    // the H100 prefills eight times faster, so the L4 alone is credited with less.
+    let d = late(0, 3.0);
+    assert!(breach(&d, L4) && !breach(&d, H100), "{:?}", d.reasons);
+    // With a queue, late first tokens are the queue's (the demand margin answers them).
+    let d = late(500, 3.0);
+    assert!(!breach(&d, L4) && !breach(&d, H100), "{:?}", d.reasons);
+    // In time: nothing to attribute.
+    let d = late(0, 0.5);
+    assert!(!breach(&d, L4), "{:?}", d.reasons);
 }
