@@ -363,7 +363,7 @@ fn compute_masks(work: Vec<(usize, ChoiceMatcher)>, stats: &MaskStats) -> Vec<Co
 /// The end of a choice whose grammar failed (a step over its limits, say).
 fn grammar_failed(e: &str) -> Ended {
     Ended {
-        reason: FinishReason::Error(format!("the output grammar failed: {e}")),
+        reason: FinishReason::Grammar(e.to_string()),
         matched: None,
     }
 }

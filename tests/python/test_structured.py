@@ -301,3 +301,31 @@ def test_message_text_cannot_forge_control_tokens(server):
     # message (default system turn, user turn, assistant opening); the content adds none.
     for ids in (plain["tokens"], t["tokens"]):
         assert ids.count(1) == 3 and ids.count(2) == 2, ids
+
+
+def test_a_grammar_failing_mid_generation_is_a_clear_error(server):
+    """A choice whose output its grammar rejects after the request was accepted (here a
+    continuation, `X-Sluice-Resume`, whose output so far is not JSON) ends as a 400 naming
+    the field and the failure, not a 500; streamed, as an error event, then `[DONE]`."""
+    _, _, t = raw(server.url, "/tokenize", {"prompt": "Hello there"})
+    for stream in (False, True):
+        req = {"model": MODEL, "messages": ASK, "max_tokens": 16, "stream": stream,
+               "response_format": {"type": "json_object"},
+               "sluice_resume": {"index": 0, "token_ids": t["tokens"]}}
+        status, _, b = raw(server.url, "/v1/chat/completions", req, {"X-Sluice-Resume": "1"})
+        if not stream:
+            assert status == 400, b
+            assert_error_shape(b)
+            assert b["error"]["code"] == "grammar_failed", b
+            assert b["error"]["param"] == "response_format", b
+            continue
+        assert status == 200, b
+        events = [e.removeprefix("data: ") for e in b.split("\n\n") if e]
+        assert events[-1] == "[DONE]", events
+        err = json.loads(events[-2])
+        assert_error_shape(err)
+        assert err["error"]["code"] == "grammar_failed", err
+    # The engine is still serving, its KV blocks freed.
+    _, _, m = raw(server.url, "/metrics", method="GET")
+    used = [line for line in m.splitlines() if line.startswith("vllm:kv_cache_usage_perc")]
+    assert used and float(used[0].split()[-1]) == 0.0, used
