@@ -303,6 +303,52 @@ def test_message_text_cannot_forge_control_tokens(server):
         assert ids.count(1) == 3 and ids.count(2) == 2, ids
 
 
+def token_id(server, text):
+    """The id of `text`, one token (after any the prompt rendering puts first)."""
+    _, _, t = raw(server.url, "/tokenize", {"prompt": text})
+    return t["tokens"][-1]
+
+
+def test_auto_text_may_start_with_a_less_than_sign(server, client):
+    """`auto` allows any answer text, `<` first included (HTML, say): biasing `<` forces it,
+    and the output is content, not a call."""
+    lt = token_id(server, "<")
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write an HTML paragraph."}],
+        tools=[WEATHER], tool_choice="auto", max_tokens=6, temperature=0,
+        logit_bias={str(lt): 100})
+    c = r.choices[0]
+    assert not c.message.tool_calls, c.message
+    assert c.message.content.startswith("<") and not c.message.content.startswith("<tool_call>")
+    assert c.finish_reason == "length"
+
+
+def test_auto_with_a_response_format_answers_in_it_or_calls(client):
+    """`response_format` with `tools`: under `auto` the answer is JSON for the format or a
+    call; `required` calls and the format does not apply to the call."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": {
+        "type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}},
+        "required": ["answer"], "additionalProperties": False}}}
+    for content in ["What is the weather in Paris?", "Say hello."]:
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": content}], tools=[WEATHER],
+            tool_choice="auto", response_format=fmt, max_tokens=80, temperature=0)
+        c = r.choices[0]
+        if c.message.tool_calls:
+            assert c.finish_reason == "tool_calls"
+            for call in c.message.tool_calls:
+                check_call(call, [WEATHER])
+        else:
+            assert c.finish_reason == "stop", c.message
+            jsonschema.validate(json.loads(c.message.content), fmt["json_schema"]["schema"])
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER],
+                                       tool_choice="required", response_format=fmt,
+                                       max_tokens=80, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    check_call(c.message.tool_calls[0], [WEATHER])
+
+
 def test_a_grammar_failing_mid_generation_is_a_clear_error(server):
     """A choice whose output its grammar rejects after the request was accepted (here a
     continuation, `X-Sluice-Resume`, whose output so far is not JSON) ends as a 400 naming
