@@ -321,6 +321,13 @@ def test_auto_text_may_start_with_a_less_than_sign(server, client):
     assert not c.message.tool_calls, c.message
     assert c.message.content.startswith("<") and not c.message.content.startswith("<tool_call>")
     assert c.finish_reason == "length"
+    # Streamed, an output that ends while it could still open a call is content at the end.
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write an HTML paragraph."}],
+        tools=[WEATHER], tool_choice="auto", max_tokens=1, temperature=0,
+        logit_bias={str(lt): 100}, stream=True))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == "<", chunks
 
 
 def test_auto_with_a_response_format_answers_in_it_or_calls(client):

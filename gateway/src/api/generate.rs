@@ -254,7 +254,14 @@ impl Render for ChatRender {
     fn finish(&self, i: usize, reason: &'static str, usage: &Usage) -> Bytes {
         let called = self.readers.get(i).is_some_and(|r| r.calls() > 0);
         let usage = self.head.token_ids.then(|| usage_out(usage));
-        let choice = Self::finish_choice(i, Self::label(reason, called), usage);
+        let mut choice = Self::finish_choice(i, Self::label(reason, called), usage);
+        // Text held back as a possible call marker that the output ended on is content.
+        choice.delta.content = self
+            .readers
+            .get(i)
+            .map(CallReader::undecided)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string);
         self.chunk(vec![choice], self.head.usage_field())
     }
 

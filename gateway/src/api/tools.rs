@@ -593,6 +593,15 @@ impl CallReader {
         }
     }
 
+    /// Text held back while it could still open a call (`auto`, a prefix of the marker so
+    /// far): content if the output ends there.
+    pub fn undecided(&self) -> &str {
+        match self.text {
+            None => &self.buf,
+            Some(_) => "",
+        }
+    }
+
     /// Whatever text was not read as calls (a call cut short, or stray text), for the end.
     pub fn leftover(&self) -> &str {
         if self.text == Some(true) {
@@ -706,6 +715,7 @@ mod tests {
         assert_eq!(r.push("box>").content, "<toolbox>");
         let mut r = CallReader::new(false);
         assert_eq!(r.push("<tool_c"), Read::default());
+        assert_eq!(r.undecided(), "<tool_c");
         let read = r.push("all>\n{\"name\":\"f\",\"arguments\":");
         assert_eq!(read.calls.len(), 1, "{read:?}");
         // Cut short at a marker prefix, the text is content at the end.
