@@ -5,8 +5,9 @@
 //! (the tokenizer's bytes in a trie, built once per engine) compiles a [`Grammar`] into a
 //! [`Constraint`], shared by every choice of a request; each choice runs its own matcher
 //! ([`ChoiceMatcher`]), which yields the allowed-token mask for the next step and consumes the
-//! token sampled. Masks are computed by the engine beside the forward pass (see
-//! `engine::Core::step`), so unconstrained sequences never wait for them.
+//! token sampled. Masks are computed by the engine beside the forward pass when a core
+//! is free for them (a GPU forward, or a CPU forward on fewer threads than cores), else right
+//! after it on the engine thread (see `engine::masks_beside`).
 //!
 //! Compiling is bounded: the grammar's size, the lexer's start-up work and each step's work
 //! have llguidance's limits ([`Vocabulary::new`]), so a hostile schema fails instead of
@@ -195,15 +196,25 @@ impl fmt::Debug for ChoiceMatcher {
     }
 }
 
+/// Why a choice's grammar failed when no token can extend its output.
+const DEAD_END: &str = "the grammar allows no token after the output so far";
+
 /// The tokens a choice may sample next.
 pub(crate) type Mask = SimpleVob;
 
 impl ChoiceMatcher {
     /// The tokens the grammar allows next (end-of-sequence ids once it is complete).
     pub fn mask(&mut self) -> Result<Mask, String> {
-        let mask = self.0.compute_mask().map_err(|e| clean(&e.to_string()))?;
+        let mask = self.0.compute_mask().map_err(|e| {
+            let e = clean(&e.to_string());
+            // llguidance's name for a state that no token extends.
+            match e.contains("NoExtensionBias") {
+                true => DEAD_END.to_string(),
+                false => e,
+            }
+        })?;
         if mask.is_zero() {
-            return Err("the grammar allows no token here".into());
+            return Err(DEAD_END.into());
         }
         Ok(mask)
     }

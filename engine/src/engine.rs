@@ -139,7 +139,7 @@ struct Shared {
 #[derive(Debug, Default)]
 struct MaskStats {
     count: AtomicU64,
-    /// Time spent computing masks (beside the forward pass).
+    /// Time spent computing masks (beside the forward pass or after it).
     compute_ns: AtomicU64,
     /// Time the step waited for masks after its forward pass had finished.
     wait_ns: AtomicU64,
@@ -150,7 +150,7 @@ struct MaskStats {
 pub struct MaskCost {
     /// Masks computed (one per constrained token sampled).
     pub masks: u64,
-    /// Total time computing them, on the thread beside the forward pass.
+    /// Total time computing them.
     pub compute: std::time::Duration,
     /// Total time steps waited for them once the forward pass was done: their cost on the
     /// critical path.
@@ -363,7 +363,7 @@ fn compute_masks(work: Vec<(usize, ChoiceMatcher)>, stats: &MaskStats) -> Vec<Co
 /// The end of a choice whose grammar failed (a step over its limits, say).
 fn grammar_failed(e: &str) -> Ended {
     Ended {
-        reason: FinishReason::Error(format!("the output grammar failed: {e}")),
+        reason: FinishReason::Grammar(e.to_string()),
         matched: None,
     }
 }
@@ -396,6 +396,20 @@ struct Core {
     caching: bool,
     next_arrival: u64,
     draining: bool,
+    /// Whether grammar masks are computed on a thread beside the forward pass (a core is
+    /// free while it runs) or on the engine thread after it (see [`masks_beside`]).
+    masks_beside: bool,
+}
+
+/// Whether a core is free while the forward pass runs, so masks computed beside it cost the
+/// step nothing: on a GPU (the CPU waits for the device), or when the CPU forward uses fewer
+/// threads than there are cores. When its threads fill every core, a mask thread would take
+/// a core from one of them in the middle of a parallel kernel, and every other thread would
+/// wait at the kernel's end for the one descheduled: computing the masks after the forward,
+/// on the engine thread, costs the step only their own time.
+fn masks_beside(model: &Model) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    model.network().threads() < cores
 }
 
 impl Core {
@@ -414,6 +428,7 @@ impl Core {
             watermark_blocks: resolved.watermark_blocks,
         };
         let blocks = BlockManager::new(resolved.num_blocks, config.enable_prefix_caching);
+        let masks_beside = masks_beside(&model);
         Self {
             model,
             kv,
@@ -424,6 +439,7 @@ impl Core {
             caching: config.enable_prefix_caching,
             next_arrival: 0,
             draining: false,
+            masks_beside,
         }
     }
 
@@ -564,7 +580,8 @@ impl Core {
     }
 
     /// The matchers of constrained sequences that sample this step (their chunk reaches their
-    /// last token), taken out so their masks can be computed beside the forward pass.
+    /// last token), taken out so their masks can be computed beside the forward pass (or
+    /// after it).
     fn take_matchers(&mut self, scheduled: &[usize], plan: &Plan) -> Vec<(usize, ChoiceMatcher)> {
         scheduled
             .iter()
@@ -576,8 +593,9 @@ impl Core {
             .collect()
     }
 
-    /// Runs the forward pass; meanwhile a second thread computes the masks of `work`, so a
-    /// step waits for masks only when they take longer than the forward pass.
+    /// Runs the forward pass and computes the masks of `work`: beside it on a second thread
+    /// when a core is free for them ([`masks_beside`]), else after it on this thread. The
+    /// time the step spends on masks once the forward is done is counted as waited for.
     fn forward_with_masks(
         &mut self,
         batch: &StepBatch,
@@ -595,17 +613,25 @@ impl Core {
             return (forward(), Vec::new());
         }
         let stats = &self.shared.masks;
-        std::thread::scope(|scope| {
-            let masks = scope.spawn(move || compute_masks(work, stats));
+        let (result, computed, waited) = if self.masks_beside {
+            std::thread::scope(|scope| {
+                let masks = scope.spawn(move || compute_masks(work, stats));
+                let result = forward();
+                let waited = Instant::now();
+                // A panic in the grammar code fails those sequences (`return_matchers`).
+                let computed = masks.join().unwrap_or_default();
+                (result, computed, waited.elapsed())
+            })
+        } else {
             let result = forward();
             let waited = Instant::now();
-            // A panic in the grammar code fails those sequences (`return_matchers`).
-            let computed = masks.join().unwrap_or_default();
-            stats
-                .wait_ns
-                .fetch_add(waited.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            (result, computed)
-        })
+            let computed = catch_unwind(AssertUnwindSafe(|| compute_masks(work, stats)));
+            (result, computed.unwrap_or_default(), waited.elapsed())
+        };
+        stats
+            .wait_ns
+            .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+        (result, computed)
     }
 
     /// Puts the matchers back into their sequences; the masks by running index. A sequence

@@ -41,6 +41,10 @@ pub enum FinishReason {
     Abort,
     /// The engine failed on this request; the message says why.
     Error(String),
+    /// The output grammar (`SamplingParams::constraint`) failed on this choice: a step over
+    /// the grammar's limits, a state that allows no token, or a resumed output it rejects.
+    /// The message says why; the choice's blocks are freed as for any finish.
+    Grammar(String),
     /// The request's deadline passed; the stage it was in then.
     Deadline(Stage),
 }
@@ -75,6 +79,7 @@ impl FinishReason {
             Self::Length => "length",
             Self::Abort => "abort",
             Self::Error(_) => "error",
+            Self::Grammar(_) => "grammar",
             Self::Deadline(_) => "deadline",
         }
     }

@@ -217,7 +217,7 @@ impl Seq {
             let complete = match self.matcher.as_mut().map(|m| m.consume(t)) {
                 Some(Err(e)) => {
                     end = Some(Ended {
-                        reason: FinishReason::Error(format!("the output grammar failed: {e}")),
+                        reason: FinishReason::Grammar(e),
                         matched: None,
                     });
                     break;

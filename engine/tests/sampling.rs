@@ -456,3 +456,50 @@ fn constrained_sequences_survive_preemption() {
     }
     assert!(engine.metrics().preemptions.get() > 0);
 }
+
+/// A grammar that dead-ends mid-generation (its first literal leads to a lexeme nothing
+/// matches, so after it no token is allowed) ends the choice with a grammar finish that says
+/// why, n = 2 alike, and frees the choices' KV blocks; a resumed output the grammar rejects
+/// ends the same way before any step.
+#[test]
+fn a_grammar_that_dead_ends_fails_the_choice_and_frees_its_blocks() {
+    let engine = start(|_| {});
+    let dead_end =
+        sluice_engine::Grammar::Lark("start: \"{\" NOTHING\nNOTHING: /a/ & /b/\n".into());
+    let constraint = engine.compile(&dead_end).expect("the grammar compiles");
+    let sampling = SamplingParams {
+        n: 2,
+        constraint: Some(constraint.clone()),
+        ..SamplingParams::greedy(20)
+    };
+    let choices = run(&engine, request(prompt("Say something as JSON."), sampling));
+    for c in &choices {
+        let FinishReason::Grammar(why) = &c.reason else {
+            panic!("{:?} after {:?}", c.reason, c.text);
+        };
+        assert!(why.contains("allows no token"), "{why}");
+        assert_eq!(c.text, "{");
+    }
+    wait_for(&engine, "the blocks freed", |l| l.kv_blocks_used == 0);
+    let json = engine
+        .compile(&sluice_engine::Grammar::JsonSchema(person_schema()))
+        .unwrap();
+    let mut req = request(
+        prompt("A person as JSON."),
+        SamplingParams {
+            constraint: Some(json),
+            ..SamplingParams::greedy(20)
+        },
+    );
+    req.resume = Some(sluice_engine::Resume {
+        choice: 0,
+        output: model().tokenizer().encode("Hello", false).unwrap(),
+    });
+    let c = run(&engine, req).remove(0);
+    assert!(
+        matches!(c.reason, FinishReason::Grammar(_)),
+        "{:?}",
+        c.reason
+    );
+    wait_for(&engine, "the blocks freed", |l| l.kv_blocks_used == 0);
+}

@@ -301,3 +301,84 @@ def test_message_text_cannot_forge_control_tokens(server):
     # message (default system turn, user turn, assistant opening); the content adds none.
     for ids in (plain["tokens"], t["tokens"]):
         assert ids.count(1) == 3 and ids.count(2) == 2, ids
+
+
+def token_id(server, text):
+    """The id of `text`, one token (after any the prompt rendering puts first)."""
+    _, _, t = raw(server.url, "/tokenize", {"prompt": text})
+    return t["tokens"][-1]
+
+
+def test_auto_text_may_start_with_a_less_than_sign(server, client):
+    """`auto` allows any answer text, `<` first included (HTML, say): biasing `<` forces it,
+    and the output is content, not a call."""
+    lt = token_id(server, "<")
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write an HTML paragraph."}],
+        tools=[WEATHER], tool_choice="auto", max_tokens=6, temperature=0,
+        logit_bias={str(lt): 100})
+    c = r.choices[0]
+    assert not c.message.tool_calls, c.message
+    assert c.message.content.startswith("<") and not c.message.content.startswith("<tool_call>")
+    assert c.finish_reason == "length"
+    # Streamed, an output that ends while it could still open a call is content at the end.
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write an HTML paragraph."}],
+        tools=[WEATHER], tool_choice="auto", max_tokens=1, temperature=0,
+        logit_bias={str(lt): 100}, stream=True))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == "<", chunks
+
+
+def test_auto_with_a_response_format_answers_in_it_or_calls(client):
+    """`response_format` with `tools`: under `auto` the answer is JSON for the format or a
+    call; `required` calls and the format does not apply to the call."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": {
+        "type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}},
+        "required": ["answer"], "additionalProperties": False}}}
+    for content in ["What is the weather in Paris?", "Say hello."]:
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": content}], tools=[WEATHER],
+            tool_choice="auto", response_format=fmt, max_tokens=80, temperature=0)
+        c = r.choices[0]
+        if c.message.tool_calls:
+            assert c.finish_reason == "tool_calls"
+            for call in c.message.tool_calls:
+                check_call(call, [WEATHER])
+        else:
+            assert c.finish_reason == "stop", c.message
+            jsonschema.validate(json.loads(c.message.content), fmt["json_schema"]["schema"])
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER],
+                                       tool_choice="required", response_format=fmt,
+                                       max_tokens=80, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    check_call(c.message.tool_calls[0], [WEATHER])
+
+
+def test_a_grammar_failing_mid_generation_is_a_clear_error(server):
+    """A choice whose output its grammar rejects after the request was accepted (here a
+    continuation, `X-Sluice-Resume`, whose output so far is not JSON) ends as a 400 naming
+    the field and the failure, not a 500; streamed, as an error event, then `[DONE]`."""
+    _, _, t = raw(server.url, "/tokenize", {"prompt": "Hello there"})
+    for stream in (False, True):
+        req = {"model": MODEL, "messages": ASK, "max_tokens": 16, "stream": stream,
+               "response_format": {"type": "json_object"},
+               "sluice_resume": {"index": 0, "token_ids": t["tokens"]}}
+        status, _, b = raw(server.url, "/v1/chat/completions", req, {"X-Sluice-Resume": "1"})
+        if not stream:
+            assert status == 400, b
+            assert_error_shape(b)
+            assert b["error"]["code"] == "grammar_failed", b
+            assert b["error"]["param"] == "response_format", b
+            continue
+        assert status == 200, b
+        events = [e.removeprefix("data: ") for e in b.split("\n\n") if e]
+        assert events[-1] == "[DONE]", events
+        err = json.loads(events[-2])
+        assert_error_shape(err)
+        assert err["error"]["code"] == "grammar_failed", err
+    # The engine is still serving, its KV blocks freed.
+    _, _, m = raw(server.url, "/metrics", method="GET")
+    used = [line for line in m.splitlines() if line.startswith("vllm:kv_cache_usage_perc")]
+    assert used and float(used[0].split()[-1]) == 0.0, used

@@ -254,7 +254,14 @@ impl Render for ChatRender {
     fn finish(&self, i: usize, reason: &'static str, usage: &Usage) -> Bytes {
         let called = self.readers.get(i).is_some_and(|r| r.calls() > 0);
         let usage = self.head.token_ids.then(|| usage_out(usage));
-        let choice = Self::finish_choice(i, Self::label(reason, called), usage);
+        let mut choice = Self::finish_choice(i, Self::label(reason, called), usage);
+        // Text held back as a possible call marker that the output ended on is content.
+        choice.delta.content = self
+            .readers
+            .get(i)
+            .map(CallReader::undecided)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string);
         self.chunk(vec![choice], self.head.usage_field())
     }
 
@@ -491,14 +498,17 @@ struct Events<S> {
     inner: S,
     until: Option<tokio::time::Instant>,
     deadline: Duration,
+    /// The request field a grammar failure names (`response_format` or `tools`).
+    grammar_param: &'static str,
 }
 
 impl<S: futures_util::Stream<Item = (usize, Event)> + Unpin> Events<S> {
-    fn new(inner: S, deadline: Option<Duration>) -> Self {
+    fn new(inner: S, deadline: Option<Duration>, grammar_param: &'static str) -> Self {
         Self {
             inner,
             until: deadline.map(|d| tokio::time::Instant::now() + d),
             deadline: deadline.unwrap_or_default(),
+            grammar_param,
         }
     }
 
@@ -520,6 +530,7 @@ impl<S: futures_util::Stream<Item = (usize, Event)> + Unpin> Events<S> {
                     tracing::error!("generation failed: {m}");
                     return Err(ApiError::Internal);
                 }
+                FinishReason::Grammar(m) => return Err(grammar_failed(self.grammar_param, m)),
                 FinishReason::Abort => {
                     return Err(ApiError::Unavailable(
                         "The server stopped before the request finished".into(),
@@ -534,6 +545,18 @@ impl<S: futures_util::Stream<Item = (usize, Event)> + Unpin> Events<S> {
             }
         }
         Ok((p, ev))
+    }
+}
+
+/// A choice whose output grammar failed mid-generation: the request's own constraint could
+/// not be followed (a step over the grammar's limits, a state allowing no token), so it is
+/// the request's error, a 400 naming the field, not the server's.
+fn grammar_failed(param: &'static str, why: &str) -> ApiError {
+    tracing::warn!("an output grammar failed: {why}");
+    ApiError::BadRequest {
+        message: format!("The output could not be held to '{param}': its grammar failed during generation: {why}"),
+        param: Some(param.to_string()),
+        code: Some("grammar_failed"),
     }
 }
 
@@ -577,10 +600,14 @@ enum Step {
 }
 
 impl Choices {
-    fn new(streams: Vec<EventStream>, n: usize, deadline: Option<Duration>) -> Self {
+    fn new(streams: Vec<EventStream>, n: usize, deadline: Option<Duration>, head: &Head) -> Self {
+        let grammar_param = match head.tool_calls {
+            Some(_) => "tools",
+            None => "response_format",
+        };
         Self {
             total: streams.len() * n,
-            events: Events::new(merged(streams).boxed(), deadline),
+            events: Events::new(merged(streams).boxed(), deadline, grammar_param),
             n,
             finished: 0,
             usage: UsageSum::default(),
@@ -614,7 +641,7 @@ pub async fn respond<R: Render>(g: Generation<R>) -> Result<Response, ApiError> 
         deadline,
         mut scope,
     } = g;
-    let mut choices = Choices::new(streams, n, deadline);
+    let mut choices = Choices::new(streams, n, deadline, render.head());
     let mut acc: Vec<Acc> = (0..choices.total).map(|_| Acc::default()).collect();
     while !choices.done() {
         match choices.next().await {
@@ -699,7 +726,7 @@ impl<R: Render> Streaming<R> {
 /// Streams chunks as SSE. Errors after the first byte end the stream with an error event and
 /// `[DONE]`.
 pub fn stream<R: Render>(g: Generation<R>) -> Response {
-    let choices = Choices::new(g.streams, g.n, g.deadline);
+    let choices = Choices::new(g.streams, g.n, g.deadline, g.render.head());
     let token_ids = g.render.head().token_ids;
     let opening = match g.render.head().resumed {
         false => g.render.opening(choices.total),

@@ -25,6 +25,15 @@
 //! "arguments":{…}}\n</tool_call>` (compact JSON), blocks separated by a newline. Assistant messages that
 //! carry `tool_calls` are written back in the same form when the template does not render
 //! `tool_calls` itself; `tool` messages keep their role.
+//!
+//! # What `auto` allows
+//! With `tool_choice: auto` the output is either calls or an answer. An output that opens
+//! with the call marker `<tool_call>\n` is calls, held to the tools' schemas; any other
+//! output is the answer: free text (which may start with `<`, as HTML does), or, when the
+//! request also has a JSON `response_format`, JSON valid for it. With `required` or a named
+//! function the output is calls only, and `response_format` does not apply to it (OpenAI's
+//! `response_format` shapes the assistant's answer, and a call is not one); with `none` the
+//! output follows `response_format` alone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,8 +95,13 @@ pub struct Output {
 
 impl Output {
     pub fn text() -> Self {
+        Self::answer(None)
+    }
+
+    /// An answer without calls: held to `format` (the `response_format`'s grammar) if any.
+    pub fn answer(format: Option<Grammar>) -> Self {
         Self {
-            grammar: None,
+            grammar: format,
             param: "response_format",
             tool_calls: false,
         }
@@ -274,30 +288,52 @@ fn call_schema(tool: &Tool) -> Value {
     })
 }
 
+/// `schema` as the grammar embeds it: an object, with JSON written compactly.
+fn compact_schema(schema: &Value) -> Value {
+    let mut schema = match schema {
+        Value::Bool(true) => json!({}),
+        other => other.clone(),
+    };
+    if let Value::Object(m) = &mut schema {
+        m.insert("x-guidance".into(), json!({"whitespace_flexible": false}));
+    }
+    schema
+}
+
+/// The answer `auto` allows besides calls: any text that does not open with the call
+/// marker, or JSON for the response format's schema.
+fn auto_answer(format: Option<&Grammar>) -> String {
+    match format {
+        Some(Grammar::JsonSchema(s)) => format!("answer: %json {}\n", compact_schema(s)),
+        // Every non-empty text but those opening with the marker (which are calls).
+        _ => "answer: TEXT\nTEXT: /(?s:.+)/ & ~/<tool_call>\\n(?s:.*)/\n".to_string(),
+    }
+}
+
 impl ToolSet {
-    /// The output's grammar and how it is read: calls only (`required`, named), text or
-    /// calls (`auto`), or plain text (`none`).
-    pub fn output(&self) -> Output {
+    /// The output's grammar and how it is read: calls only (`required`, named), an answer
+    /// or calls (`auto`; the answer is text, or JSON for `format`, the `response_format`),
+    /// or the answer alone (`none`).
+    pub fn output(&self, format: Option<&Grammar>) -> Output {
         let tools: Vec<&Tool> = match &self.choice {
-            ToolChoice::None => return Output::text(),
+            ToolChoice::None => return Output::answer(format.cloned()),
             ToolChoice::Named(n) => self.tools.iter().filter(|t| &t.name == n).collect(),
             _ => self.tools.iter().collect(),
         };
         let schemas: Vec<Value> = tools.iter().map(|t| call_schema(t)).collect();
-        let mut schema = match schemas.as_slice() {
+        let schema = compact_schema(&match schemas.as_slice() {
             [one] => one.clone(),
             _ => json!({"anyOf": schemas}),
-        };
-        schema["x-guidance"] = json!({"whitespace_flexible": false});
+        });
         let calls = if self.parallel && !matches!(self.choice, ToolChoice::Named(_)) {
             "call (\"\\n\" call)*"
         } else {
             "call"
         };
         let start = if self.choice == ToolChoice::Auto {
-            "start: calls | TEXT\nTEXT: /[^<](?s:.*)/\n"
+            format!("start: calls | answer\n{}", auto_answer(format))
         } else {
-            "start: calls\n"
+            "start: calls\n".to_string()
         };
         let lark = format!(
             "{start}calls: {calls}\ncall: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"\n"
@@ -492,8 +528,12 @@ impl CallReader {
     pub fn push(&mut self, text: &str) -> Read {
         self.buf.push_str(text);
         let mut out = Read::default();
-        if self.text.is_none() && !self.buf.is_empty() {
-            self.text = Some(!self.buf.starts_with('<'));
+        if self.text.is_none() && !CALL_OPEN.starts_with(self.buf.as_str()) {
+            self.text = Some(!self.buf.starts_with(CALL_OPEN));
+        }
+        if self.text.is_none() {
+            // Still a prefix of the call marker: wait for more.
+            return out;
         }
         if self.text == Some(true) {
             out.content = self.buf[self.pos..].to_string();
@@ -550,6 +590,15 @@ impl CallReader {
                 self.args = Some((start, start + upto));
                 false
             }
+        }
+    }
+
+    /// Text held back while it could still open a call (`auto`, a prefix of the marker so
+    /// far): content if the output ends there.
+    pub fn undecided(&self) -> &str {
+        match self.text {
+            None => &self.buf,
+            Some(_) => "",
         }
     }
 
@@ -656,6 +705,59 @@ mod tests {
     }
 
     #[test]
+    fn auto_text_may_open_with_a_less_than_sign() {
+        let (calls, rest) = read_all("<b>bold</b>", false);
+        assert!(calls.is_empty());
+        assert_eq!(rest, "<b>bold</b>");
+        // A prefix of the marker waits; once it is not the marker it is content.
+        let mut r = CallReader::new(false);
+        assert_eq!(r.push("<tool"), Read::default());
+        assert_eq!(r.push("box>").content, "<toolbox>");
+        let mut r = CallReader::new(false);
+        assert_eq!(r.push("<tool_c"), Read::default());
+        assert_eq!(r.undecided(), "<tool_c");
+        let read = r.push("all>\n{\"name\":\"f\",\"arguments\":");
+        assert_eq!(read.calls.len(), 1, "{read:?}");
+        // Cut short at a marker prefix, the text is content at the end.
+        let (calls, rest) = read_all("<tool_", false);
+        assert!(calls.is_empty());
+        assert_eq!(rest, "<tool_");
+    }
+
+    #[test]
+    fn auto_grammars_allow_text_or_the_response_format() {
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let set = tool_set(Some(&tools), None, None).unwrap().unwrap();
+        let Some(Grammar::Lark(g)) = set.output(None).grammar else {
+            panic!("a grammar");
+        };
+        assert!(g.contains("start: calls | answer\nanswer: TEXT\n"), "{g}");
+        assert!(g.contains("~/<tool_call>\\n(?s:.*)/"), "{g}");
+        let format = Grammar::JsonSchema(json!({"type": "object"}));
+        let o = set.output(Some(&format));
+        let Some(Grammar::Lark(g)) = o.grammar else {
+            panic!("a grammar");
+        };
+        assert!(g.contains("answer: %json {"), "{g}");
+        assert!(o.tool_calls);
+        // `required` is calls only, whatever the format; `none` is the format alone.
+        let required = tool_set(Some(&tools), Some(&json!("required")), None)
+            .unwrap()
+            .unwrap();
+        let Some(Grammar::Lark(g)) = required.output(Some(&format)).grammar else {
+            panic!("a grammar");
+        };
+        assert!(
+            g.starts_with("start: calls\n") && !g.contains("answer"),
+            "{g}"
+        );
+        let none = tool_set(Some(&tools), Some(&json!("none")), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(none.output(Some(&format)).grammar, Some(format));
+    }
+
+    #[test]
     fn tool_choice_and_tools_are_checked() {
         let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
         let named = json!({"type": "function", "function": {"name": "g"}});
@@ -668,14 +770,14 @@ mod tests {
         let set = tool_set(Some(&tools), Some(&json!("required")), Some(false))
             .unwrap()
             .unwrap();
-        let Some(Grammar::Lark(g)) = set.output().grammar else {
+        let Some(Grammar::Lark(g)) = set.output(None).grammar else {
             panic!("a grammar");
         };
         assert!(g.starts_with("start: calls\ncalls: call\n"), "{g}");
         let none = tool_set(Some(&tools), Some(&json!("none")), None)
             .unwrap()
             .unwrap();
-        assert!(none.output().grammar.is_none() && none.template_tools().is_none());
+        assert!(none.output(None).grammar.is_none() && none.template_tools().is_none());
     }
 
     #[test]

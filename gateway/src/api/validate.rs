@@ -314,23 +314,14 @@ pub fn chat_prompt(
     })
 }
 
-/// What the output must be: tool calls (unless `tool_choice` is `none`), else the
-/// `response_format`, else text.
+/// What the output must be: with tools, what `tool_choice` allows (calls, or an answer in
+/// the `response_format`: see `tools`); without, the `response_format`, else text.
 fn chat_output(req: &ChatCompletionRequest, tools: Option<&ToolSet>) -> Result<Output, ApiError> {
     let format = tools::response_format(req.response_format.as_ref())?;
-    match (tools.map(ToolSet::output), format) {
-        (Some(o), Some(_)) if o.grammar.is_some() => Err(unsupported(
-            "response_format",
-            "a JSON response format together with tools; set tool_choice to 'none' or drop one",
-        )),
-        (Some(o), _) if o.grammar.is_some() => Ok(o),
-        (_, Some(g)) => Ok(Output {
-            grammar: Some(g),
-            param: "response_format",
-            tool_calls: false,
-        }),
-        _ => Ok(Output::text()),
-    }
+    Ok(match tools {
+        Some(set) => set.output(format.as_ref()),
+        None => Output::answer(format),
+    })
 }
 
 /// Every check of a chat request that needs no tokenizer, and its messages in the template's
