@@ -368,7 +368,6 @@ fn grammar_failed(e: &str) -> Ended {
     }
 }
 
-/// The state the engine thread owns.
 /// The ids a step may sample: the logits' width, cut to the tokenizer's vocabulary where the
 /// model's is larger. Padded embedding tables are common (and synthetic models borrow a
 /// smaller tokenizer); an id with no text could never be sent, so it is never drawn, and
@@ -386,6 +385,7 @@ fn sampled_vocab(model: &Model) -> usize {
     logits.min(text)
 }
 
+/// The state the engine thread owns.
 struct Core {
     model: Arc<Model>,
     kv: KvStore,
