@@ -15,8 +15,9 @@
 //!   left over by the phases' kernels is launch overhead);
 //! - `attention` (candle only): the paged-attention op against the gather path on the same
 //!   device: teacher-forced logprobs of a ragged batch (prefill chunks, then decodes) with every
-//!   row paged and with the default split, each against every row gathered; then `bench`'s
-//!   decode steps timed on each path.
+//!   row paged and split (decodes paged, prefill gathered), each against every row gathered
+//!   (|Δ logprob| over each row's top 10); then `bench`'s prefill and decode steps timed on
+//!   each path.
 //!
 //! `--attention` (or `SLUICE_ATTENTION`) picks the candle backend's attention path for the
 //! other modes.
@@ -48,7 +49,7 @@ struct Args {
     /// Compute threads for CPU backends (0: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// The candle backend's attention path: auto, gather or paged (default: SLUICE_ATTENTION,
+    /// The candle backend's attention path: auto, gather, paged or split (default: SLUICE_ATTENTION,
     /// else auto).
     #[arg(long)]
     attention: Option<AttentionPath>,
@@ -469,7 +470,8 @@ fn logprob_gap(want: &[Vec<f32>], got: &[Vec<f32>]) -> serde_json::Value {
     json!({"rows": want.len(), "max_abs_dlogprob": max, "mean_abs_dlogprob": sum / count.max(1) as f64})
 }
 
-/// The paged op against the gather path: agreement, then decode speed on each.
+/// The paged op against the gather path: agreement, then prefill and decode speed on each
+/// path (split: decodes paged, prefill chunks gathered).
 fn attention(
     net: &Net,
     n: usize,
@@ -483,38 +485,41 @@ fn attention(
         .map(|s| tokens(s + 20, n.saturating_sub(7 * s).max(2), vocab))
         .collect();
     let decodes = 8.min(seqs.iter().map(Vec::len).min().unwrap_or(1) - 1);
+    let paths = [
+        ("gather", AttentionPath::Gather),
+        ("paged", AttentionPath::Paged),
+        ("split", AttentionPath::Split),
+    ];
     let mut rows = Vec::new();
-    for path in [
-        AttentionPath::Gather,
-        AttentionPath::Paged,
-        AttentionPath::Auto,
-    ] {
+    for (_, path) in paths {
         candle.set_attention(path);
         rows.push(forced_steps(net, &seqs, decodes)?);
     }
     let most = batches.iter().copied().max().unwrap_or(1);
     let per_seq = ctx + steps + 1;
     let mut kv = net.new_kv(per_seq, most)?;
-    let (last, _) = prefill(net, &mut kv, most, ctx, per_seq)?;
     let mut speed = serde_json::Map::new();
-    for (name, path) in [
-        ("gather", AttentionPath::Gather),
-        ("paged", AttentionPath::Paged),
-    ] {
+    for (name, path) in paths {
         candle.set_attention(path);
+        let (last, prefill_s) = prefill(net, &mut kv, most, ctx, per_seq)?;
         let mut decode = Vec::new();
         for &b in batches {
             decode.push(decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?);
         }
-        speed.insert(name.into(), json!(decode));
+        let prefill_tok_s = (most * ctx) as f64 / prefill_s;
+        speed.insert(
+            name.into(),
+            json!({"prefill_tok_s": prefill_tok_s, "decode": decode}),
+        );
     }
     candle.set_attention(AttentionPath::Auto);
     Ok(json!({
         "mode": "attention",
         "reference": "gather",
-        "paged_all_rows": logprob_gap(&rows[0], &rows[1]),
-        "paged_decodes": logprob_gap(&rows[0], &rows[2]),
+        "decodes_per_sequence": decodes,
+        "paged": logprob_gap(&rows[0], &rows[1]),
+        "split": logprob_gap(&rows[0], &rows[2]),
         "ctx": ctx,
-        "decode": speed,
+        "speed": speed,
     }))
 }

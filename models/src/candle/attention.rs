@@ -1,18 +1,20 @@
 //! Attention over the block pool, and the step's index tensors it reads.
 //!
-//! Two paths, chosen per sequence chunk by [`AttentionPath`] so that a sequence's rows take the
-//! same path whatever else is in the batch:
+//! Two paths, chosen per sequence chunk by [`AttentionPath`] from the chunk alone, so that a
+//! sequence's rows take the same path whatever else is in the batch:
 //!
 //! - **paged** ([`super::paged`]): one custom op for all its rows, reading the f16 pool in place
-//!   through each sequence's block table with an online softmax. Decodes (one-token chunks)
-//!   take it by default, on every device.
+//!   through each sequence's block table with an online softmax. On the CPU every row takes it
+//!   by default: a row is then computed the same way in any batch and any chunking of its
+//!   prompt. On a GPU, decodes (one-token chunks) take it by default.
 //! - **gather**: a group of sequences is one chain of batched candle ops: the one-token decodes
 //!   by context bucket, every multi-token prefill chunk on its own; contexts are padded to the
 //!   bucket (see [`CONTEXT_BUCKET`]). A group gathers its sequences' key and value rows from
 //!   the pool by slot (`index_select`), widens them to f32 and runs matmul and softmax.
-//!   Padding is masked out with `-inf`. Prefill chunks longer than [`PAGED_MAX_CHUNK`] take it
-//!   by default: there a row's context is shared by the chunk's other rows, which the batched
-//!   products exploit and the per-row paged op does not.
+//!   Padding is masked out with `-inf`. On a GPU, prefill chunks longer than
+//!   [`PAGED_MAX_CHUNK`] take it by default: a chunk's rows share their context, which the
+//!   batched products exploit and the per-row op does not (a device run decides whether the
+//!   paged op should take them too: `gpucheck attention`).
 //!
 //! Either way a chunk's token `i` (position `start_pos + i`) sees positions `..= start_pos + i`.
 
@@ -64,13 +66,16 @@ pub(crate) struct StepPlan {
 /// Which attention path a step's sequence chunks take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionPath {
-    /// Chunks of at most [`PAGED_MAX_CHUNK`] tokens paged, longer ones gathered.
+    /// The device's default: [`Paged`](Self::Paged) on the CPU, [`Split`](Self::Split) on a GPU.
     #[default]
     Auto,
     /// Every chunk gathered (the batched candle ops).
     Gather,
-    /// Every chunk paged.
+    /// Every chunk paged: each row computed alone, so a sequence's rows are the same in any
+    /// batch and any chunking.
     Paged,
+    /// Chunks of at most [`PAGED_MAX_CHUNK`] tokens (decodes) paged, longer ones gathered.
+    Split,
 }
 
 impl std::str::FromStr for AttentionPath {
@@ -81,23 +86,33 @@ impl std::str::FromStr for AttentionPath {
             "auto" => Ok(Self::Auto),
             "gather" => Ok(Self::Gather),
             "paged" => Ok(Self::Paged),
+            "split" => Ok(Self::Split),
             _ => Err(format!(
-                "unknown attention path '{s}': auto, gather or paged"
+                "unknown attention path '{s}': auto, gather, paged or split"
             )),
         }
     }
 }
 
-/// Chunks of at most this many tokens take the paged op under [`AttentionPath::Auto`].
+/// Chunks of at most this many tokens take the paged op under [`AttentionPath::Split`].
 pub const PAGED_MAX_CHUNK: usize = 1;
 
 impl AttentionPath {
-    /// Whether a chunk of `tokens` tokens is paged.
+    /// What [`Auto`](Self::Auto) means on `device`; other paths stand for themselves.
+    pub fn on(self, device: &Device) -> Self {
+        match (self, device) {
+            (Self::Auto, Device::Cpu) => Self::Paged,
+            (Self::Auto, _) => Self::Split,
+            (path, _) => path,
+        }
+    }
+
+    /// Whether a chunk of `tokens` tokens is paged (`self` resolved by [`Self::on`]).
     fn pages(self, tokens: usize) -> bool {
         match self {
-            Self::Auto => tokens <= PAGED_MAX_CHUNK,
+            Self::Split => tokens <= PAGED_MAX_CHUNK,
             Self::Gather => false,
-            Self::Paged => true,
+            Self::Paged | Self::Auto => true,
         }
     }
 }
@@ -131,7 +146,7 @@ impl StepPlan {
             config.head_dim,
         );
         let path = if supported {
-            path
+            path.on(device)
         } else {
             AttentionPath::Gather
         };

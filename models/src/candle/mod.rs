@@ -5,8 +5,10 @@
 //! requested rows out as an f32 `[rows, vocab]` CPU tensor; K and V live in a block pool on the
 //! device ([`DeviceKv`]). GGUF's quantized weights stay quantized on the device (candle's
 //! `QMatMul`), f16/bf16/f32 stay dense. The ops are candle-core's and candle-nn's: RMS norm,
-//! interleaved RoPE (GGUF's layout), SiLU, softmax; attention gathers each sequence's keys and
-//! values from the pool by slot (see [`attention`]).
+//! interleaved RoPE (GGUF's layout), SiLU, softmax. Attention reads the pool through each
+//! sequence's block table with a paged-attention op ([`paged`], a CUDA kernel on a GPU), or
+//! gathers each sequence's keys and values by slot into batched ops (see [`attention`] for
+//! which rows take which path).
 
 mod attention;
 mod kv;
@@ -300,13 +302,14 @@ impl CandleLlama {
 }
 
 /// [`CandleLlama::attention`]'s values, by index.
-const ATTENTION_PATHS: [AttentionPath; 3] = [
+const ATTENTION_PATHS: [AttentionPath; 4] = [
     AttentionPath::Auto,
     AttentionPath::Gather,
     AttentionPath::Paged,
+    AttentionPath::Split,
 ];
 
-/// The attention path a model starts with: `SLUICE_ATTENTION` (auto, gather or paged) when
+/// The attention path a model starts with: `SLUICE_ATTENTION` (auto, gather, paged or split) when
 /// set, else [`AttentionPath::Auto`]. A switch for every binary, for measuring one path
 /// against the other.
 fn attention_from_env() -> Result<AttentionPath> {

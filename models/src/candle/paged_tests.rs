@@ -125,7 +125,11 @@ fn paged_rows_agree_with_the_gather_path() {
         let case = Case::new(config(heads, kv_heads, hd), 64);
         let batch = ragged();
         let gather = case.attend(&batch, AttentionPath::Gather, 0);
-        for path in [AttentionPath::Paged, AttentionPath::Auto] {
+        for path in [
+            AttentionPath::Paged,
+            AttentionPath::Split,
+            AttentionPath::Auto,
+        ] {
             let got = case.attend(&batch, path, 0);
             let d = max_diff(&gather, &got);
             assert!(
@@ -161,8 +165,12 @@ fn attention_paths_parse() {
         ("auto", AttentionPath::Auto),
         ("gather", AttentionPath::Gather),
         ("paged", AttentionPath::Paged),
+        ("split", AttentionPath::Split),
     ] {
         assert_eq!(s.parse::<AttentionPath>().unwrap(), p);
     }
     assert!("flash".parse::<AttentionPath>().is_err());
+    let cpu = &Device::Cpu;
+    assert_eq!(AttentionPath::Auto.on(cpu), AttentionPath::Paged);
+    assert_eq!(AttentionPath::Split.on(cpu), AttentionPath::Split);
 }
