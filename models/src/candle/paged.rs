@@ -11,7 +11,7 @@
 //! row's result depends only on its own query, context and that fixed order, never on the rest
 //! of the batch.
 
-use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor};
+use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Storage, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
@@ -346,31 +346,46 @@ impl PagedAttention {
     }
 }
 
+/// Threads per block of the CUDA kernel; must match `THREADS` in paged.cu.
+const THREADS: usize = 128;
+/// Outputs one thread of the CUDA kernel keeps; must match `MAX_ACC` in paged.cu.
+const MAX_ACC: usize = 16;
+/// K elements one lane of the CUDA kernel holds; must match `MAX_KREG` in paged.cu.
+const MAX_KREG: usize = 8;
+
+/// Whether the CUDA kernel handles this shape: a lane holds `head_dim / 32` elements of a K row
+/// (at most `MAX_KREG`), a thread at most `MAX_ACC` outputs of the group.
+pub(crate) fn kernel_supports(group: usize, head_dim: usize) -> bool {
+    head_dim % 32 == 0 && head_dim <= 32 * MAX_KREG && group * head_dim <= THREADS * MAX_ACC
+}
+
+/// Whether the op runs on `device` for this attention shape (the CPU path handles any; on a
+/// GPU, the kernel's limits). Where it does not, every row takes the gather path.
+pub(crate) fn supported(device: &Device, heads: usize, kv_heads: usize, head_dim: usize) -> bool {
+    !device.is_cuda() || kernel_supports(heads / kv_heads, head_dim)
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     //! The CUDA launch: one thread block per (row, KV head), `THREADS` threads.
 
-    use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::cuda::WrapErr;
+    use candle_core::cuda::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+    use candle_core::cuda::{CudaDType, WrapErr};
     use candle_core::{CudaStorage, Layout, Shape, Storage};
     use half::f16;
 
-    use super::PagedAttention;
+    use super::{kernel_supports, PagedAttention, THREADS};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged.ptx"));
-    /// Must match `THREADS` in paged.cu.
-    const THREADS: u32 = 128;
-    /// Must match `TILE`, `MAX_ACC` and `MAX_KREG` in paged.cu.
+    /// Context positions per tile; must match `TILE` in paged.cu.
     const TILE: usize = 64;
-    const MAX_ACC: usize = 16;
-    const MAX_KREG: usize = 8;
 
-    /// Whether the kernel handles this shape: a lane holds `head_dim / 32` elements of a K row
-    /// (at most `MAX_KREG`), a thread at most `MAX_ACC` outputs of the group.
-    pub(crate) fn supports(group: usize, head_dim: usize) -> bool {
-        head_dim % 32 == 0
-            && head_dim <= 32 * MAX_KREG
-            && group * head_dim <= THREADS as usize * MAX_ACC
+    /// The part of a contiguous storage that `layout` starts at.
+    fn view<'a, T: CudaDType>(
+        s: &'a CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<CudaView<'a, T>> {
+        Ok(s.as_cuda_slice::<T>()?.slice(layout.start_offset()..))
     }
 
     pub(super) fn forward(
@@ -380,7 +395,7 @@ mod cuda {
         (v, vl): (&CudaStorage, &Layout),
     ) -> candle_core::Result<(CudaStorage, Shape)> {
         let (group, hd) = (op.group(), op.head_dim);
-        if !supports(group, hd) {
+        if !kernel_supports(group, hd) {
             candle_core::bail!("paged attention: no kernel for group {group} × head_dim {hd}");
         }
         let dev = &q.device;
@@ -388,33 +403,29 @@ mod cuda {
         let Storage::Cuda(meta) = &*meta_storage else {
             candle_core::bail!("paged attention: the metadata is not on the GPU");
         };
-        let view = |s: &CudaStorage, l: &Layout| -> candle_core::Result<_> {
-            Ok(s.as_cuda_slice::<f16>()?.slice(l.start_offset()..))
+        let qv = view::<f32>(q, ql)?;
+        let (kv, vv) = (view::<f16>(k, kl)?, view::<f16>(v, vl)?);
+        let mv = view::<u32>(meta, meta_layout)?;
+        // SAFETY: every element is written by the kernel below (rows > 0 in any plan).
+        let mut out = unsafe { dev.alloc::<f32>(op.rows * op.heads * hd) }?;
+        let func = dev.get_or_load_custom_func("paged_attention_f16", "sluice_paged", PTX)?;
+        let shared = (group * hd + group * TILE + 3 * group + TILE) * 4;
+        let cfg = LaunchConfig {
+            grid_dim: (op.rows as u32, op.kv_heads as u32, 1),
+            block_dim: (THREADS as u32, 1, 1),
+            shared_mem_bytes: shared as u32,
         };
-        let qv = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
-        let (kv, vv) = (view(k, kl)?, view(v, vl)?);
-        let mv = meta
-            .as_cuda_slice::<u32>()?
-            .slice(meta_layout.start_offset()..);
-        let out = unsafe { dev.alloc::<f32>(op.rows * op.heads * hd) }?;
-        if op.rows > 0 {
-            let func = dev.get_or_load_custom_func("paged_attention_f16", "sluice_paged", PTX)?;
-            let shared = (group * hd + group * TILE + 3 * group + TILE) * 4;
-            let cfg = LaunchConfig {
-                grid_dim: (op.rows as u32, op.kv_heads as u32, 1),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: shared as u32,
-            };
-            let ints = [
-                op.rows as i32,
-                op.heads as i32,
-                op.kv_heads as i32,
-                hd as i32,
-                op.block_size as i32,
-            ];
-            let scale = super::scale(hd);
+        let ints = [
+            op.rows as i32,
+            op.heads as i32,
+            op.kv_heads as i32,
+            hd as i32,
+            op.block_size as i32,
+        ];
+        let scale = super::scale(hd);
+        {
             let mut b = func.builder();
-            b.arg(&out);
+            b.arg(&mut out);
             b.arg(&qv);
             b.arg(&kv);
             b.arg(&vv);
@@ -423,30 +434,13 @@ mod cuda {
                 b.arg(i);
             }
             b.arg(&scale);
-            // SAFETY: the argument list matches paged.cu's signature; every index the kernel
-            // forms is within the tensors the plan built (checked on the CPU path and by the
-            // plan's own construction from a validated batch).
+            // SAFETY: the arguments match paged.cu's signature; every index the kernel forms
+            // is within the tensors: the plan builds the metadata from a batch the KV store
+            // validated.
             unsafe { b.launch(cfg) }.w()?;
         }
         let out = CudaStorage::wrap_cuda_slice(out, dev.clone());
         Ok((out, op.out_shape()))
-    }
-}
-
-/// Whether the device kernel handles this model's attention shape (the CPU path handles any).
-pub(crate) fn supported(
-    device: &candle_core::Device,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-) -> bool {
-    match device {
-        #[cfg(feature = "cuda")]
-        candle_core::Device::Cuda(_) => cuda::supports(heads / kv_heads, head_dim),
-        _ => {
-            let _ = (heads, kv_heads, head_dim);
-            true
-        }
     }
 }
 

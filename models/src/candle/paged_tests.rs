@@ -4,6 +4,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::attention::{attend, AttentionPath, StepPlan};
+use super::paged::kernel_supports;
 use crate::batch::{Logits, SeqChunk, StepBatch};
 use crate::config::LlamaConfig;
 
@@ -173,4 +174,16 @@ fn attention_paths_parse() {
     let cpu = &Device::Cpu;
     assert_eq!(AttentionPath::Auto.on(cpu), AttentionPath::Paged);
     assert_eq!(AttentionPath::Split.on(cpu), AttentionPath::Split);
+}
+
+#[test]
+fn the_kernel_takes_the_usual_llama_shapes() {
+    // SmolLM2 (9/3 heads of 64), Llama-3-8B (32/8 of 128), 8 query heads a KV head of 256.
+    for (group, hd) in [(3, 64), (4, 128), (8, 256), (1, 32)] {
+        assert!(kernel_supports(group, hd), "group {group}, head_dim {hd}");
+    }
+    // Not a multiple of a warp, too wide for a lane's registers, too many outputs a thread.
+    for (group, hd) in [(3, 80), (1, 512), (16, 256)] {
+        assert!(!kernel_supports(group, hd), "group {group}, head_dim {hd}");
+    }
 }
