@@ -102,7 +102,7 @@ impl PagedAttention {
     /// Checks the three inputs' shapes and contiguity; returns their sizes.
     fn check(&self, q: &Layout, k: &Layout, v: &Layout) -> candle_core::Result<Dims> {
         let (n, heads, hd) = q.shape().dims3()?;
-        if heads != self.heads || hd != self.head_dim || self.heads % self.kv_heads != 0 {
+        if heads != self.heads || hd != self.head_dim || !self.heads.is_multiple_of(self.kv_heads) {
             candle_core::bail!(
                 "paged attention: q is {:?}, expected [n, {}, {}] with {} KV heads",
                 q.dims(),
@@ -356,7 +356,9 @@ const MAX_KREG: usize = 8;
 /// Whether the CUDA kernel handles this shape: a lane holds `head_dim / 32` elements of a K row
 /// (at most `MAX_KREG`), a thread at most `MAX_ACC` outputs of the group.
 pub(crate) fn kernel_supports(group: usize, head_dim: usize) -> bool {
-    head_dim % 32 == 0 && head_dim <= 32 * MAX_KREG && group * head_dim <= THREADS * MAX_ACC
+    head_dim.is_multiple_of(32)
+        && head_dim <= 32 * MAX_KREG
+        && group * head_dim <= THREADS * MAX_ACC
 }
 
 /// Whether the op runs on `device` for this attention shape (the CPU path handles any; on a
