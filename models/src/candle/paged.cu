@@ -21,6 +21,8 @@
 // K elements per lane: head_dim <= 32 * MAX_KREG, a multiple of 32 (checked by the host).
 #define MAX_KREG 8
 
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -64,7 +66,7 @@ extern "C" __global__ void paged_attention_f16(float *__restrict__ out,
   const float *qsrc = q + ((size_t)q_row * heads + (size_t)kvh * group) * hd;
   for (int i = tid; i < width; i += THREADS) qs[i] = qsrc[i];
   for (int h = tid; h < group; h += THREADS) {
-    run_max[h] = -INFINITY;
+    run_max[h] = neg_inf();
     run_sum[h] = 0.f;
   }
   float acc[MAX_ACC];
@@ -105,7 +107,7 @@ extern "C" __global__ void paged_attention_f16(float *__restrict__ out,
 
     // 3. The running softmax: a warp per head.
     for (int h = warp; h < group; h += WARPS) {
-      float m = -INFINITY;
+      float m = neg_inf();
       for (int p = lane; p < tn; p += 32) m = fmaxf(m, s[h * TILE + p]);
       m = warp_max(m);
       const float old = run_max[h];
