@@ -367,7 +367,9 @@ pub(crate) fn supported(device: &Device, heads: usize, kv_heads: usize, head_dim
     !device.is_cuda() || kernel_supports(heads / kv_heads, head_dim)
 }
 
+// Launching a kernel is an FFI call (the crate's other unsafe code is the CPU kernels').
 #[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
 mod cuda {
     //! The CUDA launch: one thread block per (row, KV head), `THREADS` threads.
 
