@@ -13,6 +13,9 @@
 #     for Llama-3-8B's shape in Q4_K (also written here);
 #   - for the candle backend, each phase's share of a decode step at batch 1 and the largest
 #     batch (gpucheck profile: launches, matmuls, attention);
+#   - the paged-attention op against the gather path (gpucheck attention, candle backend):
+#     teacher-forced logprobs of both on the device, and decode tok/s at each batch size on
+#     each path, for both shapes;
 #   - whether greedy tokens are identical alone and in a batch of 16, for both shapes and the
 #     truncated default model (real weights: random ones leave near-ties that any rounding
 #     difference flips);
@@ -25,6 +28,8 @@
 #   SLUICE_GPU_DEVICE   device to check (default cuda:0)
 #   SLUICE_GPU_BACKEND  backend on that device (default candle)
 #   SLUICE_GPU_OUT      the JSON file (default $OUT/check-gpu.json, else ./check-gpu.json)
+#   SLUICE_ATTENTION    the candle backend's attention path for every step but the
+#                       attention ones (auto, gather or paged; default auto: decodes paged)
 #   SLUICE_GPU_BUDGET_S seconds for the whole run (default none): steps get what is left, and
 #                       the last ones are skipped, not killed halfway, when it runs out
 #   SLUICE_GPU_DRY=1    tiny shapes and short runs (context 32, batches 1 and 4, 2-layer
@@ -173,6 +178,12 @@ profile() {
       --batches "1,$(echo "$batches" | tr ',' '\n' | tail -n 1)" --ctx "$ctx" --steps 8
   fi
 }
+# attention NAME MODEL: the paged op against the gather path (candle on the device, whatever
+# the backend under test).
+attention() {
+  step "$1" "$limit" "$bin/gpucheck" --model "$2" --device "$device" --backend candle attention \
+    --tokens "$tokens" --batches "$batches" --ctx "$ctx" --steps "$steps"
+}
 # serve NAME MODEL: `sluice serve` on the device over HTTP (scripts/gpu-serve-check.py), when
 # the carry holds the binary.
 serve() {
@@ -211,6 +222,7 @@ step synth_smollm2 300 "$bin/synth" --shape smollm2-135m $(layers "$full_layers"
 step bench_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
 profile profile_smollm2 "$work/smollm2.gguf"
+attention attention_smollm2 "$work/smollm2.gguf"
 step identical_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" identical --tokens "$greedy"
 rm -f "$work/smollm2.gguf"
 
@@ -220,6 +232,7 @@ step synth_llama3_8b 400 "$bin/synth" --shape llama3-8b $(layers "$big_layers") 
 step bench_llama3_8b "$limit" "$bin/gpucheck" --model "$work/llama3-8b.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
 profile profile_llama3_8b "$work/llama3-8b.gguf"
+attention attention_llama3_8b "$work/llama3-8b.gguf"
 serve serve_llama3_8b "$work/llama3-8b.gguf"
 step identical_llama3_8b "$limit" "$bin/gpucheck" --model "$work/llama3-8b.gguf" "${gpu[@]}" identical --tokens "$greedy"
 rm -f "$work/llama3-8b.gguf"

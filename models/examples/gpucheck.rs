@@ -12,7 +12,15 @@
 //! - `profile` (candle only): `bench`'s decode steps with the device synchronised at each phase
 //!   of the forward pass, giving each phase's milliseconds per step by batch size (the
 //!   synchronisation serialises the step, so the total exceeds `bench`'s step time; what is
-//!   left over by the phases' kernels is launch overhead).
+//!   left over by the phases' kernels is launch overhead);
+//! - `attention` (candle only): the paged-attention op against the gather path on the same
+//!   device: teacher-forced logprobs of a ragged batch (prefill chunks, then decodes) with every
+//!   row paged and split (decodes paged, prefill gathered), each against every row gathered
+//!   (|Δ logprob| over each row's top 10); then `bench`'s prefill and decode steps timed on
+//!   each path.
+//!
+//! `--attention` (or `SLUICE_ATTENTION`) picks the candle backend's attention path for the
+//! other modes.
 //!
 //! It runs on the CPU too (`--device cpu`), which is how the script is tested without a GPU.
 
@@ -22,6 +30,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::json;
+use sluice_models::candle::AttentionPath;
 use sluice_models::logits::{argmax, log_softmax};
 use sluice_models::{Backend, DeviceSpec, KvStore, LlamaConfig, Logits, SeqChunk, StepBatch};
 
@@ -40,6 +49,10 @@ struct Args {
     /// Compute threads for CPU backends (0: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// The candle backend's attention path: auto, gather, paged or split (default: SLUICE_ATTENTION,
+    /// else auto).
+    #[arg(long)]
+    attention: Option<AttentionPath>,
     #[command(subcommand)]
     mode: Mode,
 }
@@ -69,6 +82,17 @@ enum Mode {
         #[arg(long, default_value_t = 512)]
         ctx: usize,
         #[arg(long, default_value_t = 8)]
+        steps: usize,
+    },
+    Attention {
+        /// Tokens per sequence in the agreement check (four sequences, the last 8 decoded).
+        #[arg(long, default_value_t = 96)]
+        tokens: usize,
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+        batches: Vec<usize>,
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
+        #[arg(long, default_value_t = 32)]
         steps: usize,
     },
 }
@@ -108,7 +132,9 @@ impl Net {
     fn candle(&self) -> Result<&sluice_models::CandleLlama> {
         match self.model.network() {
             sluice_models::Network::Candle(c) => Ok(c),
-            sluice_models::Network::Kernels(_) => anyhow::bail!("profile needs --backend candle"),
+            sluice_models::Network::Kernels(_) => {
+                anyhow::bail!("profile, attention and --attention need --backend candle")
+            }
         }
     }
 
@@ -123,6 +149,9 @@ impl Net {
 fn main() -> Result<()> {
     let args = Args::parse();
     let net = Net::load(&args.model, &args.device, &args.backend, args.threads)?;
+    if let Some(path) = args.attention {
+        net.candle()?.set_attention(path);
+    }
     let started = Instant::now();
     let mut out = match &args.mode {
         Mode::Agree { tokens } => agree(&net, &args, *tokens)?,
@@ -137,6 +166,12 @@ fn main() -> Result<()> {
             ctx,
             steps,
         } => profile(&net, batches, *ctx, *steps)?,
+        Mode::Attention {
+            tokens,
+            batches,
+            ctx,
+            steps,
+        } => attention(&net, *tokens, batches, *ctx, *steps)?,
     };
     out["model"] = json!(args.model.display().to_string());
     out["device"] = json!(args.device);
@@ -387,5 +422,104 @@ fn identical(net: &Net, n: usize) -> Result<serde_json::Value> {
         "identical_alone_and_in_batch": alone[0] == together[3],
         "alone": alone[0],
         "in_batch": together[3],
+    }))
+}
+
+/// Teacher-forced logprobs of `seqs`: all but each one's last `decodes` tokens prefilled in one
+/// ragged batch, then those tokens fed one decode step at a time, all sequences together.
+fn forced_steps(net: &Net, seqs: &[Vec<u32>], decodes: usize) -> Result<Vec<Vec<f32>>> {
+    let per_seq = seqs.iter().map(Vec::len).max().unwrap_or(0);
+    let mut kv = net.new_kv(per_seq, seqs.len())?;
+    let prefill = StepBatch {
+        seqs: seqs
+            .iter()
+            .enumerate()
+            .map(|(s, t)| chunk(t[..t.len() - decodes].to_vec(), 0, s, per_seq, Logits::All))
+            .collect(),
+    };
+    let mut rows = net.forward(&prefill, &mut kv)?;
+    for d in (1..=decodes).rev() {
+        let batch = StepBatch {
+            seqs: seqs
+                .iter()
+                .enumerate()
+                .map(|(s, t)| {
+                    let at = t.len() - d;
+                    chunk(vec![t[at]], at, s, per_seq, Logits::Last)
+                })
+                .collect(),
+        };
+        rows.extend(net.forward(&batch, &mut kv)?);
+    }
+    Ok(rows.iter().map(|r| log_softmax(r)).collect())
+}
+
+/// Max and mean |Δ logprob| over every row's reference top 10.
+fn logprob_gap(want: &[Vec<f32>], got: &[Vec<f32>]) -> serde_json::Value {
+    let (mut max, mut sum, mut count) = (0f32, 0f64, 0usize);
+    for (w, g) in want.iter().zip(got) {
+        let mut order: Vec<usize> = (0..w.len()).collect();
+        order.sort_by(|&a, &b| w[b].total_cmp(&w[a]));
+        for &i in &order[..10] {
+            let d = (w[i] - g[i]).abs();
+            max = max.max(d);
+            sum += f64::from(d);
+            count += 1;
+        }
+    }
+    json!({"rows": want.len(), "max_abs_dlogprob": max, "mean_abs_dlogprob": sum / count.max(1) as f64})
+}
+
+/// The paged op against the gather path: agreement, then prefill and decode speed on each
+/// path (split: decodes paged, prefill chunks gathered).
+fn attention(
+    net: &Net,
+    n: usize,
+    batches: &[usize],
+    ctx: usize,
+    steps: usize,
+) -> Result<serde_json::Value> {
+    let candle = net.candle()?;
+    let vocab = net.config().vocab_size;
+    let seqs: Vec<Vec<u32>> = (0..4)
+        .map(|s| tokens(s + 20, n.saturating_sub(7 * s).max(2), vocab))
+        .collect();
+    let decodes = 8.min(seqs.iter().map(Vec::len).min().unwrap_or(1) - 1);
+    let paths = [
+        ("gather", AttentionPath::Gather),
+        ("paged", AttentionPath::Paged),
+        ("split", AttentionPath::Split),
+    ];
+    let mut rows = Vec::new();
+    for (_, path) in paths {
+        candle.set_attention(path);
+        rows.push(forced_steps(net, &seqs, decodes)?);
+    }
+    let most = batches.iter().copied().max().unwrap_or(1);
+    let per_seq = ctx + steps + 1;
+    let mut kv = net.new_kv(per_seq, most)?;
+    let mut speed = serde_json::Map::new();
+    for (name, path) in paths {
+        candle.set_attention(path);
+        let (last, prefill_s) = prefill(net, &mut kv, most, ctx, per_seq)?;
+        let mut decode = Vec::new();
+        for &b in batches {
+            decode.push(decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?);
+        }
+        let prefill_tok_s = (most * ctx) as f64 / prefill_s;
+        speed.insert(
+            name.into(),
+            json!({"prefill_tok_s": prefill_tok_s, "decode": decode}),
+        );
+    }
+    candle.set_attention(AttentionPath::Auto);
+    Ok(json!({
+        "mode": "attention",
+        "reference": "gather",
+        "decodes_per_sequence": decodes,
+        "paged": logprob_gap(&rows[0], &rows[1]),
+        "split": logprob_gap(&rows[0], &rows[2]),
+        "ctx": ctx,
+        "speed": speed,
     }))
 }

@@ -1,13 +1,26 @@
-//! Attention over the block pool with candle ops, and the step's index tensors it reads.
+//! Attention over the block pool, and the step's index tensors it reads.
 //!
-//! A step's sequences are attended in groups, each group one chain of batched ops: the
-//! one-token decodes by context bucket, every multi-token prefill chunk on its own; contexts are
-//! padded to the bucket (see [`CONTEXT_BUCKET`]). A group gathers its sequences' key
-//! and value rows from the pool by slot (`index_select`), so the number of ops per layer does
-//! not grow with the number of decodes. Padding is masked out with `-inf`; a prefill chunk's
-//! token `i` (position `start_pos + i`) sees positions `..= start_pos + i`.
+//! Two paths, chosen per sequence chunk by [`AttentionPath`] from the chunk alone, so that a
+//! sequence's rows take the same path whatever else is in the batch:
+//!
+//! - **paged** ([`super::paged`]): one custom op for all its rows, reading the f16 pool in place
+//!   through each sequence's block table with an online softmax. On the CPU every row takes it
+//!   by default: a row is then computed the same way in any batch and any chunking of its
+//!   prompt. On a GPU, decodes (one-token chunks) take it by default.
+//! - **gather**: a group of sequences is one chain of batched candle ops: the one-token decodes
+//!   by context bucket, every multi-token prefill chunk on its own; contexts are padded to the
+//!   bucket (see [`CONTEXT_BUCKET`]). A group gathers its sequences' key and value rows from
+//!   the pool by slot (`index_select`), widens them to f32 and runs matmul and softmax.
+//!   Padding is masked out with `-inf`. On a GPU, prefill chunks longer than
+//!   [`PAGED_MAX_CHUNK`] take it by default: a chunk's rows share their context, which the
+//!   batched products exploit and the per-row op does not (a device run decides whether the
+//!   paged op should take them too: `gpucheck attention`).
+//!
+//! Either way a chunk's token `i` (position `start_pos + i`) sees positions `..= start_pos + i`.
 
 use candle_core::{DType, Device, Tensor};
+
+use super::paged::{self, PagedAttention, PagedMeta};
 
 use crate::batch::StepBatch;
 use crate::config::LlamaConfig;
@@ -42,16 +55,73 @@ pub(crate) struct StepPlan {
     pub logit_rows: Tensor,
     /// How many rows that is.
     pub num_logit_rows: usize,
+    /// The paged op over the rows [`AttentionPath`] sends to it, if any.
+    paged: Option<PagedAttention>,
     groups: Vec<Group>,
-    /// `[n]`: each token's row in the groups' outputs, concatenated.
-    out_rows: Tensor,
+    /// `[n]`: each token's row in the outputs (paged rows first, then the groups'),
+    /// concatenated; `None` when that is the identity.
+    out_rows: Option<Tensor>,
+}
+
+/// Which attention path a step's sequence chunks take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionPath {
+    /// The device's default: [`Paged`](Self::Paged) on the CPU, [`Split`](Self::Split) on a GPU.
+    #[default]
+    Auto,
+    /// Every chunk gathered (the batched candle ops).
+    Gather,
+    /// Every chunk paged: each row computed alone, so a sequence's rows are the same in any
+    /// batch and any chunking.
+    Paged,
+    /// Chunks of at most [`PAGED_MAX_CHUNK`] tokens (decodes) paged, longer ones gathered.
+    Split,
+}
+
+impl std::str::FromStr for AttentionPath {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "gather" => Ok(Self::Gather),
+            "paged" => Ok(Self::Paged),
+            "split" => Ok(Self::Split),
+            _ => Err(format!(
+                "unknown attention path '{s}': auto, gather, paged or split"
+            )),
+        }
+    }
+}
+
+/// Chunks of at most this many tokens take the paged op under [`AttentionPath::Split`].
+pub const PAGED_MAX_CHUNK: usize = 1;
+
+impl AttentionPath {
+    /// What [`Auto`](Self::Auto) means on `device`; other paths stand for themselves.
+    pub fn on(self, device: &Device) -> Self {
+        match (self, device) {
+            (Self::Auto, Device::Cpu) => Self::Paged,
+            (Self::Auto, _) => Self::Split,
+            (path, _) => path,
+        }
+    }
+
+    /// Whether a chunk of `tokens` tokens is paged (`self` resolved by [`Self::on`]).
+    fn pages(self, tokens: usize) -> bool {
+        match self {
+            Self::Split => tokens <= PAGED_MAX_CHUNK,
+            Self::Gather => false,
+            Self::Paged | Self::Auto => true,
+        }
+    }
 }
 
 impl StepPlan {
     pub(crate) fn new(
         batch: &StepBatch,
         config: &LlamaConfig,
-        block_size: usize,
+        (block_size, path): (usize, AttentionPath),
         device: &Device,
     ) -> Result<Self> {
         let slot = |table: &[u32], pos: usize| {
@@ -69,7 +139,27 @@ impl StepPlan {
         }
         let n = tokens.len();
         let rows: Vec<u32> = batch.logit_rows().into_iter().map(|r| r as u32).collect();
-        let (groups, out_rows) = plan_groups(batch, &slot, device)?;
+        let supported = paged::supported(
+            device,
+            config.head_count,
+            config.head_count_kv,
+            config.head_dim,
+        );
+        let path = if supported {
+            path.on(device)
+        } else {
+            AttentionPath::Gather
+        };
+        let (paged, mut out_rows) = plan_paged(batch, config, block_size, path, device)?;
+        let groups = plan_groups(batch, &slot, path, &mut out_rows, device)?;
+        // All rows paged, in order: the op's output is the answer as it stands.
+        let identity =
+            groups.is_empty() && out_rows.iter().enumerate().all(|(i, &r)| r as usize == i);
+        let out_rows = if identity {
+            None
+        } else {
+            Some(Tensor::from_vec(out_rows, n, device)?)
+        };
         let u32s = |v: Vec<u32>| Tensor::from_vec(v, n, device);
         Ok(Self {
             tokens: u32s(tokens)?,
@@ -77,20 +167,16 @@ impl StepPlan {
             write_index: Tensor::from_vec(write_index, (n, config.kv_width()), device)?,
             num_logit_rows: rows.len(),
             logit_rows: Tensor::from_vec(rows.clone(), rows.len(), device)?,
+            paged,
             groups,
-            out_rows: Tensor::from_vec(out_rows, n, device)?,
+            out_rows,
         })
     }
 }
 
-/// Splits the batch into attention groups; returns them and each token's output row.
-fn plan_groups(
-    batch: &StepBatch,
-    slot: &dyn Fn(&[u32], usize) -> u32,
-    device: &Device,
-) -> Result<(Vec<Group>, Vec<u32>)> {
-    // Each sequence's first token row.
-    let starts: Vec<usize> = batch
+/// Each sequence's first token row.
+fn first_rows(batch: &StepBatch) -> Vec<usize> {
+    batch
         .seqs
         .iter()
         .scan(0, |acc, s| {
@@ -98,10 +184,67 @@ fn plan_groups(
             *acc += s.tokens.len();
             Some(start)
         })
-        .collect();
+        .collect()
+}
+
+/// The paged op over the chunks `path` pages, and each token's output row so far (the paged
+/// rows' set; the others are filled by [`plan_groups`]).
+fn plan_paged(
+    batch: &StepBatch,
+    config: &LlamaConfig,
+    block_size: usize,
+    path: AttentionPath,
+    device: &Device,
+) -> Result<(Option<PagedAttention>, Vec<u32>)> {
+    let mut meta = PagedMeta::default();
+    for (s, first) in batch.seqs.iter().zip(first_rows(batch)) {
+        if path.pages(s.tokens.len()) {
+            meta.push_chunk(
+                first,
+                s.start_pos,
+                s.tokens.len(),
+                &s.block_table,
+                block_size,
+            );
+        }
+    }
+    let mut out_rows = vec![0u32; batch.num_tokens()];
+    if meta.rows() == 0 {
+        return Ok((None, out_rows));
+    }
+    for (i, row) in meta.q_rows().enumerate() {
+        out_rows[row] = i as u32;
+    }
+    let rows = meta.rows();
+    let words = meta.into_words();
+    let len = words.len();
+    Ok((
+        Some(PagedAttention {
+            meta: Tensor::from_vec(words, len, device)?,
+            rows,
+            heads: config.head_count,
+            kv_heads: config.head_count_kv,
+            head_dim: config.head_dim,
+            block_size,
+        }),
+        out_rows,
+    ))
+}
+
+/// Splits the chunks `path` does not page into attention groups; returns them and sets each
+/// of their tokens' output rows (after the paged op's rows).
+fn plan_groups(
+    batch: &StepBatch,
+    slot: &dyn Fn(&[u32], usize) -> u32,
+    path: AttentionPath,
+    out_rows: &mut [u32],
+    device: &Device,
+) -> Result<Vec<Group>> {
+    let starts = first_rows(batch);
+    let gathered = |i: &usize| !path.pages(batch.seqs[*i].tokens.len());
     let mut decodes = std::collections::BTreeMap::<usize, Vec<usize>>::new();
     for (i, s) in batch.seqs.iter().enumerate() {
-        if s.tokens.len() == 1 {
+        if s.tokens.len() == 1 && gathered(&i) {
             decodes
                 .entry(padded_context(s.start_pos + 1))
                 .or_default()
@@ -109,13 +252,16 @@ fn plan_groups(
         }
     }
     let mut members: Vec<Vec<usize>> = (0..batch.seqs.len())
-        .filter(|&i| batch.seqs[i].tokens.len() > 1)
+        .filter(|&i| batch.seqs[i].tokens.len() > 1 && gathered(&i))
         .map(|i| vec![i])
         .collect();
     members.extend(decodes.into_values());
-    let mut out_rows = vec![0u32; batch.num_tokens()];
     let mut groups = Vec::with_capacity(members.len());
-    let mut base = 0;
+    // Group outputs follow the paged op's rows.
+    let mut base = (0..batch.seqs.len())
+        .filter(|i| !gathered(i))
+        .map(|i| batch.seqs[i].tokens.len())
+        .sum::<usize>();
     for m in members {
         let g = group(batch, &m, &starts, slot, device)?;
         for (bi, &si) in m.iter().enumerate() {
@@ -126,7 +272,7 @@ fn plan_groups(
         base += g.b * g.l;
         groups.push(g);
     }
-    Ok((groups, out_rows))
+    Ok(groups)
 }
 
 /// Contexts are padded to a multiple of this, and decodes grouped by it: a sequence's attention
@@ -190,17 +336,22 @@ pub(crate) fn attend(
     plan: &StepPlan,
     config: &LlamaConfig,
 ) -> Result<Tensor> {
-    let outs = plan
-        .groups
-        .iter()
-        .map(|g| attend_group(q, pools, g, config))
-        .collect::<Result<Vec<_>>>()?;
+    let mut outs = Vec::with_capacity(plan.groups.len() + 1);
+    if let Some(op) = &plan.paged {
+        outs.push(paged::attend(&q.contiguous()?, pools.0, pools.1, op)?);
+    }
+    for g in &plan.groups {
+        outs.push(attend_group(q, pools, g, config)?);
+    }
     let all = if outs.len() == 1 {
-        outs.into_iter().next().expect("one group")
+        outs.into_iter().next().expect("one output")
     } else {
         Tensor::cat(&outs, 0)?
     };
-    Ok(all.index_select(&plan.out_rows, 0)?)
+    Ok(match &plan.out_rows {
+        Some(rows) => all.index_select(rows, 0)?,
+        None => all,
+    })
 }
 
 /// One group: `[b·l, heads · head_dim]`, padded rows included.

@@ -5,20 +5,27 @@
 //! requested rows out as an f32 `[rows, vocab]` CPU tensor; K and V live in a block pool on the
 //! device ([`DeviceKv`]). GGUF's quantized weights stay quantized on the device (candle's
 //! `QMatMul`), f16/bf16/f32 stay dense. The ops are candle-core's and candle-nn's: RMS norm,
-//! interleaved RoPE (GGUF's layout), SiLU, softmax; attention gathers each sequence's keys and
-//! values from the pool by slot (see [`attention`]).
+//! interleaved RoPE (GGUF's layout), SiLU, softmax. Attention reads the pool through each
+//! sequence's block table with a paged-attention op ([`paged`], a CUDA kernel on a GPU), or
+//! gathers each sequence's keys and values by slot into batched ops (see [`attention`] for
+//! which rows take which path).
 
 mod attention;
 mod kv;
 mod linear;
+mod paged;
+#[cfg(test)]
+mod paged_tests;
 mod profile;
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::ops::rms_norm;
 
+pub use attention::{AttentionPath, PAGED_MAX_CHUNK};
 pub use kv::DeviceKv;
 
 use crate::batch::StepBatch;
@@ -71,6 +78,8 @@ pub struct CandleLlama {
     threads: Option<Arc<rayon::ThreadPool>>,
     /// Per-phase step time, when [`CandleLlama::set_profiling`] turned it on.
     profiler: Profiler,
+    /// The [`AttentionPath`] steps take ([`CandleLlama::set_attention`]), as its index.
+    attention: AtomicU8,
 }
 
 impl CandleLlama {
@@ -114,6 +123,11 @@ impl CandleLlama {
         let half = config.head_dim / 2;
         let shape = (config.context_length, half);
         let threads = place.pool;
+        let from_env = attention_from_env()?;
+        let attention = ATTENTION_PATHS
+            .iter()
+            .position(|&p| p == from_env)
+            .unwrap_or(0);
         Ok(Self {
             cos: Tensor::from_slice(cos, shape, device)?,
             sin: Tensor::from_slice(sin, shape, device)?,
@@ -126,6 +140,7 @@ impl CandleLlama {
             layers,
             threads,
             profiler: Profiler::default(),
+            attention: AtomicU8::new(attention as u8),
         })
     }
 
@@ -139,6 +154,18 @@ impl CandleLlama {
     /// taken), by phase name in step order; clears them.
     pub fn take_profile(&self) -> Vec<(&'static str, f64)> {
         self.profiler.take()
+    }
+
+    /// Chooses the attention path of the following steps (default [`AttentionPath::Auto`]):
+    /// how gpucheck and the tests compare the paged op with the gather path.
+    pub fn set_attention(&self, path: AttentionPath) {
+        let i = ATTENTION_PATHS.iter().position(|&p| p == path).unwrap_or(0);
+        self.attention.store(i as u8, Ordering::Relaxed);
+    }
+
+    /// The attention path steps take.
+    pub fn attention(&self) -> AttentionPath {
+        ATTENTION_PATHS[usize::from(self.attention.load(Ordering::Relaxed))]
     }
 
     pub fn config(&self) -> &LlamaConfig {
@@ -197,7 +224,7 @@ impl CandleLlama {
             return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu)?);
         }
         let mut clock = self.profiler.clock(&self.device)?;
-        let plan = StepPlan::new(batch, c, block_size, &self.device)?;
+        let plan = StepPlan::new(batch, c, (block_size, self.attention()), &self.device)?;
         clock.mark(Phase::Plan)?;
         let mut x = match &self.embed {
             Embedding::Quant(q) => q.embedding(&plan.tokens)?,
@@ -271,6 +298,26 @@ impl CandleLlama {
         let x = (x + layer.wdown.forward(&act)?)?;
         clock.mark(Phase::Down)?;
         Ok(x)
+    }
+}
+
+/// [`CandleLlama::attention`]'s values, by index.
+const ATTENTION_PATHS: [AttentionPath; 4] = [
+    AttentionPath::Auto,
+    AttentionPath::Gather,
+    AttentionPath::Paged,
+    AttentionPath::Split,
+];
+
+/// The attention path a model starts with: `SLUICE_ATTENTION` (auto, gather, paged or split) when
+/// set, else [`AttentionPath::Auto`]. A switch for every binary, for measuring one path
+/// against the other.
+fn attention_from_env() -> Result<AttentionPath> {
+    match std::env::var("SLUICE_ATTENTION") {
+        Ok(s) => s
+            .parse()
+            .map_err(|e| ModelError::Device(format!("SLUICE_ATTENTION: {e}"))),
+        Err(_) => Ok(AttentionPath::default()),
     }
 }
 

@@ -1,0 +1,459 @@
+//! Paged attention: each query row attends to its sequence's context by reading the f16 block
+//! pool in place through the sequence's block table, with an online softmax in f32.
+//!
+//! One candle custom op over `(q, k_pool, v_pool)`, with the rows' metadata (which block table,
+//! how many positions each row sees) in a `u32` tensor built once per step by the plan. The CPU
+//! implementation runs the same host logic as the CUDA one (`paged.cu`, compiled to PTX by
+//! `build.rs` under the `cuda` feature) and is what the tests compare with the gather path.
+//!
+//! Each (row, KV head) pair is one task: it walks the context block by block in table order,
+//! widening K and V to f32 as it loads them, and serves every query head of its GQA group. A
+//! row's result depends only on its own query, context and that fixed order, never on the rest
+//! of the batch.
+
+use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Storage, Tensor};
+use half::f16;
+use rayon::prelude::*;
+
+/// The metadata of one step's paged rows, on the host, before it is uploaded.
+///
+/// Layout of the `u32` vector: for each paged row `i`, `[q_row, context, table_offset]` at
+/// `3·i`, then every block table the rows name, concatenated (offsets are relative to the end
+/// of the row entries).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct PagedMeta {
+    words: Vec<u32>,
+    tables: Vec<u32>,
+    rows: usize,
+}
+
+impl PagedMeta {
+    /// Adds one sequence chunk's rows: `tokens` rows starting at step row `first_row` and
+    /// position `start_pos`; row `j` sees positions `..= start_pos + j`.
+    pub(crate) fn push_chunk(
+        &mut self,
+        first_row: usize,
+        start_pos: usize,
+        tokens: usize,
+        table: &[u32],
+        block_size: usize,
+    ) {
+        let offset = self.tables.len() as u32;
+        let blocks = (start_pos + tokens).div_ceil(block_size);
+        self.tables.extend_from_slice(&table[..blocks]);
+        for j in 0..tokens {
+            let context = start_pos + j + 1;
+            self.words
+                .extend_from_slice(&[(first_row + j) as u32, context as u32, offset]);
+            self.rows += 1;
+        }
+    }
+
+    /// How many query rows the op computes.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The step rows, in output order.
+    pub(crate) fn q_rows(&self) -> impl Iterator<Item = usize> + '_ {
+        self.words.chunks_exact(3).map(|w| w[0] as usize)
+    }
+
+    /// The flat `u32` vector the op reads.
+    pub(crate) fn into_words(self) -> Vec<u32> {
+        let mut words = self.words;
+        words.extend(self.tables);
+        words
+    }
+}
+
+/// The op: `apply_op3(q, k_pool, v_pool)` gives `[rows, heads · head_dim]` f32.
+#[derive(Debug, Clone)]
+pub(crate) struct PagedAttention {
+    /// `[3·rows + tables]` u32, on the op's device (see [`PagedMeta`]).
+    pub meta: Tensor,
+    pub rows: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+}
+
+/// Shapes the op checks its inputs against.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    n: usize,
+    slots: usize,
+}
+
+impl PagedAttention {
+    fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    fn kv_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    fn out_shape(&self) -> Shape {
+        Shape::from((self.rows, self.heads * self.head_dim))
+    }
+
+    /// Checks the three inputs' shapes and contiguity; returns their sizes.
+    fn check(&self, q: &Layout, k: &Layout, v: &Layout) -> candle_core::Result<Dims> {
+        let (n, heads, hd) = q.shape().dims3()?;
+        if heads != self.heads || hd != self.head_dim || !self.heads.is_multiple_of(self.kv_heads) {
+            candle_core::bail!(
+                "paged attention: q is {:?}, expected [n, {}, {}] with {} KV heads",
+                q.dims(),
+                self.heads,
+                self.head_dim,
+                self.kv_heads
+            );
+        }
+        let (slots, width) = k.shape().dims2()?;
+        if width != self.kv_width() || v.dims() != k.dims() {
+            candle_core::bail!(
+                "paged attention: pools are {:?} and {:?}, expected [slots, {}]",
+                k.dims(),
+                v.dims(),
+                self.kv_width()
+            );
+        }
+        for (name, l) in [("q", q), ("k", k), ("v", v)] {
+            if !l.is_contiguous() {
+                candle_core::bail!("paged attention: {name} must be contiguous");
+            }
+        }
+        Ok(Dims { n, slots })
+    }
+}
+
+/// The softmax scale.
+fn scale(head_dim: usize) -> f32 {
+    1.0 / (head_dim as f32).sqrt()
+}
+
+/// `a · b`, eight lanes at a time so the compiler vectorises it.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// One (row, KV head) task's running softmax state for its group's query heads.
+struct Online {
+    /// Per head: the running maximum score and the sum of `exp(score - max)`.
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    /// `[group, head_dim]`: the running weighted sum of values.
+    acc: Vec<f32>,
+}
+
+/// Reusable buffers of one task: a block's K and V rows widened to f32, and its scores.
+struct Scratch {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+/// What a task reads: the step's queries, one layer's pools and the rows' metadata.
+struct Inputs<'a> {
+    q: &'a [f32],
+    k: &'a [f16],
+    v: &'a [f16],
+    meta: &'a [u32],
+    rows: usize,
+}
+
+impl PagedAttention {
+    /// One (row, KV head): writes the group's `[group, head_dim]` outputs into `out`.
+    fn cpu_task(&self, inp: &Inputs<'_>, row: usize, kvh: usize, out: &mut [f32]) {
+        let (hd, group, bs, kvw) = (
+            self.head_dim,
+            self.group(),
+            self.block_size,
+            self.kv_width(),
+        );
+        let w = &inp.meta[3 * row..3 * row + 3];
+        let (q_row, context, offset) = (w[0] as usize, w[1] as usize, w[2] as usize);
+        let table = &inp.meta[3 * inp.rows + offset..];
+        let qs = &inp.q[(q_row * self.heads + kvh * group) * hd..][..group * hd];
+        let sc = scale(hd);
+        let mut st = Online {
+            max: vec![f32::NEG_INFINITY; group],
+            sum: vec![0.0; group],
+            acc: vec![0.0; group * hd],
+        };
+        let mut buf = Scratch {
+            k: vec![0.0; bs * hd],
+            v: vec![0.0; bs * hd],
+            scores: vec![0.0; bs],
+        };
+        for (b, &block) in table[..context.div_ceil(bs)].iter().enumerate() {
+            let len = bs.min(context - b * bs);
+            for p in 0..len {
+                let at = (block as usize * bs + p) * kvw + kvh * hd;
+                widen(&inp.k[at..at + hd], &mut buf.k[p * hd..(p + 1) * hd]);
+                widen(&inp.v[at..at + hd], &mut buf.v[p * hd..(p + 1) * hd]);
+            }
+            for h in 0..group {
+                let q = &qs[h * hd..(h + 1) * hd];
+                for p in 0..len {
+                    buf.scores[p] = dot(q, &buf.k[p * hd..(p + 1) * hd]) * sc;
+                }
+                st.update(h, hd, &buf.scores[..len], &buf.v);
+            }
+        }
+        for h in 0..group {
+            let inv = 1.0 / st.sum[h];
+            for (o, a) in out[h * hd..(h + 1) * hd]
+                .iter_mut()
+                .zip(&st.acc[h * hd..(h + 1) * hd])
+            {
+                *o = a * inv;
+            }
+        }
+    }
+}
+
+impl Online {
+    /// Folds one block's scores for head `h` (and the block's values) into the running state.
+    fn update(&mut self, h: usize, hd: usize, scores: &[f32], v: &[f32]) {
+        let block_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let new_max = self.max[h].max(block_max);
+        let correction = (self.max[h] - new_max).exp();
+        self.max[h] = new_max;
+        let acc = &mut self.acc[h * hd..(h + 1) * hd];
+        acc.iter_mut().for_each(|a| *a *= correction);
+        let mut sum = 0f32;
+        for (p, &s) in scores.iter().enumerate() {
+            let e = (s - new_max).exp();
+            sum += e;
+            for (a, x) in acc.iter_mut().zip(&v[p * hd..(p + 1) * hd]) {
+                *a += e * x;
+            }
+        }
+        self.sum[h] = self.sum[h] * correction + sum;
+    }
+}
+
+/// f16 to f32 (F16C where the CPU has it).
+fn widen(src: &[f16], dst: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    src.convert_to_f32_slice(dst);
+}
+
+/// The contiguous slice of a CPU storage that `layout` covers.
+fn cpu_slice<'a, T: candle_core::WithDType>(
+    s: &'a CpuStorage,
+    layout: &Layout,
+    name: &str,
+) -> candle_core::Result<&'a [T]> {
+    let all = s.as_slice::<T>()?;
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&all[start..end]),
+        None => candle_core::bail!("paged attention: {name} must be contiguous"),
+    }
+}
+
+impl CustomOp3 for PagedAttention {
+    fn name(&self) -> &'static str {
+        "paged-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        q: &CpuStorage,
+        ql: &Layout,
+        k: &CpuStorage,
+        kl: &Layout,
+        v: &CpuStorage,
+        vl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let dims = self.check(ql, kl, vl)?;
+        let (meta_storage, meta_layout) = self.meta.storage_and_layout();
+        let Storage::Cpu(meta_cpu) = &*meta_storage else {
+            candle_core::bail!("paged attention: the metadata is not on the CPU");
+        };
+        let inp = Inputs {
+            q: cpu_slice(q, ql, "q")?,
+            k: cpu_slice(k, kl, "k")?,
+            v: cpu_slice(v, vl, "v")?,
+            meta: cpu_slice(meta_cpu, meta_layout, "meta")?,
+            rows: self.rows,
+        };
+        self.check_meta(inp.meta, dims)?;
+        let (group, hd) = (self.group(), self.head_dim);
+        let mut out = vec![0f32; self.rows * self.heads * hd];
+        out.par_chunks_mut(group * hd)
+            .enumerate()
+            .for_each(|(i, o)| self.cpu_task(&inp, i / self.kv_heads, i % self.kv_heads, o));
+        Ok((CpuStorage::F32(out), self.out_shape()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        q: &candle_core::CudaStorage,
+        ql: &Layout,
+        k: &candle_core::CudaStorage,
+        kl: &Layout,
+        v: &candle_core::CudaStorage,
+        vl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        self.check(ql, kl, vl)?;
+        cuda::forward(self, (q, ql), (k, kl), (v, vl))
+    }
+}
+
+impl PagedAttention {
+    /// Every row's query row, context and block table within bounds (on the CPU, where the
+    /// metadata can be read without a device round trip).
+    fn check_meta(&self, meta: &[u32], dims: Dims) -> candle_core::Result<()> {
+        let bs = self.block_size;
+        if meta.len() < 3 * self.rows {
+            candle_core::bail!("paged attention: metadata too short");
+        }
+        let tables = &meta[3 * self.rows..];
+        for w in meta[..3 * self.rows].chunks_exact(3) {
+            let (q_row, context, offset) = (w[0] as usize, w[1] as usize, w[2] as usize);
+            let blocks = context.div_ceil(bs);
+            let ok = q_row < dims.n
+                && context > 0
+                && offset + blocks <= tables.len()
+                && tables[offset..offset + blocks]
+                    .iter()
+                    .all(|&b| (b as usize + 1) * bs <= dims.slots);
+            if !ok {
+                candle_core::bail!(
+                    "paged attention: row {q_row} (context {context}) is out of bounds"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Threads per block of the CUDA kernel; must match `THREADS` in paged.cu.
+const THREADS: usize = 128;
+/// Outputs one thread of the CUDA kernel keeps; must match `MAX_ACC` in paged.cu.
+const MAX_ACC: usize = 16;
+/// K elements one lane of the CUDA kernel holds; must match `MAX_KREG` in paged.cu.
+const MAX_KREG: usize = 8;
+
+/// Whether the CUDA kernel handles this shape: a lane holds `head_dim / 32` elements of a K row
+/// (at most `MAX_KREG`), a thread at most `MAX_ACC` outputs of the group.
+pub(crate) fn kernel_supports(group: usize, head_dim: usize) -> bool {
+    head_dim.is_multiple_of(32)
+        && head_dim <= 32 * MAX_KREG
+        && group * head_dim <= THREADS * MAX_ACC
+}
+
+/// Whether the op runs on `device` for this attention shape (the CPU path handles any; on a
+/// GPU, the kernel's limits). Where it does not, every row takes the gather path.
+pub(crate) fn supported(device: &Device, heads: usize, kv_heads: usize, head_dim: usize) -> bool {
+    !device.is_cuda() || kernel_supports(heads / kv_heads, head_dim)
+}
+
+// Launching a kernel is an FFI call (the crate's other unsafe code is the CPU kernels').
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod cuda {
+    //! The CUDA launch: one thread block per (row, KV head), `THREADS` threads.
+
+    use candle_core::cuda::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+    use candle_core::cuda::{CudaDType, WrapErr};
+    use candle_core::{CudaStorage, Layout, Shape, Storage};
+    use half::f16;
+
+    use super::{kernel_supports, PagedAttention, THREADS};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged.ptx"));
+    /// Context positions per tile; must match `TILE` in paged.cu.
+    const TILE: usize = 64;
+
+    /// The part of a contiguous storage that `layout` starts at.
+    fn view<'a, T: CudaDType>(
+        s: &'a CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<CudaView<'a, T>> {
+        Ok(s.as_cuda_slice::<T>()?.slice(layout.start_offset()..))
+    }
+
+    pub(super) fn forward(
+        op: &PagedAttention,
+        (q, ql): (&CudaStorage, &Layout),
+        (k, kl): (&CudaStorage, &Layout),
+        (v, vl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let (group, hd) = (op.group(), op.head_dim);
+        if !kernel_supports(group, hd) {
+            candle_core::bail!("paged attention: no kernel for group {group} × head_dim {hd}");
+        }
+        let dev = &q.device;
+        let (meta_storage, meta_layout) = op.meta.storage_and_layout();
+        let Storage::Cuda(meta) = &*meta_storage else {
+            candle_core::bail!("paged attention: the metadata is not on the GPU");
+        };
+        let qv = view::<f32>(q, ql)?;
+        let (kv, vv) = (view::<f16>(k, kl)?, view::<f16>(v, vl)?);
+        let mv = view::<u32>(meta, meta_layout)?;
+        // SAFETY: every element is written by the kernel below (rows > 0 in any plan).
+        let mut out = unsafe { dev.alloc::<f32>(op.rows * op.heads * hd) }?;
+        let func = dev.get_or_load_custom_func("paged_attention_f16", "sluice_paged", PTX)?;
+        let shared = (group * hd + group * TILE + 3 * group + TILE) * 4;
+        let cfg = LaunchConfig {
+            grid_dim: (op.rows as u32, op.kv_heads as u32, 1),
+            block_dim: (THREADS as u32, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        let ints = [
+            op.rows as i32,
+            op.heads as i32,
+            op.kv_heads as i32,
+            hd as i32,
+            op.block_size as i32,
+        ];
+        let scale = super::scale(hd);
+        {
+            let mut b = func.builder();
+            b.arg(&mut out);
+            b.arg(&qv);
+            b.arg(&kv);
+            b.arg(&vv);
+            b.arg(&mv);
+            for i in &ints {
+                b.arg(i);
+            }
+            b.arg(&scale);
+            // SAFETY: the arguments match paged.cu's signature; every index the kernel forms
+            // is within the tensors: the plan builds the metadata from a batch the KV store
+            // validated.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        let out = CudaStorage::wrap_cuda_slice(out, dev.clone());
+        Ok((out, op.out_shape()))
+    }
+}
+
+/// Runs the op on `q` `[n, heads, head_dim]` against one layer's pools.
+pub(crate) fn attend(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    op: &PagedAttention,
+) -> candle_core::Result<Tensor> {
+    q.apply_op3_no_bwd(k_pool, v_pool, op)
+}

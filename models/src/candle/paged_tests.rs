@@ -1,0 +1,189 @@
+//! The paged-attention op against the gather path on the CPU: ragged batches mixing decodes
+//! and prefill chunks, contexts across block boundaries, scattered block tables, GQA.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::attention::{attend, AttentionPath, StepPlan};
+use super::paged::kernel_supports;
+use crate::batch::{Logits, SeqChunk, StepBatch};
+use crate::config::LlamaConfig;
+
+const BLOCK: usize = 16;
+const BLOCKS: usize = 40;
+
+fn config(heads: usize, kv_heads: usize, head_dim: usize) -> LlamaConfig {
+    LlamaConfig {
+        architecture: "llama".into(),
+        name: "paged-test".into(),
+        block_count: 1,
+        embedding_length: heads * head_dim,
+        feed_forward_length: 4,
+        head_count: heads,
+        head_count_kv: kv_heads,
+        head_dim,
+        rope_dimension: head_dim,
+        rope_freq_base: 10_000.0,
+        rms_norm_eps: 1e-5,
+        context_length: BLOCK * BLOCKS,
+        vocab_size: 8,
+    }
+}
+
+/// Deterministic values in about [-2, 2).
+fn noise(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 4096) as f32 / 1024.0 - 2.0
+        })
+        .collect()
+}
+
+/// A chunk of `tokens` tokens from `start_pos`, its blocks scattered over the pool.
+fn chunk(seq: u32, start_pos: usize, tokens: usize) -> SeqChunk {
+    let blocks = (start_pos + tokens).div_ceil(BLOCK) as u32;
+    SeqChunk {
+        tokens: vec![1; tokens],
+        start_pos,
+        // Sequence `seq`'s block `b` lives at a pool block no other sequence uses.
+        block_table: (0..blocks)
+            .map(|b| (b * 7 + seq * 3) % BLOCKS as u32)
+            .collect(),
+        logits: Logits::Last,
+    }
+}
+
+struct Case {
+    config: LlamaConfig,
+    k: Tensor,
+    v: Tensor,
+    q: Tensor,
+}
+
+impl Case {
+    fn new(config: LlamaConfig, rows: usize) -> Self {
+        let dev = &Device::Cpu;
+        let slots = BLOCK * BLOCKS;
+        let pool = |seed| {
+            Tensor::from_vec(
+                noise(seed, slots * config.kv_width()),
+                (slots, config.kv_width()),
+                dev,
+            )
+            .and_then(|t| t.to_dtype(DType::F16))
+            .unwrap()
+        };
+        let (h, hd) = (config.head_count, config.head_dim);
+        Self {
+            k: pool(1),
+            v: pool(2),
+            q: Tensor::from_vec(noise(3, rows * h * hd), (rows, h, hd), dev).unwrap(),
+            config,
+        }
+    }
+
+    /// Attention rows of `batch`, whose tokens read query rows `q_from..`.
+    fn attend(&self, batch: &StepBatch, path: AttentionPath, q_from: usize) -> Vec<Vec<f32>> {
+        let plan = StepPlan::new(batch, &self.config, (BLOCK, path), &Device::Cpu).expect("a plan");
+        let q = self.q.narrow(0, q_from, batch.num_tokens()).unwrap();
+        attend(&q, (&self.k, &self.v), &plan, &self.config)
+            .unwrap()
+            .to_vec2()
+            .unwrap()
+    }
+}
+
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0f32, f32::max)
+}
+
+/// Decodes at contexts 1, 16, 17, 41 and 200 with prefill chunks of 7 tokens across a block
+/// boundary and 20 tokens from position 30.
+fn ragged() -> StepBatch {
+    StepBatch {
+        seqs: vec![
+            chunk(0, 40, 1),
+            chunk(1, 13, 7),
+            chunk(2, 0, 1),
+            chunk(3, 15, 1),
+            chunk(4, 30, 20),
+            chunk(5, 16, 1),
+            chunk(6, 199, 1),
+        ],
+    }
+}
+
+#[test]
+fn paged_rows_agree_with_the_gather_path() {
+    for (heads, kv_heads, hd) in [(6, 2, 16), (4, 4, 8), (8, 1, 64), (9, 3, 64)] {
+        let case = Case::new(config(heads, kv_heads, hd), 64);
+        let batch = ragged();
+        let gather = case.attend(&batch, AttentionPath::Gather, 0);
+        for path in [
+            AttentionPath::Paged,
+            AttentionPath::Split,
+            AttentionPath::Auto,
+        ] {
+            let got = case.attend(&batch, path, 0);
+            let d = max_diff(&gather, &got);
+            assert!(
+                d <= 1e-4,
+                "{path:?} differs by {d} ({heads} heads, {kv_heads} KV, head_dim {hd})"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_paged_row_is_the_same_alone_and_in_a_batch() {
+    let case = Case::new(config(6, 2, 32), 64);
+    let batch = ragged();
+    let together = case.attend(&batch, AttentionPath::Paged, 0);
+    let mut row = 0;
+    for s in &batch.seqs {
+        let alone = StepBatch {
+            seqs: vec![s.clone()],
+        };
+        let got = case.attend(&alone, AttentionPath::Paged, row);
+        for (j, r) in got.iter().enumerate() {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(r), bits(&together[row + j]), "row {} differs", row + j);
+        }
+        row += s.tokens.len();
+    }
+}
+
+#[test]
+fn attention_paths_parse() {
+    for (s, p) in [
+        ("auto", AttentionPath::Auto),
+        ("gather", AttentionPath::Gather),
+        ("paged", AttentionPath::Paged),
+        ("split", AttentionPath::Split),
+    ] {
+        assert_eq!(s.parse::<AttentionPath>().unwrap(), p);
+    }
+    assert!("flash".parse::<AttentionPath>().is_err());
+    let cpu = &Device::Cpu;
+    assert_eq!(AttentionPath::Auto.on(cpu), AttentionPath::Paged);
+    assert_eq!(AttentionPath::Split.on(cpu), AttentionPath::Split);
+}
+
+#[test]
+fn the_kernel_takes_the_usual_llama_shapes() {
+    // SmolLM2 (9/3 heads of 64), Llama-3-8B (32/8 of 128), 8 query heads a KV head of 256.
+    for (group, hd) in [(3, 64), (4, 128), (8, 256), (1, 32)] {
+        assert!(kernel_supports(group, hd), "group {group}, head_dim {hd}");
+    }
+    // Not a multiple of a warp, too wide for a lane's registers, too many outputs a thread.
+    for (group, hd) in [(3, 80), (1, 512), (16, 256)] {
+        assert!(!kernel_supports(group, hd), "group {group}, head_dim {hd}");
+    }
+}
