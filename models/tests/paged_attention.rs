@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use sluice_models::candle::AttentionPath;
@@ -58,20 +57,6 @@ fn forced(m: &Model, seqs: &[Vec<u32>]) -> Vec<Vec<f32>> {
     rows.iter().map(|r| log_softmax(r)).collect()
 }
 
-fn example_bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
-    let bin = dir
-        .join("examples")
-        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.is_file(),
-        "{} missing: cargo test builds the examples",
-        bin.display()
-    );
-    bin
-}
-
 /// A 2-layer random-weight model of the default model's shape in f16: on the CPU its products
 /// run in f32 with no 8-bit rounding of activations, which would turn the paths' last-bit
 /// differences into visible ones.
@@ -79,7 +64,7 @@ fn f16_model() -> Model {
     let dir = std::env::temp_dir().join(format!("sluice-paged-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("smollm2-2l-f16.gguf");
-    let run = Command::new(example_bin("synth"))
+    let run = Command::new(common::example_bin("synth"))
         .args([
             "--shape",
             "smollm2-135m",

@@ -9,20 +9,6 @@ use std::process::Command;
 
 use sluice_models::{Backend, Logits, Model, ModelOptions, SeqChunk, StepBatch};
 
-fn example_bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
-    let bin = dir
-        .join("examples")
-        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.is_file(),
-        "{} missing: cargo test builds the examples",
-        bin.display()
-    );
-    bin
-}
-
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sluice-synth-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -30,7 +16,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn synth(args: &[&str], out: &Path) {
-    let run = Command::new(example_bin("synth"))
+    let run = Command::new(common::example_bin("synth"))
         .args(args)
         .arg("--out")
         .arg(out)

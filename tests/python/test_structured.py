@@ -14,7 +14,7 @@ import pydantic
 import pytest
 from openai.lib._pydantic import to_strict_json_schema
 
-from conftest import MODEL, assert_error_shape, raw
+from conftest import MODEL, Server, assert_error_shape, raw
 
 WEATHER = {
     "type": "function",
@@ -382,3 +382,37 @@ def test_a_grammar_failing_mid_generation_is_a_clear_error(server):
     _, _, m = raw(server.url, "/metrics", method="GET")
     used = [line for line in m.splitlines() if line.startswith("vllm:kv_cache_usage_perc")]
     assert used and float(used[0].split()[-1]) == 0.0, used
+
+
+def test_routing_gateway_passes_structured_requests_through(server):
+    """A routing gateway (`--upstream`, a real replica behind it) passes `response_format` and
+    `tools` through unchanged: the replica's constrained answers come back as they are, and a
+    schema only the replica can judge (one it cannot enforce) is the replica's own 400."""
+    gw = Server("--upstream", server.url)
+    try:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        r = client.beta.chat.completions.parse(
+            model=MODEL, messages=[{"role": "user", "content": "Describe someone."}],
+            response_format=Person, max_tokens=160, temperature=0)
+        direct = openai.OpenAI(base_url=server.url + "/v1", api_key="unused").beta.chat.completions.parse(
+            model=MODEL, messages=[{"role": "user", "content": "Describe someone."}],
+            response_format=Person, max_tokens=160, temperature=0)
+        assert r.choices[0].message.content == direct.choices[0].message.content
+        if r.choices[0].finish_reason == "stop":
+            assert isinstance(r.choices[0].message.parsed, Person)
+        chunks = list(client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=[WEATHER], stream=True, max_tokens=80, temperature=0,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+        pieces = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
+        assert pieces and pieces[0].function.name == "get_weather"
+        args = "".join(p.function.arguments or "" for p in pieces)
+        jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+        schema = {"type": "object", "if": {"properties": {"a": {}}}, "then": {"required": ["a"]}}
+        req = {"model": MODEL, "messages": ASK, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+        status, _, b = raw(gw.url, "/v1/chat/completions", req)
+        assert status == 400, b
+        assert_error_shape(b)
+        assert b["error"]["code"] == "unsupported_schema_feature", b
+    finally:
+        gw.stop()

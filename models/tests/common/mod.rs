@@ -13,6 +13,21 @@ pub fn model_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cache"))
 }
 
+/// An example binary of this package, which `cargo test` builds beside the test binaries.
+pub fn example_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let bin = dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.is_file(),
+        "{} missing: cargo test builds the examples",
+        bin.display()
+    );
+    bin
+}
+
 /// The default model's file. Fails (never skips) when it is missing.
 pub fn model_path() -> PathBuf {
     match registry::resolve(registry::default_model().name, &model_dir()) {
