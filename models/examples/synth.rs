@@ -4,7 +4,8 @@
 //! - `--shape smollm2-135m` (the default model's: 30 layers, 576 wide, 9/3 heads, ff 1536,
 //!   vocabulary 49152) or `--shape llama3-8b` (32 layers, 4096 wide, 32/8 heads, ff 14336,
 //!   vocabulary 128256, untied output);
-//! - `--layers N` keeps the first N layers; `--dtype q4_1|q4_k|q8_0|f16` quantizes the matrices
+//! - `--layers N` keeps the first N layers; `--vocab N` pads the vocabulary past the
+//!   tokenizer's (ids with no text, as padded checkpoints have); `--dtype q4_1|q4_k|q8_0|f16` quantizes the matrices
 //!   (norms stay f32). A Q4_K matrix needs rows that are a multiple of 256 wide; narrower ones
 //!   (576) fall back to Q8_0, as llama.cpp falls back from K-quants;
 //! - weights are normal with std 0.02 (norms 1.0) from `--seed`: the same arguments write the
@@ -36,6 +37,10 @@ struct Args {
     /// Keep only the first N layers (default: all of the shape's).
     #[arg(long)]
     layers: Option<usize>,
+    /// Score this many ids instead of the shape's vocabulary (at least the tokenizer's): a
+    /// padded embedding table, as many real checkpoints have.
+    #[arg(long)]
+    vocab: Option<usize>,
     /// q4_1, q4_k, q8_0 or f16.
     #[arg(long, default_value = "q4_1")]
     dtype: String,
@@ -177,6 +182,9 @@ fn synthetic(args: &Args) -> Result<(Metadata, Tensors)> {
     };
     if let Some(n) = args.layers {
         shape.layers = n.min(shape.layers);
+    }
+    if let Some(v) = args.vocab {
+        shape.vocab = v;
     }
     let dtype = match args.dtype.as_str() {
         "q4_1" => GgmlDType::Q4_1,

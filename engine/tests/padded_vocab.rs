@@ -1,0 +1,101 @@
+//! A model that scores more ids than its tokenizer has (a padded embedding table, as many real
+//! checkpoints and the synthetic Llama-3-8B shape with the default tokenizer have): the engine
+//! samples only ids the tokenizer can turn into text, and `logit_bias` may not name the others.
+//!
+//! The model is written by the `synth` example of `sluice-models` (`make test` builds every
+//! example first): one random layer of the default shape, vocabulary padded to 65,536 ids, so a
+//! quarter of a near-uniform distribution lies past the tokenizer's 49,152.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use sluice_engine::{Engine, EngineConfig, FinishReason, SamplingParams};
+use sluice_models::{Model, ModelOptions};
+
+use common::{collect, request};
+
+const PADDED: usize = 65_536;
+
+fn padded_model() -> Arc<Model> {
+    let target = std::env::current_exe().unwrap();
+    let synth = target
+        .parent()
+        .and_then(|d| d.parent())
+        .unwrap()
+        .join("examples")
+        .join(format!("synth{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        synth.is_file(),
+        "{} missing: run `cargo build -p sluice-models --example synth` (make test does)",
+        synth.display()
+    );
+    let out = std::env::temp_dir().join(format!("sluice-padded-{}.gguf", std::process::id()));
+    let run = Command::new(&synth)
+        .args([
+            "--layers",
+            "1",
+            "--dtype",
+            "q8_0",
+            "--vocab",
+            &PADDED.to_string(),
+        ])
+        .arg("--out")
+        .arg(&out)
+        .env("SLUICE_MODEL_DIR", common::model_dir())
+        .output()
+        .expect("synth runs");
+    assert!(
+        run.status.success(),
+        "synth failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let options = ModelOptions {
+        backend: common::test_backend(),
+        ..ModelOptions::default()
+    };
+    let model = Model::load(&out, &options).expect("the padded model loads");
+    std::fs::remove_file(&out).ok();
+    assert_eq!(model.config().vocab_size, PADDED);
+    assert!(model.tokenizer().vocab_size() < PADDED);
+    Arc::new(model)
+}
+
+#[test]
+fn ids_past_the_tokenizer_are_never_sampled_or_biased() {
+    let model = padded_model();
+    let text_vocab = model.tokenizer().vocab_size();
+    let mut config = EngineConfig::for_model(&model);
+    config.num_kv_blocks = Some(256);
+    config.max_model_len = Some(512);
+    let engine = Engine::start(model.clone(), config).expect("the engine starts");
+    let prompt = model.tokenizer().encode("Hello there", true).unwrap();
+    let sampling = SamplingParams {
+        n: 4,
+        temperature: 1.0,
+        seed: Some(7),
+        max_tokens: Some(32),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let stream = engine
+        .submit(request(prompt.clone(), sampling.clone()))
+        .expect("accepted");
+    for c in collect(stream, 4) {
+        assert_eq!(c.reason, FinishReason::Length, "{c:?}");
+        assert_eq!(c.token_ids.len(), 32);
+        assert!(
+            c.token_ids.iter().all(|&t| (t as usize) < text_vocab),
+            "sampled an id past the tokenizer's {text_vocab}: {:?}",
+            c.token_ids
+        );
+    }
+    // A bias may not name an id the tokenizer lacks.
+    let mut biased = sampling;
+    biased.logit_bias = [(PADDED as u32 - 1, 100.0)].into();
+    assert!(matches!(
+        engine.submit(request(prompt, biased)),
+        Err(sluice_engine::SubmitError::InvalidRequest(_))
+    ));
+}
