@@ -416,3 +416,27 @@ def test_routing_gateway_passes_structured_requests_through(server):
         assert b["error"]["code"] == "unsupported_schema_feature", b
     finally:
         gw.stop()
+
+
+def test_formats_the_grammar_cannot_enforce_are_annotations(client):
+    """JSON Schema's `format` is an annotation unless a validator opts in: one the grammar
+    cannot enforce (OpenAPI's `password`, `byte`) is not a 400, in a response format or in a
+    tool's parameters, and the output still holds to the rest of the schema."""
+    schema = {"type": "object", "properties": {
+        "secret": {"type": "string", "format": "password", "writeOnly": True, "maxLength": 12},
+        "blob": {"type": "string", "format": "byte", "maxLength": 12},
+        "count": {"type": "integer", "format": "int64", "minimum": 0, "maximum": 9}},
+        "required": ["secret", "blob", "count"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Fill in the form."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "f", "schema": schema}},
+        max_tokens=80, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "stop", c.message.content
+    jsonschema.validate(json.loads(c.message.content), schema)
+    tool = {"type": "function", "function": {"name": "upload", "parameters": schema}}
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[tool],
+                                       tool_choice="required", max_tokens=80, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c.message
+    check_call(c.message.tool_calls[0], [tool])
