@@ -15,6 +15,8 @@ use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Storage, Tensor}
 use half::f16;
 use rayon::prelude::*;
 
+use crate::kernels::dot;
+
 /// The metadata of one step's paged rows, on the host, before it is uploaded.
 ///
 /// Layout of the `u32` vector: for each paged row `i`, `[q_row, context, table_offset]` at
@@ -134,24 +136,6 @@ fn scale(head_dim: usize) -> f32 {
     1.0 / (head_dim as f32).sqrt()
 }
 
-/// `a · b`, eight lanes at a time so the compiler vectorises it.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-
 /// One (row, KV head) task's running softmax state for its group's query heads.
 struct Online {
     /// Per head: the running maximum score and the sum of `exp(score - max)`.
@@ -191,6 +175,7 @@ impl PagedAttention {
         let table = &inp.meta[3 * inp.rows + offset..];
         let qs = &inp.q[(q_row * self.heads + kvh * group) * hd..][..group * hd];
         let sc = scale(hd);
+        let path = dot::best_path();
         let mut st = Online {
             max: vec![f32::NEG_INFINITY; group],
             sum: vec![0.0; group],
@@ -211,7 +196,7 @@ impl PagedAttention {
             for h in 0..group {
                 let q = &qs[h * hd..(h + 1) * hd];
                 for p in 0..len {
-                    buf.scores[p] = dot(q, &buf.k[p * hd..(p + 1) * hd]) * sc;
+                    buf.scores[p] = dot::dot(path, q, &buf.k[p * hd..(p + 1) * hd]) * sc;
                 }
                 st.update(h, hd, &buf.scores[..len], &buf.v);
             }
