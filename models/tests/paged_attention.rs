@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use sluice_models::candle::AttentionPath;
 use sluice_models::logits::log_softmax;
 use sluice_models::{Backend, Logits, Model, ModelOptions, Network, SeqChunk, StepBatch};
@@ -64,24 +62,9 @@ fn f16_model() -> Model {
     let dir = std::env::temp_dir().join(format!("sluice-paged-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("smollm2-2l-f16.gguf");
-    let run = Command::new(common::example_bin("synth"))
-        .args([
-            "--shape",
-            "smollm2-135m",
-            "--layers",
-            "2",
-            "--dtype",
-            "f16",
-            "--out",
-        ])
-        .arg(&path)
-        .env("SLUICE_MODEL_DIR", common::model_dir())
-        .output()
-        .expect("synth runs");
-    assert!(
-        run.status.success(),
-        "synth failed: {}",
-        String::from_utf8_lossy(&run.stderr)
+    common::synth(
+        &["--shape", "smollm2-135m", "--layers", "2", "--dtype", "f16"],
+        &path,
     );
     let options = ModelOptions {
         backend: Backend::Candle,

@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use sluice_models::{Backend, Logits, Model, ModelOptions, SeqChunk, StepBatch};
 
@@ -13,21 +12,6 @@ fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sluice-synth-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
-}
-
-fn synth(args: &[&str], out: &Path) {
-    let run = Command::new(common::example_bin("synth"))
-        .args(args)
-        .arg("--out")
-        .arg(out)
-        .env("SLUICE_MODEL_DIR", common::model_dir())
-        .output()
-        .expect("synth runs");
-    assert!(
-        run.status.success(),
-        "synth {args:?} failed: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
 }
 
 /// Loads a model and returns the last row of logits after a short prompt.
@@ -62,7 +46,7 @@ fn last_logits_on(path: &Path, backend: Backend) -> (Model, Vec<f32>) {
 fn small_synthetic_models_load_and_give_finite_logits() {
     for dtype in ["q4_1", "q4_k", "q8_0", "f16"] {
         let path = scratch(&format!("smollm2-2l-{dtype}.gguf"));
-        synth(
+        common::synth(
             &["--shape", "smollm2-135m", "--layers", "2", "--dtype", dtype],
             &path,
         );
@@ -103,9 +87,9 @@ fn small_synthetic_models_load_and_give_finite_logits() {
 fn the_same_seed_writes_the_same_bytes() {
     let (a, b, c) = (scratch("a.gguf"), scratch("b.gguf"), scratch("c.gguf"));
     let args = ["--shape", "smollm2-135m", "--layers", "1", "--seed", "7"];
-    synth(&args, &a);
-    synth(&args, &b);
-    synth(
+    common::synth(&args, &a);
+    common::synth(&args, &b);
+    common::synth(
         &["--shape", "smollm2-135m", "--layers", "1", "--seed", "8"],
         &c,
     );
@@ -124,7 +108,7 @@ fn the_same_seed_writes_the_same_bytes() {
 fn a_truncated_default_model_keeps_its_first_layers() {
     let path = scratch("truncated.gguf");
     let src = common::model_path();
-    synth(
+    common::synth(
         &["--truncate-from", src.to_str().unwrap(), "--layers", "4"],
         &path,
     );
@@ -150,7 +134,7 @@ fn a_truncated_default_model_keeps_its_first_layers() {
 #[ignore]
 fn llama3_8b_shape_writes_and_loads() {
     let path = scratch("llama3-8b-1l.gguf");
-    synth(
+    common::synth(
         &["--shape", "llama3-8b", "--layers", "1", "--dtype", "q4_k"],
         &path,
     );

@@ -150,8 +150,9 @@ impl StepPlan {
         } else {
             AttentionPath::Gather
         };
-        let (paged, mut out_rows) = plan_paged(batch, config, block_size, path, device)?;
-        let groups = plan_groups(batch, &slot, path, &mut out_rows, device)?;
+        let starts = first_rows(batch);
+        let (paged, mut out_rows) = plan_paged(batch, &starts, config, (block_size, path), device)?;
+        let groups = plan_groups(batch, &starts, &slot, path, &mut out_rows, device)?;
         // All rows paged, in order: the op's output is the answer as it stands.
         let identity =
             groups.is_empty() && out_rows.iter().enumerate().all(|(i, &r)| r as usize == i);
@@ -191,13 +192,13 @@ fn first_rows(batch: &StepBatch) -> Vec<usize> {
 /// rows' set; the others are filled by [`plan_groups`]).
 fn plan_paged(
     batch: &StepBatch,
+    starts: &[usize],
     config: &LlamaConfig,
-    block_size: usize,
-    path: AttentionPath,
+    (block_size, path): (usize, AttentionPath),
     device: &Device,
 ) -> Result<(Option<PagedAttention>, Vec<u32>)> {
     let mut meta = PagedMeta::default();
-    for (s, first) in batch.seqs.iter().zip(first_rows(batch)) {
+    for (s, &first) in batch.seqs.iter().zip(starts) {
         if path.pages(s.tokens.len()) {
             meta.push_chunk(
                 first,
@@ -235,12 +236,12 @@ fn plan_paged(
 /// of their tokens' output rows (after the paged op's rows).
 fn plan_groups(
     batch: &StepBatch,
+    starts: &[usize],
     slot: &dyn Fn(&[u32], usize) -> u32,
     path: AttentionPath,
     out_rows: &mut [u32],
     device: &Device,
 ) -> Result<Vec<Group>> {
-    let starts = first_rows(batch);
     let gathered = |i: &usize| !path.pages(batch.seqs[*i].tokens.len());
     let mut decodes = std::collections::BTreeMap::<usize, Vec<usize>>::new();
     for (i, s) in batch.seqs.iter().enumerate() {
@@ -263,7 +264,7 @@ fn plan_groups(
         .map(|i| batch.seqs[i].tokens.len())
         .sum::<usize>();
     for m in members {
-        let g = group(batch, &m, &starts, slot, device)?;
+        let g = group(batch, &m, starts, slot, device)?;
         for (bi, &si) in m.iter().enumerate() {
             for j in 0..batch.seqs[si].tokens.len() {
                 out_rows[starts[si] + j] = (base + bi * g.l + j) as u32;

@@ -1,7 +1,8 @@
 //! Shared harness for tests that run the real default model.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::OnceLock;
 
 use sluice_models::{registry, Backend};
@@ -26,6 +27,22 @@ pub fn example_bin(name: &str) -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// Runs the `synth` example with `args`, writing `out`; fails with its stderr.
+pub fn synth(args: &[&str], out: &Path) {
+    let run = Command::new(example_bin("synth"))
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .env("SLUICE_MODEL_DIR", model_dir())
+        .output()
+        .expect("synth runs");
+    assert!(
+        run.status.success(),
+        "synth {args:?} failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
 }
 
 /// The default model's file. Fails (never skips) when it is missing.
