@@ -141,8 +141,10 @@ pub fn ready_counts(signals: &Signals, limits: &[VariantLimits]) -> Vec<u32> {
 
 /// Make before break: when the targets shrink some keys while others grow, the replicas being
 /// removed keep serving until the ready capacity of what remains covers `demand` (a switch from
-/// L4s to an H100 must not drop the L4s before the H100 is up). Starting replicas of a shrinking
-/// key may still be cancelled. Returns whether it held anything back.
+/// L4s to an H100 must not drop the L4s before the H100 is up). That holds for replicas the
+/// capacity model values at nothing too (a variant ineligible for the mean request shape still
+/// serves the requests it can). Starting replicas of a shrinking key may still be cancelled.
+/// Returns whether it held anything back.
 pub fn make_before_break(
     offers: &[Offer],
     current: &[u32],
@@ -160,7 +162,10 @@ pub fn make_before_break(
         .zip(ready)
         .map(|(o, &r)| o.requests_per_s * f64::from(r))
         .sum();
-    if ready_after + 1e-9 >= demand.min(ready_now) {
+    let short_after = ready_after + 1e-9 < demand;
+    let loses_ready = ready_after + 1e-9 < ready_now;
+    let replacing = counts.iter().zip(ready).any(|(&c, &r)| c > r);
+    if !(short_after && (loses_ready || replacing)) {
         return false;
     }
     let mut held = false;
@@ -172,6 +177,39 @@ pub fn make_before_break(
         }
     }
     held
+}
+
+/// While the ready replicas serve less than `demand`, the offers with every key's minimum
+/// raised to what it has now (ready, starting, pending): replicas on their way are the
+/// quickest relief there is, and a cheaper mix chosen instead would start its replicas from
+/// scratch, leaving the fleet short for a whole start-up more (a switch of mix mid-ramp
+/// otherwise cancels replicas minutes from ready, and can do so tick after tick). `None`
+/// when the ready fleet covers the demand: then surplus replicas on their way may go.
+pub fn keep_in_flight(
+    offers: &[Offer],
+    current: &[u32],
+    ready: &[u32],
+    demand: f64,
+) -> Option<Vec<Offer>> {
+    let ready_capacity: f64 = offers
+        .iter()
+        .zip(ready)
+        .map(|(o, &r)| o.requests_per_s * f64::from(r))
+        .sum();
+    let on_the_way = current.iter().zip(ready).any(|(&c, &r)| c > r);
+    if ready_capacity + 1e-9 >= demand || !on_the_way {
+        return None;
+    }
+    Some(
+        offers
+            .iter()
+            .zip(current)
+            .map(|(o, &n)| Offer {
+                min: o.min.max(n.min(o.max)),
+                ..o.clone()
+            })
+            .collect(),
+    )
 }
 
 /// Seconds from asking to serving for a replica of each key of [`offer_keys`] (on a new node).

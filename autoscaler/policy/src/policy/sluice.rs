@@ -620,7 +620,8 @@ impl Sluice {
 
     /// The replicas per offer key for `stable` req/s: the cheapest mix (or the current one
     /// when switching pays back too slowly), keeping ready replicas until their
-    /// replacements are ready.
+    /// replacements are ready; while the ready fleet is short of it, nothing on its way is
+    /// cancelled either.
     fn choose_counts(
         &self,
         s: &Signals,
@@ -631,8 +632,17 @@ impl Sluice {
         d: &mut Decision,
     ) -> Vec<u32> {
         let startup = plan::startup_times(&self.profile, limits);
+        let ready = plan::ready_counts(s, limits);
+        let kept = plan::keep_in_flight(offers, current, &ready, stable);
+        if kept.is_some() {
+            d.reason(
+                ReasonKind::Stabilisation,
+                None,
+                "the ready fleet is short: replicas on their way are kept",
+            );
+        }
         let (mix, why) = plan::keep_or_switch(
-            offers,
+            kept.as_deref().unwrap_or(offers),
             current,
             stable,
             &startup,
@@ -654,7 +664,6 @@ impl Sluice {
             );
         }
         let mut counts = mix.counts.clone();
-        let ready = plan::ready_counts(s, limits);
         if plan::make_before_break(offers, current, &ready, &mut counts, stable) {
             d.reason(
                 ReasonKind::Stabilisation,

@@ -311,6 +311,53 @@ fn a_switch_of_mix_keeps_ready_replicas_until_the_new_ones_serve() {
     let mut counts = [0, 1];
     make_before_break(&offers, &[6, 1], &[2, 0], &mut counts, 8.0);
     assert_eq!(counts, [2, 1]);
+    // Ready replicas the capacity model values at nothing (ineligible for the mean shape)
+    // still serve what they can: kept until the replacement is ready, then let go.
+    let offers = [offer(H100, 0.0, 9.88), offer("x8", 5.0, 79.0)];
+    let mut counts = [0, 1];
+    assert!(make_before_break(
+        &offers,
+        &[6, 1],
+        &[6, 0],
+        &mut counts,
+        4.0
+    ));
+    assert_eq!(counts, [6, 1]);
+    let mut counts = [0, 1];
+    assert!(!make_before_break(
+        &offers,
+        &[6, 1],
+        &[6, 1],
+        &mut counts,
+        4.0
+    ));
+    assert_eq!(counts, [0, 1]);
+}
+
+#[test]
+fn replicas_on_their_way_are_kept_while_the_ready_fleet_is_short() {
+    use crate::mix::{self, Offer};
+    use crate::policy::plan::keep_in_flight;
+    let offer = |v: &str, rps: f64, price: f64| Offer {
+        variant: v.into(),
+        capacity: CapacityType::OnDemand,
+        requests_per_s: rps,
+        price_per_hour: price,
+        min: 0,
+        max: 100,
+    };
+    // Two ready A100s and two starting; demand has grown to where one H100 is the cheapest
+    // answer, but the starting A100s are minutes nearer than any H100.
+    let offers = [offer("a100", 4.5, 3.93), offer(H100, 16.0, 9.88)];
+    let kept = keep_in_flight(&offers, &[4, 0], &[2, 0], 12.0).expect("short: kept");
+    assert_eq!((kept[0].min, kept[1].min), (4, 0));
+    let m = mix::cheapest(&kept, 12.0);
+    assert!(m.counts[0] >= 4, "{:?}", m.counts);
+    // Once the ready fleet covers the demand, surplus on its way may go.
+    assert!(keep_in_flight(&offers, &[4, 0], &[3, 0], 14.0).is_some());
+    assert!(keep_in_flight(&offers, &[4, 0], &[3, 0], 13.0).is_none());
+    // Nothing on its way: nothing to keep.
+    assert!(keep_in_flight(&offers, &[2, 0], &[2, 0], 12.0).is_none());
 }
 
 #[test]
