@@ -181,7 +181,14 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
     let lambda_tpot = (t - alpha) / (t * (prefill_s + beta * out));
     // At the KV bound the batch is fixed, TPOT falls below `t`.
     let lambda_kv = 1.0 / (out * (alpha + beta * b_kv) / b_kv + prefill_s);
-    let lambda_prefill = prefill_rate(prefill_s, ttft_budget, w.prompt_cv2);
+    // Sized for TPOT only (no TTFT budget, see `plan::capacities`), prefill is still planned
+    // at the lowest utilisation the TTFT bound plans for: past it the queue behind long
+    // prompts delays the shorter ones that could still meet the target.
+    let lambda_prefill = if ttft_budget.is_finite() {
+        prefill_rate(prefill_s, ttft_budget, w.prompt_cv2)
+    } else {
+        MIN_PREFILL_UTILISATION / prefill_s.max(1e-9)
+    };
     // What caps the batch when it is fixed below the TPOT batch.
     let kv_bound = if b_kv >= b_step {
         Bound::Tpot
@@ -348,5 +355,27 @@ mod tests {
         assert!(cv.requests_per_s < c.requests_per_s, "{cv:?} vs {c:?}");
         // Prefill utilisation stays below one, so the prompt queue is stable.
         assert!(c.requests_per_s * 15_000.0 / 24_000.0 < 1.0);
+    }
+
+    #[test]
+    fn sized_for_tpot_only_prefill_is_still_planned_at_half_utilisation() {
+        let p = Profile::load("llama-3-8b").unwrap();
+        let a100 = p.variant("nvidia-a100-80gb").unwrap();
+        let long = Workload::uniform(24_000.0, 40.0);
+        assert_eq!(
+            at_slo(a100, &long, &slo(), &Planning::default()).bound,
+            Bound::Ineligible
+        );
+        let relaxed = Planning {
+            ttft_share: f64::INFINITY,
+            ..Planning::default()
+        };
+        let c = at_slo(a100, &long, &slo(), &relaxed);
+        assert_eq!(c.bound, Bound::Prefill);
+        let utilisation = c.requests_per_s * 24_000.0 / a100.perf.prefill_tokens_per_s;
+        assert!(
+            (utilisation - MIN_PREFILL_UTILISATION).abs() < 1e-9,
+            "{utilisation}"
+        );
     }
 }
