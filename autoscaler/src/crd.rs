@@ -190,6 +190,12 @@ pub struct PolicySpec {
     /// Capacity planned above demand (0.2 = 20 %).
     #[serde(default = "d0_2")]
     pub headroom: f64,
+    /// With it, a pool that may scale to zero does so only when the cold start that would
+    /// wake it fits the SLO's error budget over this many seconds (the share of requests the
+    /// TTFT percentile lets miss, 1 % for p99); otherwise one replica stays. Absent: idle for
+    /// the scale-down window is enough, whatever the cold start costs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_budget_horizon_seconds: Option<f64>,
 }
 
 impl Default for PolicySpec {
@@ -202,6 +208,7 @@ impl Default for PolicySpec {
             panic_window_seconds: 60.0,
             forecast_horizon_seconds: None,
             headroom: 0.2,
+            zero_budget_horizon_seconds: None,
         }
     }
 }
@@ -373,6 +380,13 @@ impl ServingPoolSpec {
                 ));
             }
         }
+        if self
+            .policy
+            .zero_budget_horizon_seconds
+            .is_some_and(|h| !(h > 0.0))
+        {
+            return Err("policy.zeroBudgetHorizonSeconds must be > 0".into());
+        }
         match (&self.signals.scrape, &self.signals.prometheus_url) {
             (Some(_), None) | (None, Some(_)) => Ok(()),
             _ => Err("spec.signals: set exactly one of scrape and prometheusUrl".into()),
@@ -434,5 +448,12 @@ mod tests {
         let mut sp: ServingPool = serde_yaml::from_str(EXAMPLE).unwrap();
         sp.spec.variants[0].min_replicas = 99;
         assert!(sp.spec.validate().unwrap_err().contains("minReplicas"));
+        let mut sp: ServingPool = serde_yaml::from_str(EXAMPLE).unwrap();
+        sp.spec.policy.zero_budget_horizon_seconds = Some(0.0);
+        assert!(sp
+            .spec
+            .validate()
+            .unwrap_err()
+            .contains("zeroBudgetHorizonSeconds"));
     }
 }

@@ -149,6 +149,10 @@ struct SimulateArgs {
     /// Fewest replicas sluice and KPA keep (on the baseline variant); 0 lets them go to zero.
     #[arg(long, env = "SLUICE_AUTOSCALER_MIN_REPLICAS", default_value_t = 0)]
     min_replicas: u32,
+    /// At min 0, let sluice go to zero whenever it is idle, as KPA does; by default it goes
+    /// only when the cold start fits the SLO's error budget (1 % of a day's requests).
+    #[arg(long, env = "SLUICE_AUTOSCALER_ZERO_WHEN_IDLE")]
+    zero_when_idle: bool,
     /// Also run sluice and KPA at min 0 and at min 1 and print what going to zero saves over
     /// the trace's idle periods, and its cold starts.
     #[arg(long, env = "SLUICE_AUTOSCALER_ZERO_SAVINGS")]
@@ -273,6 +277,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     scn.spot = a.spot;
     scn.max_replicas_per_variant = a.max_replicas;
     scn.min_replicas = a.min_replicas;
+    if a.zero_when_idle {
+        scn.zero_rule = sluice_policy::zero::ZeroRule::Idle;
+    }
     scn.baseline_variant = a.baseline_variant.clone();
     scn.sim.tick_s = a.tick;
     scn.sim.seed = a.seed;

@@ -22,6 +22,7 @@
 //! - [`baselines`]: HPA on CPU and on concurrency, Knative's KPA, static peak, the oracle.
 //! - [`timeline`]: requests and their arrivals in buckets, which the oracle and the
 //!   static-peak sizing read.
+//! - [`zero`]: whether an idle model may go to zero within its SLO's error budget.
 //! - [`error`]: the crate's error type (profiles).
 
 pub mod baselines;
@@ -35,5 +36,6 @@ pub mod policy;
 pub mod profile;
 pub mod signals;
 pub mod timeline;
+pub mod zero;
 
 pub use error::{Error, Result};

@@ -15,6 +15,7 @@ use sluice_policy::policy::plan::{self, VariantLimits};
 use sluice_policy::policy::{Policy, Sluice, SluiceConfig};
 use sluice_policy::profile::{CapacityType, Profile};
 use sluice_policy::timeline::{Request, Timeline};
+use sluice_policy::zero::ZeroRule;
 
 use crate::error::{Error, Result};
 use crate::sim::{self, Run, SimConfig};
@@ -46,12 +47,21 @@ pub struct Scenario {
     /// follow their own schedules).
     #[serde(default)]
     pub min_replicas: u32,
+    /// When sluice may take a pool at `min_replicas` 0 to zero: by default only when the cold
+    /// start fits the SLO's error budget ([`ZeroRule::P99_DAY`]); [`ZeroRule::Idle`] goes
+    /// whenever it is idle, as KPA does.
+    #[serde(default = "default_zero_rule")]
+    pub zero_rule: ZeroRule,
     pub sim: SimConfig,
     /// The variant single-variant baselines scale; `None` picks the cheapest per request at
     /// SLO for the trace's mean shape.
     pub baseline_variant: Option<String>,
     /// Attainment the burst-recovery figure measures against.
     pub goal: f64,
+}
+
+fn default_zero_rule() -> ZeroRule {
+    ZeroRule::P99_DAY
 }
 
 impl Scenario {
@@ -69,6 +79,7 @@ impl Scenario {
             spot: false,
             max_replicas_per_variant: 200,
             min_replicas: 0,
+            zero_rule: default_zero_rule(),
             sim: SimConfig::default(),
             baseline_variant: None,
             goal: 0.99,
@@ -309,6 +320,7 @@ fn sluice(s: &Setup<'_>) -> Built {
     // controller.
     cfg.scale_to_zero_after_s = cfg.scale_down_window_s;
     cfg.spot = s.scn.spot;
+    cfg.zero_rule = s.scn.zero_rule;
     (
         Box::new(Sluice::new(s.scn.profile.clone(), cfg)),
         s.all.clone(),

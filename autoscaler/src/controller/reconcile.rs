@@ -23,6 +23,7 @@ use sluice_policy::decision::Decision;
 use sluice_policy::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
 use sluice_policy::profile::{CapacityType, Profile};
 use sluice_policy::signals::{Signals, VariantSignals};
+use sluice_policy::zero::ZeroRule;
 
 use super::allocate::{self, Entry};
 use super::error::{Error, Result};
@@ -141,6 +142,12 @@ fn build_policy(pool: &ServingPool) -> Result<(Sluice, Profile)> {
     let mut c = SluiceConfig::new(slo, limits);
     if spec.scales_to_zero() {
         c.scale_to_zero_after_s = p.scale_down_stabilisation_seconds;
+        if let Some(horizon_s) = p.zero_budget_horizon_seconds {
+            c.zero_rule = ZeroRule::ErrorBudget {
+                horizon_s,
+                miss_share: 1.0 - spec.slo.ttft.percentile / 100.0,
+            };
+        }
     }
     c.spot = spec
         .variants
@@ -1010,4 +1017,34 @@ pub fn failed_status(pool: &ServingPool, e: &Error) -> serde_json::Value {
         "kind": "ServingPool",
         "status": {"conditions": conds.into_vec()},
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `policy.zeroBudgetHorizonSeconds` on a pool that scales to zero selects the error-budget
+    /// rule, its miss share from the TTFT percentile; absent, idle is enough.
+    #[test]
+    fn the_zero_budget_horizon_selects_the_error_budget_rule() {
+        let mut pool: ServingPool = serde_yaml::from_str(include_str!(
+            "../../../deploy/k8s/crd/example-servingpool-zero.yaml"
+        ))
+        .unwrap();
+        let (p, _) = build_policy(&pool).unwrap();
+        assert_eq!(p.config().zero_rule, ZeroRule::Idle);
+        pool.spec.policy.zero_budget_horizon_seconds = Some(86_400.0);
+        pool.spec.slo.ttft.percentile = 95.0;
+        let (p, _) = build_policy(&pool).unwrap();
+        match p.config().zero_rule {
+            ZeroRule::ErrorBudget {
+                horizon_s,
+                miss_share,
+            } => {
+                assert_eq!(horizon_s, 86_400.0);
+                assert!((miss_share - 0.05).abs() < 1e-12, "{miss_share}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -21,6 +21,7 @@ use crate::headroom::Headroom;
 use crate::mix::{self, Offer};
 use crate::profile::{CapacityType, Profile};
 use crate::signals::Signals;
+use crate::zero::{ZeroBudget, ZeroRule};
 
 /// The policy's knobs. Defaults: HPA's five-minute scale-down stabilisation, KPA's
 /// sixty-second panic window; a trend damped over ten minutes and capped at 1.5× the observed
@@ -69,6 +70,9 @@ pub struct SluiceConfig {
     pub switch_amortise_s: f64,
     /// With no traffic for this long, floors fall from `keep_warm` to `min`.
     pub scale_to_zero_after_s: f64,
+    /// Whether going to zero also has to fit the SLO's error budget (see [`ZeroRule`]).
+    #[serde(default)]
+    pub zero_rule: ZeroRule,
     /// A Spot replica pending longer than this means a stockout: use on-demand for a while.
     pub spot_stockout_after_s: f64,
     pub spot_retry_after_s: f64,
@@ -97,6 +101,7 @@ impl SluiceConfig {
             scale_down_window_s: 300.0,
             switch_amortise_s: 600.0,
             scale_to_zero_after_s: 900.0,
+            zero_rule: ZeroRule::Idle,
             spot_stockout_after_s: 600.0,
             spot_retry_after_s: 1800.0,
             max_margin: 1.5,
@@ -128,6 +133,8 @@ pub struct Sluice {
     first_tick_s: Option<f64>,
     /// Per variant: capacity at SLO is divided by this while its own latency breaches the SLO.
     variant_margin: HashMap<String, f64>,
+    /// The error budget a cold start must fit, under [`ZeroRule::ErrorBudget`].
+    zero: Option<ZeroBudget>,
 }
 
 impl Sluice {
@@ -146,7 +153,15 @@ impl Sluice {
             margin: 1.0,
             spot_out_until: HashMap::new(),
             learnt: None,
+            zero: None,
         };
+        if let ZeroRule::ErrorBudget {
+            horizon_s,
+            miss_share,
+        } = s.config.zero_rule
+        {
+            s.zero = Some(ZeroBudget::new(horizon_s, miss_share));
+        }
         let (lead, prior) = (s.horizon_s(), s.config.headroom);
         s.learnt = s
             .config
@@ -325,6 +340,9 @@ impl Sluice {
     fn note_traffic(&mut self, s: &Signals) -> bool {
         if s.arrivals.requests_per_s > 0.0 || s.queue.waiting > 0 || s.queue.running > 0 {
             self.last_traffic_s = s.time_s;
+        }
+        if let Some(z) = self.zero.as_mut() {
+            z.observe(s.time_s, s.arrivals.requests_per_s);
         }
         if let Some(w) = s.workload() {
             self.shape = Some(w);
@@ -618,6 +636,59 @@ impl Sluice {
         stable
     }
 
+    /// Under [`ZeroRule::ErrorBudget`], a pool whose traffic has stopped shrinks only as far
+    /// as the error budget allows: it keeps the capacity its traffic's return needs beyond
+    /// what the budget can absorb during a cold start, and goes to zero only when that is
+    /// nothing. The demand to size the mix for.
+    fn keep_warm_for_return(
+        &mut self,
+        s: &Signals,
+        limits: &[VariantLimits],
+        caps: &[Capacity],
+        stable: f64,
+        d: &mut Decision,
+    ) -> f64 {
+        let Some(z) = self.zero.as_mut() else {
+            return stable;
+        };
+        if s.arrivals.requests_per_s > 0.0 || s.queue.waiting > 0 {
+            return stable;
+        }
+        // The replica that would wake the pool: the quickest to start of those that serve.
+        let startup = limits
+            .iter()
+            .zip(caps)
+            .filter(|(_, c)| c.requests_per_s > 0.0)
+            .filter_map(|(l, _)| self.profile.variant(&l.variant).ok())
+            .map(|v| v.startup_s(true))
+            .fold(f64::INFINITY, f64::min);
+        if !startup.is_finite() {
+            return stable;
+        }
+        let ttft = self.config.slo.ttft_p99_s;
+        let warm = z.warm_capacity(startup, ttft);
+        if warm <= 0.0 {
+            if stable <= 0.0 {
+                z.allows_zero(startup, ttft);
+            }
+            return stable;
+        }
+        if stable >= warm {
+            return stable;
+        }
+        d.reason(
+            ReasonKind::ScaleToZero,
+            None,
+            format!(
+                "a cold start would miss ~{:.0} requests, over the {:.0} the error budget \
+                 has left: {warm:.2} req/s kept for the traffic's return",
+                z.expected_misses(startup, ttft),
+                z.remaining()
+            ),
+        );
+        warm
+    }
+
     /// The replicas per offer key for `stable` req/s: the cheapest mix (or the current one
     /// when switching pays back too slowly), keeping ready replicas until their
     /// replacements are ready; while the ready fleet is short of it, nothing on its way is
@@ -720,6 +791,7 @@ impl Policy for Sluice {
         });
         let current_capacity = mix::evaluate(&offers, &current).requests_per_s;
         let stable = self.stabilise(s.time_s, &p, current_capacity, panic, &mut d);
+        let stable = self.keep_warm_for_return(s, &limits, &caps, stable, &mut d);
         let counts = self.choose_counts(s, &limits, &offers, &current, stable, &mut d);
         let chosen = mix::evaluate(&offers, &counts);
         d.demand = Demand {

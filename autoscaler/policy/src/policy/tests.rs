@@ -275,6 +275,38 @@ fn idle_models_scale_to_zero_but_keep_warm_replicas_while_traffic_is_recent() {
 }
 
 #[test]
+fn under_the_error_budget_rule_zero_waits_for_enough_traffic_to_pay_a_cold_start() {
+    use crate::zero::ZeroRule;
+    let mut cfg = config();
+    cfg.scale_to_zero_after_s = 300.0;
+    cfg.zero_rule = ZeroRule::ErrorBudget {
+        horizon_s: 86_400.0,
+        miss_share: 0.01,
+    };
+    let idle_for = |p: &mut Sluice, from: f64| {
+        let fleet = [(L4, CapacityType::OnDemand, 1, 0)];
+        let mut d = Decision::default();
+        for i in 0..40 {
+            d = p.decide(&signals(from + f64::from(i) * 15.0, 0.0, 0, &fleet));
+        }
+        d
+    };
+    // A few minutes at 0.5 req/s, then idle: an L4 cold start (minutes) would miss more
+    // than 1 % of those requests, so a replica stays, and the reason says so.
+    let mut p = Sluice::new(profile(), cfg.clone());
+    settle(&mut p, 0.0, 10, 0.5);
+    let d = idle_for(&mut p, 200.0);
+    assert_eq!(d.replicas_of(L4) + d.replicas_of(H100), 1, "{d:?}");
+    assert!(d.has_reason(ReasonKind::ScaleToZero));
+    // Hours of traffic, then a trickle, then idle: waking at the trickle's rate fits.
+    let mut p = Sluice::new(profile(), cfg);
+    settle(&mut p, 0.0, 2000, 2.0);
+    settle(&mut p, 30_000.0, 200, 0.02);
+    let d = idle_for(&mut p, 40_000.0);
+    assert_eq!(d.replicas_of(L4) + d.replicas_of(H100), 0, "{d:?}");
+}
+
+#[test]
 fn a_switch_of_mix_keeps_ready_replicas_until_the_new_ones_serve() {
     use crate::mix::Offer;
     use crate::policy::plan::make_before_break;

@@ -1,0 +1,198 @@
+//! Whether an idle model may go to zero replicas without spending more than its SLO allows.
+//!
+//! Going to zero saves the idle replicas' cost; the price is a cold start for whoever comes
+//! next. On GPUs a cold start (a node, an image pull, weights loaded) takes minutes, and every
+//! request arriving in it waits past a TTFT target of seconds: one cold start can miss more
+//! requests than a p99 SLO allows in hours. Knative's and KEDA's scale to zero count only
+//! idle time. Under [`ZeroRule::ErrorBudget`] sluice also counts the SLO: the pool goes to
+//! zero only when the requests the next cold start is expected to miss, with those already
+//! reserved by earlier cold starts, fit the error budget of the requests served over a
+//! horizon (1 % of them for a p99 SLO). A long idle night after a busy day fits; twenty idle
+//! minutes between sessions at the same rate never do, and the pool stays warm.
+//!
+//! The expected misses are the rate traffic last came at (smoothed while it came) times the
+//! part of the start-up that overruns the TTFT target: arrivals in its last TTFT seconds
+//! still get their first token in time. When zero does not fit, the pool keeps the capacity
+//! that brings the misses within the budget: the wake rate less what the budget can absorb
+//! over the overrun, so a pool whose traffic returns at 15 req/s keeps 15 req/s of replicas,
+//! not one replica that a session would swamp. Counts decay exponentially over the horizon,
+//! so the budget is a rolling one.
+
+use serde::{Deserialize, Serialize};
+
+/// When an idle model's floors fall from `keep_warm` to `min` (see
+/// [`VariantLimits`](crate::policy::plan::VariantLimits)).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case", tag = "rule")]
+pub enum ZeroRule {
+    /// After the scale-to-zero delay without traffic, whatever the cold start costs.
+    #[default]
+    Idle,
+    /// After the delay, and only when the next cold start fits the SLO's error budget:
+    /// `miss_share` (0.01 for a p99 target) of the requests served over `horizon_s`.
+    /// Otherwise the pool keeps the capacity its traffic's return needs beyond what the
+    /// budget absorbs, even where `keep_warm` is 0.
+    ErrorBudget { horizon_s: f64, miss_share: f64 },
+}
+
+impl ZeroRule {
+    /// The error-budget rule over a day, for a p99 SLO.
+    pub const P99_DAY: ZeroRule = ZeroRule::ErrorBudget {
+        horizon_s: 86_400.0,
+        miss_share: 0.01,
+    };
+}
+
+/// Smoothing, per observation, of the rate traffic comes at while it comes.
+const RATE_SMOOTHING: f64 = 0.1;
+
+/// The rolling counts the error-budget rule reads.
+#[derive(Debug, Clone, Default)]
+pub struct ZeroBudget {
+    horizon_s: f64,
+    miss_share: f64,
+    last_s: Option<f64>,
+    /// Requests served, decayed over the horizon.
+    served: f64,
+    /// Misses reserved by cold starts taken, decayed over the horizon.
+    spent: f64,
+    /// The long-window arrival rate while traffic came, smoothed.
+    wake_rate: f64,
+    /// A cold start is reserved for the idle period under way.
+    reserved: bool,
+}
+
+impl ZeroBudget {
+    pub fn new(horizon_s: f64, miss_share: f64) -> Self {
+        ZeroBudget {
+            horizon_s: horizon_s.max(1.0),
+            miss_share: miss_share.clamp(0.0, 1.0),
+            ..ZeroBudget::default()
+        }
+    }
+
+    /// Takes the long-window arrival rate at time `t`: counts what was served since the last
+    /// observation, decays the counts, and learns the rate traffic comes at.
+    pub fn observe(&mut self, t: f64, requests_per_s: f64) {
+        let dt = self.last_s.map_or(0.0, |l| (t - l).max(0.0));
+        self.last_s = Some(t);
+        let decay = (-dt / self.horizon_s).exp();
+        self.served = self.served * decay + requests_per_s * dt;
+        self.spent *= decay;
+        if requests_per_s > 0.0 {
+            self.reserved = false;
+            self.wake_rate = if self.wake_rate == 0.0 {
+                requests_per_s
+            } else {
+                self.wake_rate + RATE_SMOOTHING * (requests_per_s - self.wake_rate)
+            };
+        }
+    }
+
+    /// Requests a cold start of `startup_s` is expected to miss against a TTFT target.
+    pub fn expected_misses(&self, startup_s: f64, ttft_s: f64) -> f64 {
+        self.wake_rate * (startup_s - ttft_s).max(0.0)
+    }
+
+    /// Requests the budget still allows to miss.
+    pub fn remaining(&self) -> f64 {
+        (self.miss_share * self.served - self.spent).max(0.0)
+    }
+
+    /// Requests/s of capacity an idle pool keeps so that the traffic's return, with replicas
+    /// of `startup_s` ordered for the rest, misses no more than the budget has left: 0 when
+    /// even a cold start from zero fits.
+    pub fn warm_capacity(&self, startup_s: f64, ttft_s: f64) -> f64 {
+        if self.reserved {
+            return 0.0;
+        }
+        let overrun = (startup_s - ttft_s).max(0.0);
+        if overrun == 0.0 {
+            return 0.0;
+        }
+        (self.wake_rate - self.remaining() / overrun).max(0.0)
+    }
+
+    /// Whether the pool may go to zero now, given the start-up of the replica that would
+    /// wake it; the first yes of an idle period reserves its misses.
+    pub fn allows_zero(&mut self, startup_s: f64, ttft_s: f64) -> bool {
+        if self.reserved {
+            return true;
+        }
+        if self.warm_capacity(startup_s, ttft_s) > 0.0 {
+            return false;
+        }
+        self.spent += self.expected_misses(startup_s, ttft_s);
+        self.reserved = true;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `rate` every 15 s from `from` for `seconds`.
+    fn feed(b: &mut ZeroBudget, from: f64, seconds: f64, rate: f64) -> f64 {
+        let mut t = from;
+        while t < from + seconds {
+            b.observe(t, rate);
+            t += 15.0;
+        }
+        t
+    }
+
+    #[test]
+    fn short_gaps_at_the_same_rate_never_afford_a_gpu_cold_start() {
+        // Five-minute sessions at 15 req/s: ~4,500 requests, a budget of ~45; a 420 s start-up
+        // against a 2 s TTFT misses ~6,300.
+        let mut b = ZeroBudget::new(3600.0, 0.01);
+        let t = feed(&mut b, 0.0, 300.0, 15.0);
+        let t = feed(&mut b, t, 300.0, 0.0);
+        assert!(b.expected_misses(420.0, 2.0) > 6000.0);
+        assert!(!b.allows_zero(420.0, 2.0));
+        // Kept: the rate the sessions come at, less the ~0.1 req/s the budget absorbs.
+        let warm = b.warm_capacity(420.0, 2.0);
+        assert!(warm > 14.8 && warm < 15.0, "{warm}");
+        // A start-up within the TTFT target misses nothing: always affordable.
+        assert!(b.allows_zero(1.5, 2.0));
+        let _ = t;
+    }
+
+    #[test]
+    fn a_long_busy_day_affords_a_cold_start_at_a_low_wake_rate_once() {
+        // A day at 20 req/s, then the evening's trickle at 0.05 req/s, then idle: ~1.7 M
+        // requests, a budget of ~17,000 (decayed over a day's horizon); waking at the trickle
+        // misses 0.05 × 418 ≈ 21.
+        let mut b = ZeroBudget::new(86_400.0, 0.01);
+        let t = feed(&mut b, 0.0, 86_400.0, 20.0);
+        let t = feed(&mut b, t, 7200.0, 0.05);
+        let t = feed(&mut b, t, 600.0, 0.0);
+        let _ = t;
+        let misses = b.expected_misses(420.0, 2.0);
+        assert!(misses < 1000.0, "{misses}");
+        let before = b.remaining();
+        assert!(b.allows_zero(420.0, 2.0));
+        assert!((before - b.remaining() - misses).abs() < 1e-6);
+        // The same idle period asks again: already reserved, not charged twice.
+        assert!(b.allows_zero(420.0, 2.0));
+        assert!((before - b.remaining() - misses).abs() < 1e-6);
+    }
+
+    #[test]
+    fn cold_starts_spend_the_budget_until_it_is_gone() {
+        // Little traffic: a budget of a few requests; each idle period reserves its misses.
+        let mut b = ZeroBudget::new(3600.0, 0.01);
+        let mut t = feed(&mut b, 0.0, 1800.0, 1.0);
+        let mut zeros = 0;
+        for _ in 0..10 {
+            t = feed(&mut b, t, 60.0, 0.0);
+            if b.allows_zero(10.0, 2.0) {
+                zeros += 1;
+            }
+            t = feed(&mut b, t, 15.0, 1.0);
+        }
+        // ~18 requests of budget, 8 misses per cold start: two fit, not ten.
+        assert!((1..=3).contains(&zeros), "{zeros}");
+    }
+}
