@@ -10,13 +10,15 @@
 //! horizon (1 % of them for a p99 SLO). A long idle night after a busy day fits; twenty idle
 //! minutes between sessions at the same rate never do, and the pool stays warm.
 //!
-//! The expected misses are the rate traffic last came at (smoothed while it came) times the
+//! The expected misses are the rate traffic last came at (its recent peak: see
+//! [`PEAK_MEMORY_S`]) times the
 //! part of the start-up that overruns the TTFT target: arrivals in its last TTFT seconds
-//! still get their first token in time. When zero does not fit, the pool keeps the capacity
-//! that brings the misses within the budget: the wake rate less what the budget can absorb
-//! over the overrun, so a pool whose traffic returns at 15 req/s keeps 15 req/s of replicas,
-//! not one replica that a session would swamp. Counts decay exponentially over the horizon,
-//! so the budget is a rolling one.
+//! still get their first token in time. When zero does not fit, the pool keeps capacity for
+//! the rate its traffic returns at: a pool whose sessions come at 15 req/s keeps 15 req/s of
+//! replicas, not one replica a session would swamp. Nothing in between: with less than the
+//! returning rate a first-come-first-served queue grows until every later arrival waits past
+//! the target, so a partial fleet misses nearly as much as none. Counts decay exponentially
+//! over the horizon, so the budget is a rolling one.
 
 use serde::{Deserialize, Serialize};
 
@@ -43,8 +45,11 @@ impl ZeroRule {
     };
 }
 
-/// Smoothing, per observation, of the rate traffic comes at while it comes.
-const RATE_SMOOTHING: f64 = 0.1;
+/// While traffic comes, the wake rate is the highest windowed rate seen, fading over this
+/// many seconds so that an evening's trickle replaces the day's peak; while idle it holds.
+/// A peak rather than a mean: the windowed rate understates a session while its window fills
+/// and empties, and a pool kept for less than its traffic's return is swamped by it.
+pub const PEAK_MEMORY_S: f64 = 600.0;
 
 /// The rolling counts the error-budget rule reads.
 #[derive(Debug, Clone, Default)]
@@ -56,10 +61,14 @@ pub struct ZeroBudget {
     served: f64,
     /// Misses reserved by cold starts taken, decayed over the horizon.
     spent: f64,
-    /// The long-window arrival rate while traffic came, smoothed.
+    /// The rate traffic is expected back at (see [`PEAK_MEMORY_S`]).
     wake_rate: f64,
     /// A cold start is reserved for the idle period under way.
     reserved: bool,
+    /// The last observed rate was zero.
+    idle: bool,
+    /// When traffic last came back after an idle period.
+    resumed_s: f64,
 }
 
 impl ZeroBudget {
@@ -79,14 +88,21 @@ impl ZeroBudget {
         let decay = (-dt / self.horizon_s).exp();
         self.served = self.served * decay + requests_per_s * dt;
         self.spent *= decay;
+        if requests_per_s > 0.0 && self.idle {
+            self.resumed_s = t;
+        }
+        self.idle = requests_per_s <= 0.0;
         if requests_per_s > 0.0 {
             self.reserved = false;
-            self.wake_rate = if self.wake_rate == 0.0 {
-                requests_per_s
-            } else {
-                self.wake_rate + RATE_SMOOTHING * (requests_per_s - self.wake_rate)
-            };
+            let faded = self.wake_rate * (-dt / PEAK_MEMORY_S).exp();
+            self.wake_rate = faded.max(requests_per_s);
         }
+    }
+
+    /// Whether the pool is idle, or its traffic came back less than one arrival window ago
+    /// (the windowed rate still understates it): when the kept capacity matters.
+    pub fn idle_or_returning(&self, t: f64, window_s: f64) -> bool {
+        self.idle || t - self.resumed_s < window_s
     }
 
     /// Requests a cold start of `startup_s` is expected to miss against a TTFT target.
@@ -99,18 +115,13 @@ impl ZeroBudget {
         (self.miss_share * self.served - self.spent).max(0.0)
     }
 
-    /// Requests/s of capacity an idle pool keeps so that the traffic's return, with replicas
-    /// of `startup_s` ordered for the rest, misses no more than the budget has left: 0 when
-    /// even a cold start from zero fits.
+    /// Requests/s of capacity a pool keeps for its traffic's return: the rate it returns at,
+    /// or 0 when a cold start of `startup_s` from zero fits the budget.
     pub fn warm_capacity(&self, startup_s: f64, ttft_s: f64) -> f64 {
-        if self.reserved {
+        if self.reserved || self.expected_misses(startup_s, ttft_s) <= self.remaining() {
             return 0.0;
         }
-        let overrun = (startup_s - ttft_s).max(0.0);
-        if overrun == 0.0 {
-            return 0.0;
-        }
-        (self.wake_rate - self.remaining() / overrun).max(0.0)
+        self.wake_rate
     }
 
     /// Whether the pool may go to zero now, given the start-up of the replica that would
@@ -151,9 +162,9 @@ mod tests {
         let t = feed(&mut b, t, 300.0, 0.0);
         assert!(b.expected_misses(420.0, 2.0) > 6000.0);
         assert!(!b.allows_zero(420.0, 2.0));
-        // Kept: the rate the sessions come at, less the ~0.1 req/s the budget absorbs.
+        // Kept: capacity for the rate the sessions come at.
         let warm = b.warm_capacity(420.0, 2.0);
-        assert!(warm > 14.8 && warm < 15.0, "{warm}");
+        assert!((warm - 15.0).abs() < 1e-9, "{warm}");
         // A start-up within the TTFT target misses nothing: always affordable.
         assert!(b.allows_zero(1.5, 2.0));
         let _ = t;

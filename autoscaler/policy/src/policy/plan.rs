@@ -180,11 +180,13 @@ pub fn make_before_break(
 }
 
 /// While the ready replicas serve less than `demand`, the offers with every key's minimum
-/// raised to what it has now (ready, starting, pending): replicas on their way are the
-/// quickest relief there is, and a cheaper mix chosen instead would start its replicas from
-/// scratch, leaving the fleet short for a whole start-up more (a switch of mix mid-ramp
-/// otherwise cancels replicas minutes from ready, and can do so tick after tick). `None`
-/// when the ready fleet covers the demand: then surplus replicas on their way may go.
+/// raised to its ready replicas and to those on their way (starting, pending) that the
+/// shortfall needs, cheapest capacity first: replicas on their way are the quickest relief
+/// there is, and a cheaper mix chosen instead would start its replicas from scratch, leaving
+/// the fleet short for a whole start-up more (a switch of mix mid-ramp otherwise cancels
+/// replicas minutes from ready, and can do so tick after tick). Those beyond the shortfall
+/// may still be cancelled. `None` when the ready fleet covers the demand or nothing is on
+/// its way.
 pub fn keep_in_flight(
     offers: &[Offer],
     current: &[u32],
@@ -200,10 +202,23 @@ pub fn keep_in_flight(
     if ready_capacity + 1e-9 >= demand || !on_the_way {
         return None;
     }
+    let mut order: Vec<usize> = (0..offers.len())
+        .filter(|&k| offers[k].requests_per_s > 0.0)
+        .collect();
+    let unit = |k: usize| offers[k].price_per_hour / offers[k].requests_per_s;
+    order.sort_by(|&a, &b| unit(a).total_cmp(&unit(b)));
+    let mut keep: Vec<u32> = ready.to_vec();
+    let mut short = demand - ready_capacity;
+    for k in order {
+        while keep[k] < current[k] && short > 1e-9 {
+            keep[k] += 1;
+            short -= offers[k].requests_per_s;
+        }
+    }
     Some(
         offers
             .iter()
-            .zip(current)
+            .zip(&keep)
             .map(|(o, &n)| Offer {
                 min: o.min.max(n.min(o.max)),
                 ..o.clone()

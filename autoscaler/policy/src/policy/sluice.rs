@@ -636,10 +636,10 @@ impl Sluice {
         stable
     }
 
-    /// Under [`ZeroRule::ErrorBudget`], a pool whose traffic has stopped shrinks only as far
-    /// as the error budget allows: it keeps the capacity its traffic's return needs beyond
-    /// what the budget can absorb during a cold start, and goes to zero only when that is
-    /// nothing. The demand to size the mix for.
+    /// Under [`ZeroRule::ErrorBudget`], an idle pool goes to zero only when the cold start
+    /// that would wake it fits the error budget; otherwise it keeps capacity for the rate its
+    /// traffic returns at, also while the arrival window refills after the return (the
+    /// windowed rate then understates it). The demand to size the mix for.
     fn keep_warm_for_return(
         &mut self,
         s: &Signals,
@@ -651,7 +651,7 @@ impl Sluice {
         let Some(z) = self.zero.as_mut() else {
             return stable;
         };
-        if s.arrivals.requests_per_s > 0.0 || s.queue.waiting > 0 {
+        if !z.idle_or_returning(s.time_s, s.arrivals.window_s) {
             return stable;
         }
         // The replica that would wake the pool: the quickest to start of those that serve.

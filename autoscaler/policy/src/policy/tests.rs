@@ -381,15 +381,23 @@ fn replicas_on_their_way_are_kept_while_the_ready_fleet_is_short() {
     // Two ready A100s and two starting; demand has grown to where one H100 is the cheapest
     // answer, but the starting A100s are minutes nearer than any H100.
     let offers = [offer("a100", 4.5, 3.93), offer(H100, 16.0, 9.88)];
-    let kept = keep_in_flight(&offers, &[4, 0], &[2, 0], 12.0).expect("short: kept");
+    let kept = keep_in_flight(&offers, &[4, 0], &[2, 0], 16.0).expect("short: kept");
     assert_eq!((kept[0].min, kept[1].min), (4, 0));
-    let m = mix::cheapest(&kept, 12.0);
+    let m = mix::cheapest(&kept, 16.0);
     assert!(m.counts[0] >= 4, "{:?}", m.counts);
+    // Only as many as the shortfall needs: 12 req/s against 9 ready keeps one of the two.
+    let kept = keep_in_flight(&offers, &[4, 0], &[2, 0], 12.0).expect("short: kept");
+    assert_eq!((kept[0].min, kept[1].min), (3, 0));
     // Once the ready fleet covers the demand, surplus on its way may go.
     assert!(keep_in_flight(&offers, &[4, 0], &[3, 0], 14.0).is_some());
     assert!(keep_in_flight(&offers, &[4, 0], &[3, 0], 13.0).is_none());
     // Nothing on its way: nothing to keep.
     assert!(keep_in_flight(&offers, &[2, 0], &[2, 0], 12.0).is_none());
+    // Ready replicas are never below their count while short; in-flight replicas the model
+    // values at nothing are not kept for the shortfall.
+    let offers = [offer(L4, 0.0, 0.84), offer(H100, 16.0, 9.88)];
+    let kept = keep_in_flight(&offers, &[5, 2], &[2, 1], 20.0).expect("short: kept");
+    assert_eq!((kept[0].min, kept[1].min), (2, 2));
 }
 
 #[test]
