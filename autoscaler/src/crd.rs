@@ -383,7 +383,7 @@ impl ServingPoolSpec {
         if self
             .policy
             .zero_budget_horizon_seconds
-            .is_some_and(|h| !(h > 0.0))
+            .is_some_and(|h| h.is_nan() || h <= 0.0)
         {
             return Err("policy.zeroBudgetHorizonSeconds must be > 0".into());
         }

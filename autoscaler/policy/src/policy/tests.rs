@@ -306,78 +306,47 @@ fn under_the_error_budget_rule_zero_waits_for_enough_traffic_to_pay_a_cold_start
     assert_eq!(d.replicas_of(L4) + d.replicas_of(H100), 0, "{d:?}");
 }
 
+/// An on-demand offer of up to 100 replicas of `variant`.
+fn offer(variant: &str, requests_per_s: f64, price_per_hour: f64) -> crate::mix::Offer {
+    crate::mix::Offer {
+        variant: variant.into(),
+        capacity: CapacityType::OnDemand,
+        requests_per_s,
+        price_per_hour,
+        min: 0,
+        max: 100,
+    }
+}
+
 #[test]
 fn a_switch_of_mix_keeps_ready_replicas_until_the_new_ones_serve() {
     use crate::mix::Offer;
     use crate::policy::plan::make_before_break;
-    let offer = |v: &str, rps: f64, price: f64| Offer {
-        variant: v.into(),
-        capacity: CapacityType::OnDemand,
-        requests_per_s: rps,
-        price_per_hour: price,
-        min: 0,
-        max: 100,
+    // Six of the first key (some ready) and one of the second on its way; the mix wants none
+    // of the first. Whether anything is held, and the counts after.
+    let switch = |offers: &[Offer], ready: [u32; 2], demand: f64| {
+        let mut counts = [0, 1];
+        let held = make_before_break(offers, &[6, 1], &ready, &mut counts, demand);
+        (held, counts)
     };
     let offers = [offer(L4, 1.0, 0.842), offer(H100, 16.0, 9.88)];
-    // Six ready L4s; the cheapest answer to 8 req/s is one H100, not ready yet.
-    let mut counts = [0, 1];
-    assert!(make_before_break(
-        &offers,
-        &[6, 1],
-        &[6, 0],
-        &mut counts,
-        8.0
-    ));
-    assert_eq!(counts, [6, 1], "the ready L4s serve until the H100 is up");
-    // Once it is ready, the L4s go.
-    let mut counts = [0, 1];
-    assert!(!make_before_break(
-        &offers,
-        &[6, 1],
-        &[6, 1],
-        &mut counts,
-        8.0
-    ));
-    assert_eq!(counts, [0, 1]);
+    // Six ready L4s; the cheapest answer to 8 req/s is one H100, not ready yet: the ready
+    // L4s serve until the H100 is up; once it is ready, they go.
+    assert_eq!(switch(&offers, [6, 0], 8.0), (true, [6, 1]));
+    assert_eq!(switch(&offers, [6, 1], 8.0), (false, [0, 1]));
     // Starting L4s are cancelled at once: only ready capacity is kept.
-    let mut counts = [0, 1];
-    make_before_break(&offers, &[6, 1], &[2, 0], &mut counts, 8.0);
-    assert_eq!(counts, [2, 1]);
+    assert_eq!(switch(&offers, [2, 0], 8.0).1, [2, 1]);
     // Ready replicas the capacity model values at nothing (ineligible for the mean shape)
     // still serve what they can: kept until the replacement is ready, then let go.
     let offers = [offer(H100, 0.0, 9.88), offer("x8", 5.0, 79.0)];
-    let mut counts = [0, 1];
-    assert!(make_before_break(
-        &offers,
-        &[6, 1],
-        &[6, 0],
-        &mut counts,
-        4.0
-    ));
-    assert_eq!(counts, [6, 1]);
-    let mut counts = [0, 1];
-    assert!(!make_before_break(
-        &offers,
-        &[6, 1],
-        &[6, 1],
-        &mut counts,
-        4.0
-    ));
-    assert_eq!(counts, [0, 1]);
+    assert_eq!(switch(&offers, [6, 0], 4.0), (true, [6, 1]));
+    assert_eq!(switch(&offers, [6, 1], 4.0), (false, [0, 1]));
 }
 
 #[test]
 fn replicas_on_their_way_are_kept_while_the_ready_fleet_is_short() {
-    use crate::mix::{self, Offer};
+    use crate::mix;
     use crate::policy::plan::keep_in_flight;
-    let offer = |v: &str, rps: f64, price: f64| Offer {
-        variant: v.into(),
-        capacity: CapacityType::OnDemand,
-        requests_per_s: rps,
-        price_per_hour: price,
-        min: 0,
-        max: 100,
-    };
     // Two ready A100s and two starting; demand has grown to where one H100 is the cheapest
     // answer, but the starting A100s are minutes nearer than any H100.
     let offers = [offer("a100", 4.5, 3.93), offer(H100, 16.0, 9.88)];
