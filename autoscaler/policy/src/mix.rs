@@ -47,17 +47,21 @@ pub fn evaluate(offers: &[Offer], counts: &[u32]) -> Mix {
     }
 }
 
+/// What an offer's capacity costs per request/s and hour; infinite for one that serves
+/// nothing.
+pub fn unit_cost(o: &Offer) -> f64 {
+    if o.requests_per_s > 0.0 {
+        o.price_per_hour / o.requests_per_s
+    } else {
+        f64::INFINITY
+    }
+}
+
 /// The cheapest counts within the offers' bounds serving `demand` requests/s; if even every
 /// offer at its max falls short, the max of every eligible offer (the best there is).
 pub fn cheapest(offers: &[Offer], demand: f64) -> Mix {
     let mut order: Vec<usize> = (0..offers.len()).collect();
-    let unit = |o: &Offer| {
-        if o.requests_per_s > 0.0 {
-            o.price_per_hour / o.requests_per_s
-        } else {
-            f64::INFINITY
-        }
-    };
+    let unit = unit_cost;
     order.sort_by(|&a, &b| unit(&offers[a]).total_cmp(&unit(&offers[b])));
     let all_max: Vec<u32> = offers
         .iter()

@@ -38,6 +38,17 @@ pub enum ZeroRule {
 }
 
 impl ZeroRule {
+    /// The counts the rule reads, if it reads any.
+    pub fn budget(self) -> Option<ZeroBudget> {
+        match self {
+            ZeroRule::Idle => None,
+            ZeroRule::ErrorBudget {
+                horizon_s,
+                miss_share,
+            } => Some(ZeroBudget::new(horizon_s, miss_share)),
+        }
+    }
+
     /// The error-budget rule over a day, for a p99 SLO.
     pub const P99_DAY: ZeroRule = ZeroRule::ErrorBudget {
         horizon_s: 86_400.0,

@@ -157,11 +157,7 @@ pub fn make_before_break(
         .zip(counts.iter().zip(ready))
         .map(|(o, (&c, &r))| o.requests_per_s * f64::from(c.min(r)))
         .sum();
-    let ready_now: f64 = offers
-        .iter()
-        .zip(ready)
-        .map(|(o, &r)| o.requests_per_s * f64::from(r))
-        .sum();
+    let ready_now = mix::evaluate(offers, ready).requests_per_s;
     let short_after = ready_after + 1e-9 < demand;
     let loses_ready = ready_after + 1e-9 < ready_now;
     let replacing = counts.iter().zip(ready).any(|(&c, &r)| c > r);
@@ -193,11 +189,7 @@ pub fn keep_in_flight(
     ready: &[u32],
     demand: f64,
 ) -> Option<Vec<Offer>> {
-    let ready_capacity: f64 = offers
-        .iter()
-        .zip(ready)
-        .map(|(o, &r)| o.requests_per_s * f64::from(r))
-        .sum();
+    let ready_capacity = mix::evaluate(offers, ready).requests_per_s;
     let on_the_way = current.iter().zip(ready).any(|(&c, &r)| c > r);
     if ready_capacity + 1e-9 >= demand || !on_the_way {
         return None;
@@ -205,8 +197,7 @@ pub fn keep_in_flight(
     let mut order: Vec<usize> = (0..offers.len())
         .filter(|&k| offers[k].requests_per_s > 0.0)
         .collect();
-    let unit = |k: usize| offers[k].price_per_hour / offers[k].requests_per_s;
-    order.sort_by(|&a, &b| unit(a).total_cmp(&unit(b)));
+    order.sort_by(|&a, &b| mix::unit_cost(&offers[a]).total_cmp(&mix::unit_cost(&offers[b])));
     let mut keep: Vec<u32> = ready.to_vec();
     let mut short = demand - ready_capacity;
     for k in order {

@@ -146,22 +146,15 @@ impl Sluice {
             variant_margin: HashMap::new(),
             history: VecDeque::new(),
             profile,
-            config,
             shape: None,
             panic_until: f64::NEG_INFINITY,
             last_traffic_s: f64::NEG_INFINITY,
             margin: 1.0,
             spot_out_until: HashMap::new(),
             learnt: None,
-            zero: None,
+            zero: config.zero_rule.budget(),
+            config,
         };
-        if let ZeroRule::ErrorBudget {
-            horizon_s,
-            miss_share,
-        } = s.config.zero_rule
-        {
-            s.zero = Some(ZeroBudget::new(horizon_s, miss_share));
-        }
         let (lead, prior) = (s.horizon_s(), s.config.headroom);
         s.learnt = s
             .config
@@ -666,14 +659,11 @@ impl Sluice {
             return stable;
         }
         let ttft = self.config.slo.ttft_p99_s;
-        let warm = z.warm_capacity(startup, ttft);
-        if warm <= 0.0 {
-            if stable <= 0.0 {
-                z.allows_zero(startup, ttft);
-            }
+        if stable <= 0.0 && z.allows_zero(startup, ttft) {
             return stable;
         }
-        if stable >= warm {
+        let warm = z.warm_capacity(startup, ttft);
+        if warm <= 0.0 || stable >= warm {
             return stable;
         }
         d.reason(
