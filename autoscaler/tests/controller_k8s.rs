@@ -838,6 +838,10 @@ async fn scraped_signals_from_endpointslice_pods() {
             spec: &spec,
             targets: &[target],
             now_s: 0.0,
+            ttft_target: sluice_autoscaler::scrape::TtftTarget {
+                target_s: 2.0,
+                longest_prompt_tokens: 1e6,
+            },
         })
         .await
         .unwrap()

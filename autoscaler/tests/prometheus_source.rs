@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use sluice_autoscaler::controller::prometheus::{PrometheusConfig, PrometheusSource};
 use sluice_autoscaler::controller::source::{Query, Reading, ReplicaPod, SignalSource};
 use sluice_autoscaler::crd::ServingPoolSpec;
+use sluice_autoscaler::scrape::TtftTarget;
 
 use sluice_policy::profile::CapacityType;
 
@@ -236,13 +237,29 @@ fn target(pod: &str) -> ReplicaPod {
     }
 }
 
+/// First tokens within 0.1 s count as in time; every prompt is feasible.
+const IN_TIME: TtftTarget = TtftTarget {
+    target_s: 0.1,
+    longest_prompt_tokens: 1e6,
+};
+
 async fn read(src: &PrometheusSource, spec: &ServingPoolSpec, targets: &[ReplicaPod]) -> Reading {
+    read_for(src, spec, targets, IN_TIME).await
+}
+
+async fn read_for(
+    src: &PrometheusSource,
+    spec: &ServingPoolSpec,
+    targets: &[ReplicaPod],
+    ttft_target: TtftTarget,
+) -> Reading {
     src.read(Query {
         pool: "llm/smollm2",
         namespace: "llm",
         spec,
         targets,
         now_s: 0.0,
+        ttft_target,
     })
     .await
     .expect("a well-formed URL reads")
@@ -388,6 +405,20 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
     let tpot = lat.tpot_p99_s.unwrap();
     assert!((0.039..=0.04).contains(&tpot), "tpot p99 {tpot}");
     assert!(v.ttft_p99_s.is_some() && v.tpot_p99_s.is_some());
+    // Attainment: a's half of the first tokens came within 0.1 s.
+    let att = lat.ttft_attainment.unwrap();
+    assert!((0.45..=0.55).contains(&att), "attainment {att}");
+    // Prompts over 192 tokens (half of the (128, 256] bucket) infeasible: the half in time
+    // is all of the feasible half.
+    let short = TtftTarget {
+        longest_prompt_tokens: 192.0,
+        ..IN_TIME
+    };
+    let Reading::Fresh(feasible) = read_for(&src, &spec, &targets, short).await else {
+        panic!("fresh figures expected");
+    };
+    let att = feasible.latency.ttft_attainment.unwrap();
+    assert!(att > 0.9, "attainment over feasible prompts {att}");
 
     // The SLO's percentile, not a fixed p99: at p99 the TTFT sits in the upper bucket.
     let mut p99 = spec.clone();
@@ -444,6 +475,7 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
             spec: &ftp,
             targets: &targets,
             now_s: 0.0,
+            ttft_target: IN_TIME,
         })
         .await
         .unwrap_err();

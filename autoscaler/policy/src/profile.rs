@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::capacity::Slo;
 use crate::error::{Error, Result};
 
 /// The profiles shipped in `autoscaler/profiles/`, by name.
@@ -116,6 +117,30 @@ impl Variant {
         (self.perf.itl_alpha_ms + self.perf.itl_beta_ms * batch) / 1000.0
     }
 
+    /// Seconds to the first token of `prompt_tokens` on an idle replica: the prompt runs in
+    /// chunks of `min(max_batched_tokens, prompt)` tokens, each step costing the decode step's
+    /// fixed part plus the chunk at the prefill rate.
+    pub fn alone_ttft_s(&self, prompt_tokens: f64) -> f64 {
+        let p = prompt_tokens.max(1.0);
+        let chunk = f64::from(self.perf.max_batched_tokens).min(p).max(1.0);
+        p * (self.perf.itl_alpha_ms / 1000.0 / chunk + 1.0 / self.perf.prefill_tokens_per_s)
+    }
+
+    /// The longest prompt whose first token comes within `ttft_s` on an idle replica (the
+    /// inverse of [`Variant::alone_ttft_s`]: `α + p/R` below one chunk, linear above).
+    pub fn longest_prompt_within(&self, ttft_s: f64) -> f64 {
+        let alpha = self.perf.itl_alpha_ms / 1000.0;
+        let rate = self.perf.prefill_tokens_per_s;
+        let chunk = f64::from(self.perf.max_batched_tokens).max(1.0);
+        if ttft_s <= alpha {
+            0.0
+        } else if ttft_s <= alpha + chunk / rate {
+            (ttft_s - alpha) * rate
+        } else {
+            ttft_s / (alpha / chunk + 1.0 / rate)
+        }
+    }
+
     /// Replicas that fit on one node (gangs never straddle nodes).
     pub fn replicas_per_node(&self) -> u32 {
         self.gpus_per_node / self.gpus_per_replica
@@ -145,6 +170,21 @@ impl Variant {
 }
 
 impl Profile {
+    /// The longest prompt some variant serves alone within the SLO: its first token within
+    /// the TTFT target, a lone decode within the TPOT target, the prompt within the KV cache
+    /// and the context. Longer prompts miss the SLO whatever the fleet.
+    pub fn longest_feasible_prompt(&self, slo: &Slo) -> f64 {
+        self.variants
+            .iter()
+            .filter(|v| v.itl_s(1.0) <= slo.tpot_p99_s)
+            .map(|v| {
+                v.longest_prompt_within(slo.ttft_p99_s)
+                    .min(v.perf.kv_cache_tokens as f64)
+                    .min(self.model.max_context_tokens as f64)
+            })
+            .fold(0.0, f64::max)
+    }
+
     /// A built-in profile by name, else a TOML file at that path.
     pub fn load(name_or_path: &str) -> Result<Profile> {
         if let Some((name, text)) = BUILT_IN.iter().find(|(n, _)| *n == name_or_path) {

@@ -66,6 +66,11 @@ pub struct Latency {
     pub ttft_p99_s: Option<f64>,
     pub tpot_p50_s: Option<f64>,
     pub tpot_p99_s: Option<f64>,
+    /// Share of the window's first tokens that came within the TTFT target, over requests
+    /// whose prompt some variant prefills alone within it (the SLO's own measure: a queue
+    /// in a replica's prefill shows here before any p99 the infeasible prompts dominate).
+    #[serde(default)]
+    pub ttft_attainment: Option<f64>,
 }
 
 /// Replicas of one variant bought one way.

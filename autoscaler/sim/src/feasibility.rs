@@ -10,16 +10,6 @@ use sluice_policy::capacity::Slo;
 use sluice_policy::profile::{Profile, Variant};
 use sluice_policy::timeline::Request;
 
-/// Seconds to the first token of `prompt_tokens` on an idle replica of `v`: the simulator runs
-/// a lone prompt in chunks of `min(max_batched_tokens, prompt)` tokens, each step costing the
-/// decode step's fixed part plus the chunk at the prefill rate.
-pub fn alone_ttft_s(v: &Variant, prompt_tokens: u32) -> f64 {
-    let p = f64::from(prompt_tokens.max(1));
-    let chunk = f64::from(v.perf.max_batched_tokens).min(p).max(1.0);
-    let alpha = v.perf.itl_alpha_ms / 1000.0;
-    p * (alpha / chunk + 1.0 / v.perf.prefill_tokens_per_s)
-}
-
 /// Whether a replica of `v`, alone and idle, serves the request within the SLO.
 pub fn serves_alone(v: &Variant, max_context: u64, slo: &Slo, r: &Request) -> bool {
     let total = u64::from(r.prompt_tokens) + u64::from(r.output_tokens);
@@ -27,7 +17,7 @@ pub fn serves_alone(v: &Variant, max_context: u64, slo: &Slo, r: &Request) -> bo
         return false;
     }
     let tpot_ok = r.output_tokens <= 1 || v.itl_s(1.0) <= slo.tpot_p99_s;
-    tpot_ok && alone_ttft_s(v, r.prompt_tokens) <= slo.ttft_p99_s
+    tpot_ok && v.alone_ttft_s(f64::from(r.prompt_tokens)) <= slo.ttft_p99_s
 }
 
 /// Whether any variant of the profile serves the request alone within the SLO.
@@ -62,7 +52,7 @@ mod tests {
         };
         let h100 = p.variant("nvidia-h100-80gb").unwrap();
         // 24k tokens/s with a 4.56 ms step per 2048-token chunk: ~44 µs a token.
-        let t = alone_ttft_s(h100, 20_000);
+        let t = h100.alone_ttft_s(20_000.0);
         assert!((t - 20_000.0 * (0.00456 / 2048.0 + 1.0 / 24_000.0)).abs() < 1e-9);
         assert!(feasible(&p, &slo, &req(1_000, 200)));
         assert!(feasible(&p, &slo, &req(40_000, 200)));
@@ -77,5 +67,35 @@ mod tests {
         let l4 = p.variant("nvidia-l4").unwrap();
         assert!(!serves_alone(l4, u64::MAX, &tight, &req(100, 100)));
         assert!(feasible(&p, &tight, &req(100, 100)));
+    }
+
+    /// The longest feasible prompt (what a controller divides TTFT attainment by) is the
+    /// boundary `feasible` draws, within a token, on both sides of one chunk.
+    #[test]
+    fn the_longest_feasible_prompt_is_the_feasibility_boundary() {
+        let p = Profile::load("llama-3-8b")
+            .unwrap()
+            .restrict(&["nvidia-l4".into(), "nvidia-h100-80gb".into()])
+            .unwrap();
+        for ttft in [0.05, 0.3, 2.0, 5.0] {
+            let slo = Slo {
+                ttft_p99_s: ttft,
+                tpot_p99_s: 0.1,
+            };
+            let longest = p.longest_feasible_prompt(&slo);
+            assert!(longest > 0.0, "{ttft}");
+            let below = longest.floor() as u32;
+            assert!(
+                feasible(&p, &slo, &req(below.saturating_sub(1), 1)),
+                "{ttft}"
+            );
+            assert!(!feasible(&p, &slo, &req(below + 2, 1)), "{ttft}");
+        }
+        // Nothing decodes within 1 ms a token: no prompt is feasible.
+        let none = Slo {
+            ttft_p99_s: 2.0,
+            tpot_p99_s: 0.001,
+        };
+        assert_eq!(p.longest_feasible_prompt(&none), 0.0);
     }
 }

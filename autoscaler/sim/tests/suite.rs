@@ -51,7 +51,9 @@ fn sluice_holds_its_slo_and_cost_on_a_small_suite() {
         ("flash-crowd", 0.38, 2.0),
         ("diurnal", 0.65, 1.35),
         ("code-like", 0.99, 1.55),
-        ("mixture", 0.78, 1.40),
+        // 79.6 % at 1.37× before late feasible first tokens with nothing queued grew the
+        // planning margin.
+        ("mixture", 0.93, 1.55),
     ];
     for r in &results {
         let oracle = get(&r.summaries, "oracle");

@@ -103,19 +103,28 @@ fn azure_default_scenario_ranks_the_policies() {
 #[test]
 fn mooncake_runs_every_policy_and_cpu_blind_hpa_falls_behind() {
     let s = run("mooncake-synthetic.jsonl", 1.0);
-    // Prompts average ~15k tokens: the longest cannot meet a 2 s TTFT on any variant, so no
-    // policy reaches 99 %, but the capacity-model policies serve most within the SLO.
+    // Prompts average ~15k tokens: the longest cannot meet a 2 s TTFT on any variant and are
+    // infeasible; of the rest, sluice serves the SLO's 99 %. Its misses with nothing queued
+    // come from long prompts ahead of shorter ones in each H100's own prefill, which only the
+    // attainment over feasible requests shows (the p99 is past the target whatever the
+    // fleet): 98.56 % before the planning margin answered it.
     let oracle = get(&s, "oracle");
     let sluice = get(&s, "sluice");
     assert!(
-        oracle.slo_attainment > 0.8,
+        oracle.slo_attainment >= 0.99,
         "oracle {}",
         oracle.slo_attainment
     );
     assert!(
-        sluice.slo_attainment > 0.8,
+        sluice.slo_attainment >= 0.99,
         "sluice {}",
         sluice.slo_attainment
+    );
+    assert!(
+        sluice.cost_usd <= 1.1 * oracle.cost_usd,
+        "{} vs {}",
+        sluice.cost_usd,
+        oracle.cost_usd
     );
     assert!(get(&s, "hpa-cpu").slo_attainment < sluice.slo_attainment - 0.2);
 }

@@ -502,7 +502,8 @@ fn compute<'a>(
         return Reading::Stale(why);
     }
     let (queue, sums) = ans.gauges(queries, q.targets);
-    let arrivals = ans.arrivals(queries, &q.spec.policy);
+    let (prompt_len, _) = ans.histograms(&queries.prompt_len);
+    let arrivals = ans.arrivals(queries, &q.spec.policy, &prompt_len);
     let (tq, pq) = (
         q.spec.slo.ttft.percentile / 100.0,
         q.spec.slo.tpot.percentile / 100.0,
@@ -520,6 +521,7 @@ fn compute<'a>(
         ttft_p99_s: ttft.quantile(tq),
         tpot_p50_s: tpot.quantile(0.5),
         tpot_p99_s: tpot.quantile(pq),
+        ttft_attainment: q.ttft_target.attainment(&ttft, &prompt_len),
     };
     let variants = sums
         .into_iter()
@@ -670,11 +672,10 @@ impl<'a, 'm> Answers<'a, 'm> {
     }
 
     /// Arrival rates and shape over the policy's windows.
-    fn arrivals(&self, queries: &Queries, policy: &PolicySpec) -> Arrivals {
+    fn arrivals(&self, queries: &Queries, policy: &PolicySpec, prompt_len: &Histogram) -> Arrivals {
         let (w, ws) = (policy.window_seconds, policy.short_window_seconds);
         let arrivals_over =
             |a: &ArrivalQueries| a.all().iter().map(|q| self.total(q)).sum::<f64>().max(0.0);
-        let (prompt_len, _) = self.histograms(&queries.prompt_len);
         Arrivals {
             window_s: w,
             requests_per_s: arrivals_over(&queries.arrivals) / w,

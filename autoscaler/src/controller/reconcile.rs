@@ -37,6 +37,7 @@ use crate::crd::{
     VariantStatus,
 };
 use crate::nodepool::{NodePoolProvider, NodeRequest, Outcome};
+use crate::scrape::TtftTarget;
 
 /// What every reconcile shares.
 #[derive(Clone)]
@@ -153,6 +154,7 @@ fn build_policy(pool: &ServingPool) -> Result<(Sluice, Profile)> {
         .variants
         .iter()
         .any(|v| v.capacity == CapacityType::Spot);
+    c.ttft_attainment_goal = spec.slo.ttft.percentile / 100.0;
     c.headroom = p.headroom;
     c.forecast_horizon_s = p.forecast_horizon_seconds;
     c.panic_rate_ratio = p.panic_threshold;
@@ -439,6 +441,7 @@ async fn decide(
             spec: &pool.spec,
             targets: &obs.view.targets,
             now_s,
+            ttft_target: TtftTarget::new(&state.profile, &state.policy.config().slo),
         })
         .await?;
     let (reading, held) = with_gateway(state, pool, &obs.view, reading).await;

@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 use super::error::Result;
 use super::source::{Load, Query, Reading, SignalSource, VariantLoad};
 use crate::crd::ServingPoolSpec;
-use crate::scrape::{Endpoint, ScrapeConfig, Scraper};
+use crate::scrape::{Endpoint, ScrapeConfig, Scraper, TtftTarget};
 
 /// Scrapers by pool (`namespace/name`), each keeping its targets' histories.
 #[derive(Debug)]
@@ -24,8 +24,13 @@ pub struct PodScraper {
 }
 
 /// The scrape configuration a pool's spec asks for: `base` (timeout) with the spec's windows,
-/// metrics path and SLO quantiles.
-pub fn pool_config(base: &ScrapeConfig, spec: &ServingPoolSpec, path: &str) -> ScrapeConfig {
+/// metrics path, SLO quantiles and TTFT target.
+pub fn pool_config(
+    base: &ScrapeConfig,
+    spec: &ServingPoolSpec,
+    path: &str,
+    ttft_target: TtftTarget,
+) -> ScrapeConfig {
     ScrapeConfig {
         path: path.to_string(),
         window_s: spec.policy.window_seconds,
@@ -33,6 +38,7 @@ pub fn pool_config(base: &ScrapeConfig, spec: &ServingPoolSpec, path: &str) -> S
         latency_window_s: spec.policy.window_seconds,
         ttft_quantile: spec.slo.ttft.percentile / 100.0,
         tpot_quantile: spec.slo.tpot.percentile / 100.0,
+        ttft_target: Some(ttft_target),
         ..base.clone()
     }
 }
@@ -49,7 +55,7 @@ impl PodScraper {
         let Some(first) = q.targets.first() else {
             return Reading::Stale("no ready replica endpoint to scrape".into());
         };
-        let config = pool_config(&self.config, q.spec, &first.path);
+        let config = pool_config(&self.config, q.spec, &first.path, q.ttft_target);
         let mut pools = self.pools.lock().await;
         let scraper = pools
             .entry(q.pool.to_string())

@@ -18,6 +18,7 @@ use sluice_policy::signals::{Arrivals, Latency, Queue};
 
 use super::error::Result;
 use crate::crd::ServingPoolSpec;
+use crate::scrape::TtftTarget;
 
 /// One replica pod to read.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -66,6 +67,8 @@ pub struct Query<'a> {
     pub targets: &'a [ReplicaPod],
     /// Seconds on the controller's monotonic clock.
     pub now_s: f64,
+    /// The pool's TTFT target and longest feasible prompt, for the attainment signal.
+    pub ttft_target: TtftTarget,
 }
 
 /// A source's answer.

@@ -20,7 +20,7 @@ use super::announce::Announcer;
 use super::status::{self, Shared};
 use super::supervisor::{Event, Phase, Supervisor};
 use super::{LocalConfig, LocalError};
-use crate::scrape::{Endpoint, Observation, ScrapeConfig, Scraper};
+use crate::scrape::{Endpoint, Observation, ScrapeConfig, Scraper, TtftTarget};
 
 /// Longest back-off between start attempts after consecutive failed starts.
 const MAX_START_BACKOFF: Duration = Duration::from_secs(30);
@@ -88,6 +88,7 @@ impl LocalAutoscaler {
             window_s: cfg.window_s,
             short_window_s: cfg.short_window_s,
             latency_window_s: cfg.latency_window_s,
+            ttft_target: Some(TtftTarget::new(&profile, &cfg.slo)),
             ..ScrapeConfig::default()
         });
         Ok(LocalAutoscaler {

@@ -31,7 +31,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-pub use snapshot::{normalise_url, Histogram, ModelQueue, Snapshot};
+pub use snapshot::{normalise_url, Histogram, ModelQueue, Snapshot, TtftTarget};
 use window::{History, Increase};
 
 use sluice_policy::profile::CapacityType;
@@ -94,6 +94,8 @@ pub struct ScrapeConfig {
     /// fields carry these quantiles: the policy compares them with the SLO's targets.
     pub ttft_quantile: f64,
     pub tpot_quantile: f64,
+    /// What TTFT attainment is measured against; `None`: no attainment signal.
+    pub ttft_target: Option<TtftTarget>,
 }
 
 impl Default for ScrapeConfig {
@@ -106,6 +108,7 @@ impl Default for ScrapeConfig {
             latency_window_s: 60.0,
             ttft_quantile: 0.99,
             tpot_quantile: 0.99,
+            ttft_target: None,
         }
     }
 }
@@ -402,6 +405,9 @@ impl Scraper {
             ttft_p99_s: lat.ttft.quantile(c.ttft_quantile),
             tpot_p50_s: lat.tpot.quantile(0.5),
             tpot_p99_s: lat.tpot.quantile(c.tpot_quantile),
+            ttft_attainment: c
+                .ttft_target
+                .and_then(|t| t.attainment(&lat.ttft, &lat.prompt_len)),
         };
         (arrivals, latency, per_variant)
     }

@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sluice_metrics::exposition::{parse_value, Sample};
 use sluice_metrics::{gateway, vllm, ReplicaLoad};
+use sluice_policy::capacity::Slo;
+use sluice_policy::profile::Profile;
 
 /// A cumulative histogram: `(upper bound, count ≤ bound)` in increasing bound order, `+Inf`
 /// last, as Prometheus exposes it.
@@ -50,6 +52,27 @@ impl Histogram {
             }
         }
         Some(prev.0)
+    }
+
+    /// Share of the observations at most `x`, interpolated linearly within its bucket as
+    /// [`Histogram::quantile`] does (the inverse of it); `None` when empty.
+    pub fn share_at_most(&self, x: f64) -> Option<f64> {
+        let total = self.count();
+        if total <= 0.0 {
+            return None;
+        }
+        let mut prev = (0.0, 0.0);
+        for &(le, cum) in &self.buckets {
+            if x < le {
+                if le.is_infinite() {
+                    return Some(prev.1 / total);
+                }
+                let frac = ((x - prev.0) / (le - prev.0)).clamp(0.0, 1.0);
+                return Some((prev.1 + (cum - prev.1) * frac) / total);
+            }
+            prev = (le, cum);
+        }
+        Some(1.0)
     }
 
     /// Mean and squared coefficient of variation of the observations, from the buckets'
@@ -324,6 +347,34 @@ fn parse_le(s: &str) -> Option<f64> {
     parse_value(s).filter(|v| !v.is_nan())
 }
 
+/// The TTFT target and the longest prompt some variant of the pool serves alone within it:
+/// what the policy's `ttft_attainment` signal is measured against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TtftTarget {
+    pub target_s: f64,
+    pub longest_prompt_tokens: f64,
+}
+
+impl TtftTarget {
+    pub fn new(profile: &Profile, slo: &Slo) -> TtftTarget {
+        TtftTarget {
+            target_s: slo.ttft_p99_s,
+            longest_prompt_tokens: profile.longest_feasible_prompt(slo),
+        }
+    }
+
+    /// From a window's TTFT and prompt-length histograms: the share of first tokens within
+    /// the target, over the share of prompts no longer than the longest feasible one (the
+    /// rest miss whatever the fleet), at most 1. Histograms hold no per-request pairs, so
+    /// this assumes the late first tokens include every infeasible prompt's. `None` when
+    /// either is empty or nothing was feasible.
+    pub fn attainment(&self, ttft: &Histogram, prompts: &Histogram) -> Option<f64> {
+        let within = ttft.share_at_most(self.target_s)?;
+        let feasible = prompts.share_at_most(self.longest_prompt_tokens)?;
+        (feasible > 0.0).then(|| (within / feasible).min(1.0))
+    }
+}
+
 /// `http://host:port` without a trailing slash, so a target URL and a gateway's label match.
 pub fn normalise_url(u: &str) -> String {
     u.trim().trim_end_matches('/').to_string()
@@ -367,6 +418,45 @@ mod tests {
             None
         );
         assert_eq!(Histogram::default().quantile(0.5), None);
+    }
+
+    #[test]
+    fn shares_invert_quantiles_and_attainment_leaves_out_infeasible_prompts() {
+        let h = hist(&[
+            (0.1, 50.0),
+            (0.5, 90.0),
+            (1.0, 100.0),
+            (f64::INFINITY, 100.0),
+        ]);
+        assert_eq!(h.share_at_most(0.1), Some(0.5));
+        assert!((h.share_at_most(0.3).unwrap() - 0.7).abs() < 1e-12);
+        assert_eq!(h.share_at_most(5.0), Some(1.0));
+        assert_eq!(h.share_at_most(0.0), Some(0.0));
+        for q in [0.2, 0.6, 0.95] {
+            let x = h.quantile(q).unwrap();
+            assert!((h.share_at_most(x).unwrap() - q).abs() < 1e-9, "{q}");
+        }
+        // Past the last finite bound only +Inf is left: it counts as above.
+        let tail = hist(&[(1.0, 8.0), (f64::INFINITY, 10.0)]);
+        assert_eq!(tail.share_at_most(3.0), Some(0.8));
+        assert_eq!(Histogram::default().share_at_most(1.0), None);
+        // 90 % of first tokens in time, 95 % of prompts feasible: 94.7 % of the feasible ones.
+        let ttft = hist(&[(2.0, 90.0), (f64::INFINITY, 100.0)]);
+        let prompts = hist(&[(8192.0, 95.0), (f64::INFINITY, 100.0)]);
+        let target = |longest_prompt_tokens| TtftTarget {
+            target_s: 2.0,
+            longest_prompt_tokens,
+        };
+        let a = target(8192.0).attainment(&ttft, &prompts).unwrap();
+        assert!((a - 0.9 / 0.95).abs() < 1e-12, "{a}");
+        // Never above one; nothing feasible or nothing seen: no figure.
+        let fewer = hist(&[(8192.0, 80.0), (f64::INFINITY, 100.0)]);
+        assert_eq!(target(8192.0).attainment(&ttft, &fewer), Some(1.0));
+        assert_eq!(target(0.0).attainment(&ttft, &prompts), None);
+        assert_eq!(
+            target(8192.0).attainment(&Histogram::default(), &prompts),
+            None
+        );
     }
 
     #[test]

@@ -78,6 +78,10 @@ pub struct SluiceConfig {
     pub spot_retry_after_s: f64,
     /// Upper bound of the latency-driven planning margin.
     pub max_margin: f64,
+    /// Share of first tokens the SLO wants within the TTFT target (0.99 for a p99): below
+    /// it, measured over feasible requests, the planning margin grows.
+    #[serde(default = "default_ttft_attainment_goal")]
+    pub ttft_attainment_goal: f64,
 }
 
 impl SluiceConfig {
@@ -105,12 +109,17 @@ impl SluiceConfig {
             spot_stockout_after_s: 600.0,
             spot_retry_after_s: 1800.0,
             max_margin: 1.5,
+            ttft_attainment_goal: default_ttft_attainment_goal(),
         }
     }
 }
 
 fn default_forecast_cap_ratio() -> f64 {
     1.5
+}
+
+fn default_ttft_attainment_goal() -> f64 {
+    0.99
 }
 
 /// The policy with its memory.
@@ -179,7 +188,9 @@ impl Sluice {
     }
 
     /// Widens the demand margin while first tokens are late with requests queued (too little
-    /// capacity overall), narrows it back when latency is well below the SLO. It does not
+    /// capacity overall), or while fewer feasible first tokens than the SLO's share come in
+    /// time with none queued (long prompts ahead of short ones in the replicas' own prefill),
+    /// and narrows it back when the SLO is met with latency to spare. It does not
     /// widen while replicas are starting: capacity is already on its way, and integrating the
     /// error meanwhile would order more that arrives after the spike (anti-windup). A variant
     /// whose own replicas decode slower than the TPOT SLO has its capacity discounted instead
@@ -226,18 +237,28 @@ impl Sluice {
         }
         let l = &s.latency;
         let arriving = s.variants.iter().any(|v| v.starting + v.pending > 0);
-        let ttft_high =
-            l.ttft_p99_s.is_some_and(|x| x > slo.ttft_p99_s) && s.queue.waiting > 0 && !arriving;
-        let low = l.tpot_p99_s.is_some_and(|x| x < 0.8 * slo.tpot_p99_s)
-            && l.ttft_p99_s.is_some_and(|x| x < 0.8 * slo.ttft_p99_s);
+        // Fleet-wide, first tokens are late either behind a queue at the gateway or, with
+        // none, behind long prompts in the replicas' own prefill: a p99 cannot tell the
+        // latter from the prompts no fleet serves in time, the attainment over feasible
+        // requests can. Both want less load per replica; capacity on its way is the answer
+        // already given.
+        let goal = self.config.ttft_attainment_goal;
+        let queued_late = l.ttft_p99_s.is_some_and(|x| x > slo.ttft_p99_s) && s.queue.waiting > 0;
+        let missing = l.ttft_attainment.is_some_and(|a| a < goal);
+        let ttft_high = (queued_late || missing) && !arriving;
+        let ttft_met = l.ttft_p99_s.is_some_and(|x| x < 0.8 * slo.ttft_p99_s)
+            || l.ttft_attainment.is_some_and(|a| a >= goal);
+        let low = l.tpot_p99_s.is_some_and(|x| x < 0.8 * slo.tpot_p99_s) && ttft_met;
         if ttft_high {
             self.margin = (self.margin * 1.1).min(self.config.max_margin);
             d.reason(
                 ReasonKind::LatencyBreach,
                 None,
                 format!(
-                    "TTFT p99 {:.2}s, TPOT p99 {:.0}ms over the SLO: planning margin ×{:.2}",
+                    "TTFT p99 {:.2}s ({:.1} % of feasible first tokens in time), TPOT p99 \
+                     {:.0}ms over the SLO: planning margin ×{:.2}",
                     l.ttft_p99_s.unwrap_or(0.0),
+                    l.ttft_attainment.unwrap_or(1.0) * 100.0,
                     l.tpot_p99_s.unwrap_or(0.0) * 1e3,
                     self.margin
                 ),

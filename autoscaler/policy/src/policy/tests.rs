@@ -452,3 +452,52 @@ fn late_first_tokens_with_nothing_queued_discount_the_slower_prefilling_variant(
     let d = late(0, 0.5);
     assert!(!breach(&d, L4), "{:?}", d.reasons);
 }
+
+/// First tokens late with nothing queued and a p99 above the target whatever the fleet (some
+/// prompts no variant prefills in time): only the attainment over feasible requests tells
+/// whether the replicas' own prefill queues make feasible ones late. Below the goal the
+/// planning margin grows, and so does the demand the fleet is sized for; at the goal again it
+/// decays.
+#[test]
+fn feasible_first_tokens_late_without_a_queue_grow_the_fleet() {
+    let run = |attainments: &[f64]| {
+        let mut p = Sluice::new(profile(), config());
+        settle(&mut p, 0.0, 10, 20.0);
+        let mut d = Decision::default();
+        for (i, &a) in attainments.iter().enumerate() {
+            let mut s = signals(
+                150.0 + i as f64 * 15.0,
+                20.0,
+                0,
+                &[(H100, CapacityType::OnDemand, 2, 0)],
+            );
+            s.latency.ttft_p99_s = Some(3.0);
+            s.latency.tpot_p99_s = Some(0.05);
+            s.latency.ttft_attainment = Some(a);
+            d = p.decide(&s);
+        }
+        d
+    };
+    let planned = |d: &Decision| d.demand.planned_requests_per_s;
+    let breach = |d: &Decision| {
+        d.reasons
+            .iter()
+            .any(|r| r.kind == ReasonKind::LatencyBreach)
+    };
+    let on_time = run(&[0.995; 5]);
+    let late = run(&[0.97; 5]);
+    assert!(!breach(&on_time), "{:?}", on_time.reasons);
+    assert!(breach(&late), "{:?}", late.reasons);
+    // Five ticks of ×1.1, to the 1.5 cap.
+    let ratio = planned(&late) / planned(&on_time);
+    assert!((1.45..=1.51).contains(&ratio), "{ratio}");
+    // Forty ticks in time again: ×0.97 a tick, back to no margin.
+    let mut recovered = vec![0.97; 5];
+    recovered.extend([0.995; 40]);
+    let back = run(&recovered);
+    assert!(
+        (planned(&back) - planned(&on_time)).abs() < 1e-9,
+        "{}",
+        planned(&back)
+    );
+}

@@ -188,7 +188,8 @@ impl Sim<'_> {
                 let a = self.requests[req as usize].arrival_s;
                 self.first_token[req as usize] = t;
                 self.outcomes[req as usize].ttft_s = Some(t - a);
-                self.observer.on_first_token(t, t - a, key);
+                self.observer
+                    .on_first_token(t, t - a, key, self.outcomes[req as usize].feasible);
             }
             Progress::Finished { req, t } => {
                 let r = &self.requests[req as usize];
@@ -371,7 +372,12 @@ impl<'a> Sim<'a> {
             requests,
             fleet: Fleet::new(pools),
             gateway: Gateway::default(),
-            observer: Observer::new(cfg.window_s, cfg.short_window_s, cfg.latency_window_s),
+            observer: Observer::new(
+                cfg.window_s,
+                cfg.short_window_s,
+                cfg.latency_window_s,
+                slo.ttft_p99_s,
+            ),
             heap: BinaryHeap::new(),
             seq: 0,
             outcomes: requests

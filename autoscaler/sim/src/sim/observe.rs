@@ -28,6 +28,9 @@ pub struct Observer {
     prompt_sq_sum: f64,
     output_sum: f64,
     ttft: VecDeque<(f64, f64, usize)>,
+    /// First tokens of feasible requests in the latency window: (time, within the target).
+    feasible: VecDeque<(f64, bool)>,
+    ttft_target_s: f64,
     tpot: VecDeque<(f64, f64, usize)>,
 }
 
@@ -41,7 +44,12 @@ fn percentile(xs: &mut [f64], q: f64) -> Option<f64> {
 }
 
 impl Observer {
-    pub fn new(window_s: f64, short_window_s: f64, latency_window_s: f64) -> Observer {
+    pub fn new(
+        window_s: f64,
+        short_window_s: f64,
+        latency_window_s: f64,
+        ttft_target_s: f64,
+    ) -> Observer {
         Observer {
             window_s,
             short_window_s,
@@ -51,6 +59,8 @@ impl Observer {
             prompt_sq_sum: 0.0,
             output_sum: 0.0,
             ttft: VecDeque::new(),
+            feasible: VecDeque::new(),
+            ttft_target_s,
             tpot: VecDeque::new(),
         }
     }
@@ -64,8 +74,11 @@ impl Observer {
     }
 
     /// A first token at `t` on a replica of pool `key`.
-    pub fn on_first_token(&mut self, t: f64, ttft: f64, key: usize) {
+    pub fn on_first_token(&mut self, t: f64, ttft: f64, key: usize, feasible: bool) {
         self.ttft.push_back((t, ttft, key));
+        if feasible {
+            self.feasible.push_back((t, ttft <= self.ttft_target_s));
+        }
     }
 
     pub fn on_finish(&mut self, t: f64, tpot: f64, key: usize) {
@@ -85,6 +98,9 @@ impl Observer {
         let cut = now - self.latency_window_s;
         while self.ttft.front().is_some_and(|&(t, _, _)| t < cut) {
             self.ttft.pop_front();
+        }
+        while self.feasible.front().is_some_and(|&(t, _)| t < cut) {
+            self.feasible.pop_front();
         }
         while self.tpot.front().is_some_and(|&(t, _, _)| t < cut) {
             self.tpot.pop_front();
@@ -169,6 +185,10 @@ impl Observer {
             ttft_p99_s: percentile(&mut ttft, 0.99),
             tpot_p50_s: percentile(&mut tpot, 0.5),
             tpot_p99_s: percentile(&mut tpot, 0.99),
+            ttft_attainment: (!self.feasible.is_empty()).then(|| {
+                let met = self.feasible.iter().filter(|&&(_, ok)| ok).count();
+                met as f64 / self.feasible.len() as f64
+            }),
         }
     }
 
