@@ -12,6 +12,14 @@
 //!    thus gets three permits for every one of a weight-1 tenant while both are backlogged, and a
 //!    tenant that arrives while another floods starts at `V`, not behind the flood.
 //!
+//! 3. With `late_after` set (a deployment's TTFT target), a waiter that has waited longer than
+//!    it yields, within its class, to the waiters that have not: they are ordered among
+//!    themselves as above, and the late ones, in the same order, once none is on time. Under
+//!    an overload the queue then serves requests that can still meet the target instead of
+//!    making every later one late too (a backlog served in arrival order delays each arrival
+//!    after it by the whole backlog); the late ones are still served, first among themselves,
+//!    as soon as a slot finds no on-time waiter, or they reach `queue_timeout`.
+//!
 //! A class's virtual clock and tags are forgotten when its queue empties: fairness is about
 //! sharing contention, so a tenant is not charged later for what it used while nobody waited.
 //! Requests admitted without queueing take no tags for the same reason.
@@ -54,6 +62,9 @@ pub struct AdmissionConfig {
     pub max_queue: usize,
     /// The longest a request waits before it is refused with [`AdmissionError::QueueTimeout`].
     pub queue_timeout: Duration,
+    /// Waiters queued longer than this yield to those that are not (see the module doc);
+    /// `None`: fair order only.
+    pub late_after: Option<Duration>,
 }
 
 /// Why a request was not admitted: each maps to an OpenAI-style 429.
@@ -210,19 +221,35 @@ impl State {
         (id, rx)
     }
 
-    /// The class and tenant of the next waiter to admit: the highest class with an eligible
-    /// waiter, and in it the eligible tenant whose head has the smallest finish tag (ties by
-    /// arrival, so the order never depends on hash order).
-    fn pick(&self) -> Option<(i32, String)> {
+    /// The class, tenant and place in the tenant's queue of the next waiter to admit: the
+    /// highest class with an eligible waiter, and in it the eligible tenant whose candidate has
+    /// the smallest finish tag (ties by arrival, so the order never depends on hash order). A
+    /// tenant's candidate is its oldest waiter still on time (queued at most `late_after`
+    /// before `now`) while any tenant of the class has one, else its head.
+    fn pick(&self, now: Instant, late_after: Option<Duration>) -> Option<(i32, String, usize)> {
         for (&priority, class) in self.classes.iter().rev() {
-            let best = class
-                .tenants
-                .iter()
-                .filter_map(|(name, q)| q.waiters.front().map(|w| (name, w)))
-                .filter(|(_, w)| self.below_cap(&w.tenant))
-                .min_by(|(_, a), (_, b)| a.finish.total_cmp(&b.finish).then(a.id.cmp(&b.id)));
-            if let Some((name, _)) = best {
-                return Some((priority, name.clone()));
+            let eligible = || {
+                class
+                    .tenants
+                    .iter()
+                    .filter(|(_, q)| q.waiters.front().is_some_and(|w| self.below_cap(&w.tenant)))
+            };
+            let best = |place: &dyn Fn(&TenantQueue) -> Option<usize>| {
+                eligible()
+                    .filter_map(|(name, q)| place(q).map(|i| (name, i, &q.waiters[i])))
+                    .min_by(|a, b| a.2.finish.total_cmp(&b.2.finish).then(a.2.id.cmp(&b.2.id)))
+                    .map(|(name, i, _)| (priority, name.clone(), i))
+            };
+            let on_time = |q: &TenantQueue| {
+                let late = late_after?;
+                // Waiters are in arrival order: the late ones are a prefix.
+                let i = q
+                    .waiters
+                    .partition_point(|w| now.saturating_duration_since(w.enqueued) > late);
+                (i < q.waiters.len()).then_some(i)
+            };
+            if let Some(found) = best(&on_time).or_else(|| best(&|_| Some(0))) {
+                return Some(found);
             }
         }
         None
@@ -249,8 +276,9 @@ impl State {
 
     /// Admits eligible waiters while slots are free; restores the invariant after any change.
     fn dispatch(&mut self, shared: &Arc<Shared>) {
+        let now = Instant::now();
         while self.in_flight < shared.cfg.max_in_flight {
-            let Some((priority, name)) = self.pick() else {
+            let Some((priority, name, place)) = self.pick(now, shared.cfg.late_after) else {
                 break;
             };
             let class = self
@@ -258,7 +286,10 @@ impl State {
                 .get_mut(&priority)
                 .expect("picked class exists");
             let queue = class.tenants.get_mut(&name).expect("picked tenant exists");
-            let waiter = queue.waiters.pop_front().expect("picked tenant has a head");
+            let waiter = queue
+                .waiters
+                .remove(place)
+                .expect("picked waiter is queued");
             class.vtime = class.vtime.max(waiter.start);
             class.len -= 1;
             self.queued -= 1;
@@ -424,7 +455,7 @@ impl Admission {
             if st.in_flight < shared.cfg.max_in_flight && st.below_cap(tenant) {
                 // Nothing eligible can be waiting while a slot is free (the invariant), so
                 // nobody is overtaken here.
-                debug_assert!(st.pick().is_none());
+                debug_assert!(st.pick(enqueued, shared.cfg.late_after).is_none());
                 st.acquire(&tenant.name);
                 return Ok(Permit {
                     shared: Some(shared.clone()),
@@ -512,6 +543,7 @@ mod tests {
             max_in_flight,
             max_queue,
             queue_timeout: Duration::from_secs(30),
+            late_after: None,
         })
     }
 
@@ -600,6 +632,64 @@ mod tests {
         let classes: Vec<i32> = order.iter().map(|&(p, _)| p).collect();
         assert_eq!(classes, [5, 5, 1, 0, 0, -1]);
         assert_eq!(adm.in_flight(), 0);
+    }
+
+    /// Drains `futs` one grant at a time (each permit dropped at once, admitting the next);
+    /// returns the labels in the order they were granted.
+    fn grant_order(mut futs: Vec<(&'static str, AdmitFuture<'_>)>) -> Vec<&'static str> {
+        let mut order = Vec::new();
+        while !futs.is_empty() {
+            let i = futs
+                .iter_mut()
+                .position(|(_, f)| poll(f).is_ready())
+                .expect("one request holds the slot");
+            order.push(futs.remove(i).0);
+        }
+        order
+    }
+
+    /// With `late_after`, waiters queued longer yield to those that can still be served in
+    /// time, fairly among those; the late ones follow in fair order. Priority classes stay
+    /// strict: a late request of a higher class still goes before an on-time lower one.
+    #[tokio::test(start_paused = true)]
+    async fn late_waiters_yield_to_on_time_ones_within_a_class() {
+        let order = |late_after: Option<Duration>| async move {
+            let adm = Admission::new(AdmissionConfig {
+                max_in_flight: 1,
+                max_queue: 10,
+                queue_timeout: Duration::from_secs(30),
+                late_after,
+            });
+            let (a, b) = (tenant("a", 1.0, None), tenant("b", 1.0, None));
+            let blocker = adm.admit(&a, 0).await.unwrap();
+            let mut futs = vec![
+                ("a0", admit(&adm, &a, 0)),
+                ("a1", admit(&adm, &a, 0)),
+                ("hi", admit(&adm, &a, 1)),
+            ];
+            // A request queues when first polled.
+            for (_, f) in &mut futs {
+                pending(f);
+            }
+            tokio::time::advance(Duration::from_secs(3)).await;
+            for (label, who) in [("b0", &b), ("a2", &a)] {
+                let mut f = admit(&adm, who, 0);
+                pending(&mut f);
+                futs.push((label, f));
+            }
+            drop(blocker);
+            let order = grant_order(futs);
+            assert_eq!((adm.in_flight(), adm.queue_depth()), (0, 0));
+            order
+        };
+        // Fair arrival order: a's first two, then b's (its first tag ties a0's), then a2.
+        assert_eq!(order(None).await, ["hi", "a0", "b0", "a1", "a2"]);
+        // After 3 s, a0 and a1 are late at a 2 s target: b0 and a2 go first (b0's tag first),
+        // then the late ones in their order.
+        let late = order(Some(Duration::from_secs(2))).await;
+        assert_eq!(late, ["hi", "b0", "a2", "a0", "a1"]);
+        // A target none has reached: the fair order.
+        assert_eq!(order(Some(Duration::from_secs(5))).await, order(None).await);
     }
 
     /// Capacity 1, each tenant keeping 8 requests queued: each round, every request is polled

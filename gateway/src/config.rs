@@ -80,6 +80,11 @@ pub struct ServeArgs {
     /// are ready but full, before a 429 (e.g. 30s, 500ms).
     #[arg(long, env = "SLUICE_QUEUE_TIMEOUT", default_value = "30s")]
     pub queue_timeout: String,
+    /// A request queued longer than this (the deployment's TTFT target, e.g. 2s) yields its
+    /// place to requests that can still meet it; late ones are served, in order, whenever no
+    /// on-time request waits. Unset: fair arrival order only.
+    #[arg(long, env = "SLUICE_QUEUE_LATE_AFTER")]
+    pub queue_late_after: Option<String>,
     /// Time in-flight requests get to finish after SIGTERM.
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT", default_value = "30s")]
     pub drain_timeout: String,
@@ -328,6 +333,7 @@ pub struct ServeConfig {
     pub max_in_flight: usize,
     pub max_queue: usize,
     pub queue_timeout: Duration,
+    pub queue_late_after: Option<Duration>,
     pub drain_timeout: Duration,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
@@ -475,9 +481,15 @@ impl ServeArgs {
         }
         let mut routing = self.routing.validate()?;
         let queue_timeout = parse_duration("queue-timeout", &self.queue_timeout)?;
+        let queue_late_after = self
+            .queue_late_after
+            .as_deref()
+            .map(|s| parse_duration("queue-late-after", s))
+            .transpose()?;
         if let Some(r) = routing.as_mut() {
             r.router.max_queue = self.max_queue;
             r.router.queue_timeout = queue_timeout;
+            r.router.queue_late_after = queue_late_after;
         }
         // A gateway that only routes holds no sequences itself: its own limit is the replicas'
         // (each capped by --replica-max-in-flight), so its default admission cap is wide.
@@ -514,6 +526,7 @@ impl ServeArgs {
             max_in_flight,
             max_queue: self.max_queue,
             queue_timeout,
+            queue_late_after,
             drain_timeout: parse_duration("drain-timeout", &self.drain_timeout)?,
             header_timeout: parse_duration("header-timeout", &self.header_timeout)?,
             body_timeout: parse_duration("body-timeout", &self.body_timeout)?,
@@ -640,7 +653,17 @@ mod tests {
         assert_eq!(r.router.max_queue, 7);
         assert_eq!(r.router.hold_timeout, Duration::from_secs(60));
         assert_eq!(r.router.queue_timeout, Duration::from_secs(30));
+        assert_eq!(
+            (r.router.queue_late_after, gw.queue_late_after),
+            (None, None)
+        );
         assert!(gw.model.is_none());
+        let late = cfg(&["--served-models", "a", "--queue-late-after", "2s"]).unwrap();
+        let two = Some(Duration::from_secs(2));
+        assert_eq!(late.routing.as_ref().unwrap().router.queue_late_after, two);
+        assert_eq!(late.queue_late_after, two);
+        let e = cfg(&["--served-models", "a", "--queue-late-after", "soon"]).unwrap_err();
+        assert!(e.contains("--queue-late-after"), "{e}");
         let early = cfg(&[
             "--upstream",
             "http://a:1",

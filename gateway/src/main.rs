@@ -121,6 +121,7 @@ fn app_state(
             max_in_flight: cfg.max_in_flight,
             max_queue: cfg.max_queue,
             queue_timeout: cfg.queue_timeout,
+            late_after: cfg.queue_late_after,
         }),
         metrics,
         registry,

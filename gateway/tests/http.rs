@@ -179,6 +179,7 @@ async fn a_flooding_tenant_does_not_starve_another() {
             max_in_flight: 1,
             max_queue: 100,
             queue_timeout: Duration::from_secs(120),
+            late_after: None,
         },
         ..Setup::default()
     });
@@ -276,6 +277,7 @@ async fn a_queued_request_times_out_with_429() {
             max_in_flight: 1,
             max_queue: 10,
             queue_timeout: Duration::from_millis(200),
+            late_after: None,
         },
         ..Setup::default()
     });

@@ -132,6 +132,7 @@ mod tests {
             max_in_flight: 1,
             max_queue: 4,
             queue_timeout: std::time::Duration::from_secs(1),
+            late_after: None,
         });
         let metrics = GatewayMetrics::register(&prometheus::Registry::new()).unwrap();
         let ask = Ask {

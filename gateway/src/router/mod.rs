@@ -100,6 +100,9 @@ pub struct RouterConfig {
     pub max_queue: usize,
     /// The longest a request waits for room while replicas of its model are ready.
     pub queue_timeout: Duration,
+    /// Queued longer than this, a request yields to those that can still meet it (the TTFT
+    /// target; see `crate::admission`); `None`: fair order only.
+    pub queue_late_after: Option<Duration>,
     /// The longest a request is held while no replica of its model is ready.
     pub hold_timeout: Duration,
 }
@@ -123,6 +126,7 @@ impl Default for RouterConfig {
             binding: Binding::Late,
             max_queue: 1024,
             queue_timeout: Duration::from_secs(30),
+            queue_late_after: None,
             hold_timeout: Duration::from_secs(60),
         }
     }

@@ -84,6 +84,7 @@ impl ModelQueue {
                 max_queue: cfg.max_queue,
                 // The router ends every wait itself (`Router::verdict`); this is a backstop.
                 queue_timeout: cfg.queue_timeout.max(cfg.hold_timeout) + Duration::from_secs(3600),
+                late_after: cfg.queue_late_after,
             }),
             waiting: Mutex::default(),
             next_id: AtomicU64::new(0),

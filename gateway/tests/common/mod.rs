@@ -62,6 +62,7 @@ impl Default for Setup {
                 max_in_flight: 64,
                 max_queue: 256,
                 queue_timeout: Duration::from_secs(30),
+                late_after: None,
             },
             limits: HttpLimits::default(),
         }

@@ -52,6 +52,7 @@ pub async fn gateway(cfg: RouterConfig, sources: Vec<Source>, limits: HttpLimits
             max_in_flight: 1024,
             max_queue: 1024,
             queue_timeout: Duration::from_secs(30),
+            late_after: None,
         }),
         metrics,
         registry,
