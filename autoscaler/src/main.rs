@@ -153,6 +153,11 @@ struct SimulateArgs {
     /// only when the cold start fits the SLO's error budget (1 % of a day's requests).
     #[arg(long, env = "SLUICE_AUTOSCALER_ZERO_WHEN_IDLE")]
     zero_when_idle: bool,
+    /// Model a gateway queue served first come, first served; by default it runs as
+    /// deploy/k8s sets it (`--queue-late-after` at 3/4 of the TTFT target: requests that
+    /// waited longer yield to those still on time).
+    #[arg(long, env = "SLUICE_AUTOSCALER_FIFO_QUEUE")]
+    fifo_queue: bool,
     /// Also run sluice and KPA at min 0 and at min 1 and print what going to zero saves over
     /// the trace's idle periods, and its cold starts.
     #[arg(long, env = "SLUICE_AUTOSCALER_ZERO_SAVINGS")]
@@ -283,6 +288,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     scn.baseline_variant = a.baseline_variant.clone();
     scn.sim.tick_s = a.tick;
     scn.sim.seed = a.seed;
+    if a.fifo_queue {
+        scn.sim.queue_late_after_share = None;
+    }
     scn.sim.spot_preemptions_per_node_hour = a.spot_preemptions_per_hour;
     scn.validate()?;
     let Some(trace_path) = a.trace.clone() else {

@@ -64,14 +64,9 @@ fn mean(xs: &[f64]) -> f64 {
     xs.iter().sum::<f64>() / xs.len() as f64
 }
 
-/// A replica that only prefills (one output token, so a request ends at its first token), with
-/// no per-step overhead and a step budget larger than any prompt, is a single FIFO server whose
-/// service time is prompt / prefill rate: an M/G/1 queue. The mean time to first token must be
-/// Pollaczek–Khinchine's `E[S] + λE[S²] / (2(1 − ρ))`, with the moments of the service times
-/// actually drawn.
-#[test]
-fn a_prefill_only_replica_is_an_mg1_queue() {
-    let profile = Profile::parse(
+/// One server that only prefills, at 1,000 prompt tokens/s with no step overhead.
+fn prefill_only() -> Profile {
+    Profile::parse(
         "mg1",
         r#"
         [model]
@@ -101,7 +96,17 @@ fn a_prefill_only_replica_is_an_mg1_queue() {
         model_load_s = 0.0
         "#,
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// A replica that only prefills (one output token, so a request ends at its first token), with
+/// no per-step overhead and a step budget larger than any prompt, is a single FIFO server whose
+/// service time is prompt / prefill rate: an M/G/1 queue. The mean time to first token must be
+/// Pollaczek–Khinchine's `E[S] + λE[S²] / (2(1 − ρ))`, with the moments of the service times
+/// actually drawn.
+#[test]
+fn a_prefill_only_replica_is_an_mg1_queue() {
+    let profile = prefill_only();
     for (rate, seed) in [(4.0, 1), (7.0, 2)] {
         // Exponential prompts of mean 100 tokens: service mean 0.1 s.
         let reqs = arrivals(rate, 60_000, seed, |rng| {
@@ -194,4 +199,55 @@ fn mean_tpot_matches_the_capacity_model() {
     );
     assert!((run.cost_usd - run.end_s / 3600.0 * 9.88).abs() < 1e-6);
     assert!((run.gpu_hours - run.end_s / 3600.0).abs() < 1e-9);
+}
+
+/// A backlog of 100 prompts (10 s of prefill) at once, then 2 requests/s for a minute, on one
+/// prefill-only server. First come, first served, everything arriving in the backlog's first
+/// ~8 s queues behind it and misses a 2 s TTFT; with late requests yielding (the gateway's
+/// `--queue-late-after`, here 1.5 s), the arrivals after the backlog are served on time and
+/// the backlog in the gaps between them. Every request is still served.
+#[test]
+fn late_requests_yield_to_those_still_on_time() {
+    let profile = prefill_only();
+    let mut reqs: Vec<Request> = (0..100)
+        .map(|i| Request {
+            arrival_s: f64::from(i) * 1e-3,
+            prompt_tokens: 100,
+            output_tokens: 1,
+        })
+        .collect();
+    reqs.extend(
+        arrivals(2.0, 120, 5, |_| (100, 1))
+            .into_iter()
+            .map(|r| Request {
+                arrival_s: r.arrival_s + 1.0,
+                ..r
+            }),
+    );
+    let after_backlog = |share: Option<f64>| {
+        let cfg = SimConfig {
+            queue_late_after_share: share,
+            ..SimConfig::default()
+        };
+        let run = sim::run(
+            &cfg,
+            &profile,
+            &SLO,
+            &Planning::default(),
+            &reqs,
+            &mut Fixed,
+            &[1, 0],
+        );
+        assert!(run.outcomes.iter().all(|o| !o.failed && o.ttft_s.is_some()));
+        let later = &run.outcomes[100..];
+        let met = later
+            .iter()
+            .filter(|o| o.ttft_s.unwrap() <= SLO.ttft_p99_s)
+            .count();
+        met as f64 / later.len() as f64
+    };
+    let fifo = after_backlog(None);
+    let yielding = after_backlog(Some(0.75));
+    assert!(fifo < 0.9, "first come, first served: {fifo}");
+    assert!(yielding > 0.99, "late requests yielding: {yielding}");
 }

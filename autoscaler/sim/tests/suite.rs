@@ -45,15 +45,17 @@ fn sluice_holds_its_slo_and_cost_on_a_small_suite() {
     // reaches, a little slack for rounding. Below the targets (99 %, 1.15×) on bursts
     // of load it cannot see coming (flash crowd, a 25-minute diurnal cycle, the mixture's
     // crowd): the README reports the gap.
+    // With late requests yielding in the gateway's queue (first come, first served before):
+    // flash-crowd 39.37 → 59.44 %, diurnal 66.02 → 94.96 %, mixture 93.97 → 88.88 % at 1.45×
+    // (79.62 % at 1.37× before the attainment margin); code-like's oracle halves (one H100
+    // meets 99 % now), so sluice's two H100s are 1.99× it.
     let held: &[(&str, f64, f64)] = &[
         ("poisson", 0.99, 1.4),
         ("gamma-bursts", 0.99, 1.75),
-        ("flash-crowd", 0.38, 2.0),
-        ("diurnal", 0.65, 1.35),
-        ("code-like", 0.99, 1.55),
-        // 79.6 % at 1.37× before late feasible first tokens with nothing queued grew the
-        // planning margin.
-        ("mixture", 0.93, 1.55),
+        ("flash-crowd", 0.59, 2.0),
+        ("diurnal", 0.94, 1.4),
+        ("code-like", 0.99, 2.05),
+        ("mixture", 0.88, 1.5),
     ];
     for r in &results {
         let oracle = get(&r.summaries, "oracle");

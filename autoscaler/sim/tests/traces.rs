@@ -73,8 +73,10 @@ fn azure_default_scenario_ranks_the_policies() {
         "sluice {}",
         sluice.slo_attainment
     );
+    // (With late requests yielding in the gateway's queue, even a fleet far too small serves
+    // its capacity's share on time: 66 %, against 7.8 % first come, first served.)
     assert!(
-        hpa_cpu.slo_attainment < 0.5,
+        hpa_cpu.slo_attainment < 0.8,
         "hpa-cpu {}",
         hpa_cpu.slo_attainment
     );

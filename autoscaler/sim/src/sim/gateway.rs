@@ -5,10 +5,12 @@
 //! the replica's variant serves at SLO: sequences held divided by the variant's planned batch
 //! (the capacity model's in-flight count at the SLO for the current request shape), so an H100
 //! and an L4 reach their SLO limits together instead of the L4 being loaded like an H100.
-//! Ties go to the earliest estimated first token. Work queues centrally rather than on replicas so a replica that has
-//! just started takes the backlog at once. The queue is first come, first served, except that
-//! a request no ready replica could ever hold (a long prompt while only small-memory replicas
-//! run) is passed over rather than blocking everyone behind it.
+//! Ties go to the earliest estimated first token. Work queues centrally rather than on replicas
+//! so a replica that has just started takes the backlog at once. The queue is first come,
+//! first served, except that a request no ready replica could ever hold (a long prompt while
+//! only small-memory replicas run) is passed over rather than blocking everyone behind it; and,
+//! as `sluice serve --queue-late-after` orders it (deploy/k8s sets the TTFT target), requests
+//! that have waited longer than the late-after time yield to those that have not.
 
 use std::collections::VecDeque;
 
@@ -16,7 +18,8 @@ use sluice_policy::timeline::Request;
 
 use crate::sim::fleet::Fleet;
 
-/// How far past the head the router looks for requests the head's blocking does not concern.
+/// How far past where it starts the router looks for requests the blocking of the first does
+/// not concern.
 const SCAN: usize = 64;
 
 #[derive(Debug, Default)]
@@ -24,9 +27,18 @@ pub struct Gateway {
     queue: VecDeque<u32>,
     /// A contiguous copy of the queue for signals, rebuilt lazily.
     view: Vec<u32>,
+    /// `sluice serve --queue-late-after`: requests waiting longer yield to those that do not.
+    late_after_s: Option<f64>,
 }
 
 impl Gateway {
+    pub fn new(late_after_s: Option<f64>) -> Gateway {
+        Gateway {
+            late_after_s,
+            ..Gateway::default()
+        }
+    }
+
     pub fn push(&mut self, idx: u32) {
         self.queue.push_back(idx);
     }
@@ -52,8 +64,9 @@ impl Gateway {
         &self.view
     }
 
-    /// Admits what it can at `now`; returns the replicas that took work.
-    /// `weights[key]` is the planned batch of each pool key's variant.
+    /// Admits what it can at `now`; returns the replicas that took work. With a late-after
+    /// time, the requests still on time (the newest, a suffix of the queue) go first, then the
+    /// queue from its head. `weights[key]` is the planned batch of each pool key's variant.
     pub fn dispatch(
         &mut self,
         now: f64,
@@ -63,8 +76,36 @@ impl Gateway {
         weights: &[f64],
     ) -> Vec<usize> {
         let mut touched = Vec::new();
-        let mut i = 0;
-        while i < self.queue.len().min(SCAN) {
+        if let Some(late) = self.late_after_s {
+            let on_time = self
+                .queue
+                .iter()
+                .rev()
+                .take_while(|&&i| now - requests[i as usize].arrival_s <= late)
+                .count();
+            let start = self.queue.len() - on_time;
+            self.admit_from(start, now, requests, fleet, active, weights, &mut touched);
+        }
+        self.admit_from(0, now, requests, fleet, active, weights, &mut touched);
+        touched
+    }
+
+    /// Admits queued requests from place `start` on, each to the least-loaded ready replica
+    /// that can take it, until one that fits a ready replica finds none with room now
+    /// (head-of-line: everyone after it waits too) or `SCAN` places have been looked at.
+    #[allow(clippy::too_many_arguments)]
+    fn admit_from(
+        &mut self,
+        start: usize,
+        now: f64,
+        requests: &[Request],
+        fleet: &mut Fleet,
+        active: &[usize],
+        weights: &[f64],
+        touched: &mut Vec<usize>,
+    ) {
+        let mut i = start;
+        while i < self.queue.len().min(start + SCAN) {
             let idx = self.queue[i];
             let r = &requests[idx as usize];
             let mut best: Option<((f64, f64), usize)> = None;
@@ -98,6 +139,5 @@ impl Gateway {
                 None => i += 1,
             }
         }
-        touched
     }
 }

@@ -49,6 +49,12 @@ pub struct SimConfig {
     pub spot_notice_s: f64,
     /// Requests still unfinished this long after the last arrival are counted as failed.
     pub max_drain_s: f64,
+    /// The gateway runs with `--queue-late-after` at this share of the TTFT target, as
+    /// deploy/k8s sets it (1.5 s for 2 s, leaving a quarter for the prefill once admitted):
+    /// requests that waited longer yield to those still on time. `None`: first come, first
+    /// served.
+    #[serde(default = "queue_late_after_share")]
+    pub queue_late_after_share: Option<f64>,
     pub seed: u64,
 }
 
@@ -62,9 +68,14 @@ impl Default for SimConfig {
             spot_preemptions_per_node_hour: 0.0,
             spot_notice_s: 30.0,
             max_drain_s: 1800.0,
+            queue_late_after_share: queue_late_after_share(),
             seed: 1,
         }
     }
+}
+
+fn queue_late_after_share() -> Option<f64> {
+    Some(0.75)
 }
 
 /// What happened to one request.
@@ -371,7 +382,7 @@ impl<'a> Sim<'a> {
             cfg,
             requests,
             fleet: Fleet::new(pools),
-            gateway: Gateway::default(),
+            gateway: Gateway::new(cfg.queue_late_after_share.map(|s| s * slo.ttft_p99_s)),
             observer: Observer::new(
                 cfg.window_s,
                 cfg.short_window_s,
