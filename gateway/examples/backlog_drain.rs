@@ -155,6 +155,7 @@ async fn gateway(binding: Binding, backlog: usize) -> (SocketAddr, Arc<Router>) 
             max_in_flight: 4096,
             max_queue: 1024,
             queue_timeout: Duration::from_secs(600),
+            late_after: None,
         }),
         metrics,
         registry,

@@ -618,25 +618,13 @@ mod tests {
             [(5, 2), (1, 1), (0, 2), (-1, 1)]
         );
         drop(blocker);
-        let mut order = Vec::new();
-        while !futs.is_empty() {
-            let i = futs
-                .iter_mut()
-                .position(|(_, f)| poll(f).is_ready())
-                .expect("one request holds the slot");
-            // `poll` consumed the outcome; the permit it carried is already dropped, which
-            // admitted the next one. Record the class and index in the original list.
-            order.push((futs[i].0, i));
-            drop(futs.remove(i));
-        }
-        let classes: Vec<i32> = order.iter().map(|&(p, _)| p).collect();
-        assert_eq!(classes, [5, 5, 1, 0, 0, -1]);
+        assert_eq!(grant_order(futs), [5, 5, 1, 0, 0, -1]);
         assert_eq!(adm.in_flight(), 0);
     }
 
-    /// Drains `futs` one grant at a time (each permit dropped at once, admitting the next);
-    /// returns the labels in the order they were granted.
-    fn grant_order(mut futs: Vec<(&'static str, AdmitFuture<'_>)>) -> Vec<&'static str> {
+    /// Drains `futs` one grant at a time (`poll` consumes each outcome, and the permit it
+    /// carried, dropped at once, admits the next); returns the labels in grant order.
+    fn grant_order<T>(mut futs: Vec<(T, AdmitFuture<'_>)>) -> Vec<T> {
         let mut order = Vec::new();
         while !futs.is_empty() {
             let i = futs

@@ -60,6 +60,19 @@ fn arrivals(
         .collect()
 }
 
+/// A run of `reqs` on one replica of the profile's first variant, kept as it is.
+fn one_replica(cfg: &SimConfig, profile: &Profile, reqs: &[Request]) -> sim::Run {
+    sim::run(
+        cfg,
+        profile,
+        &SLO,
+        &Planning::default(),
+        reqs,
+        &mut Fixed,
+        &[1, 0],
+    )
+}
+
 fn mean(xs: &[f64]) -> f64 {
     xs.iter().sum::<f64>() / xs.len() as f64
 }
@@ -117,15 +130,7 @@ fn a_prefill_only_replica_is_an_mg1_queue() {
                 1,
             )
         });
-        let run = sim::run(
-            &SimConfig::default(),
-            &profile,
-            &SLO,
-            &Planning::default(),
-            &reqs,
-            &mut Fixed,
-            &[1, 0],
-        );
+        let run = one_replica(&SimConfig::default(), &profile, &reqs);
         let s: Vec<f64> = reqs
             .iter()
             .map(|r| f64::from(r.prompt_tokens) / 1000.0)
@@ -161,15 +166,7 @@ fn mean_tpot_matches_the_capacity_model() {
     for share in [0.3, 0.6, 0.9] {
         let rate = share * cap.requests_per_s;
         let reqs = arrivals(rate, 20_000, 7, |_| (1000, 200));
-        let run = sim::run(
-            &SimConfig::default(),
-            &profile,
-            &SLO,
-            &Planning::default(),
-            &reqs,
-            &mut Fixed,
-            &[1, 0],
-        );
+        let run = one_replica(&SimConfig::default(), &profile, &reqs);
         let tpot: Vec<f64> = run
             .outcomes
             .iter()
@@ -188,15 +185,7 @@ fn mean_tpot_matches_the_capacity_model() {
     }
     // Billing: one H100 node for the whole run.
     let reqs = arrivals(1.0, 3600, 3, |_| (100, 10));
-    let run = sim::run(
-        &SimConfig::default(),
-        &profile,
-        &SLO,
-        &Planning::default(),
-        &reqs,
-        &mut Fixed,
-        &[1, 0],
-    );
+    let run = one_replica(&SimConfig::default(), &profile, &reqs);
     assert!((run.cost_usd - run.end_s / 3600.0 * 9.88).abs() < 1e-6);
     assert!((run.gpu_hours - run.end_s / 3600.0).abs() < 1e-9);
 }
@@ -229,15 +218,7 @@ fn late_requests_yield_to_those_still_on_time() {
             queue_late_after_share: share,
             ..SimConfig::default()
         };
-        let run = sim::run(
-            &cfg,
-            &profile,
-            &SLO,
-            &Planning::default(),
-            &reqs,
-            &mut Fixed,
-            &[1, 0],
-        );
+        let run = one_replica(&cfg, &profile, &reqs);
         assert!(run.outcomes.iter().all(|o| !o.failed && o.ttft_s.is_some()));
         let later = &run.outcomes[100..];
         let met = later
