@@ -12,7 +12,7 @@
 //!    thus gets three permits for every one of a weight-1 tenant while both are backlogged, and a
 //!    tenant that arrives while another floods starts at `V`, not behind the flood.
 //!
-//! 3. With `late_after` set (a deployment's TTFT target), a waiter that has waited longer than
+//! 3. With `late_after` set (a little below a deployment's TTFT target), a waiter that has waited longer than
 //!    it yields, within its class, to the waiters that have not: they are ordered among
 //!    themselves as above, and the late ones, in the same order, once none is on time. Under
 //!    an overload the queue then serves requests that can still meet the target instead of

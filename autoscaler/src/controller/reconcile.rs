@@ -70,6 +70,8 @@ pub struct PoolState {
     generation: Option<i64>,
     policy: Sluice,
     profile: Profile,
+    /// What the attainment signal is read against; follows the spec with the policy.
+    ttft_target: TtftTarget,
     /// Pod uid → when it was first seen pending.
     pending_since: HashMap<String, f64>,
     /// Variant → (avoided until, condition reason).
@@ -170,6 +172,7 @@ impl PoolState {
         let (policy, profile) = build_policy(pool)?;
         Ok(PoolState {
             generation: pool.metadata.generation,
+            ttft_target: TtftTarget::new(&profile, &policy.config().slo),
             policy,
             profile,
             pending_since: HashMap::new(),
@@ -182,6 +185,7 @@ impl PoolState {
     fn refresh(&mut self, pool: &ServingPool) -> Result<()> {
         if pool.metadata.generation != self.generation {
             let (policy, profile) = build_policy(pool)?;
+            self.ttft_target = TtftTarget::new(&profile, &policy.config().slo);
             self.policy = policy;
             self.profile = profile;
             self.generation = pool.metadata.generation;
@@ -441,7 +445,7 @@ async fn decide(
             spec: &pool.spec,
             targets: &obs.view.targets,
             now_s,
-            ttft_target: TtftTarget::new(&state.profile, &state.policy.config().slo),
+            ttft_target: state.ttft_target,
         })
         .await?;
     let (reading, held) = with_gateway(state, pool, &obs.view, reading).await;

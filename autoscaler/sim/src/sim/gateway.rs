@@ -9,7 +9,7 @@
 //! so a replica that has just started takes the backlog at once. The queue is first come,
 //! first served, except that a request no ready replica could ever hold (a long prompt while
 //! only small-memory replicas run) is passed over rather than blocking everyone behind it; and,
-//! as `sluice serve --queue-late-after` orders it (deploy/k8s sets the TTFT target), requests
+//! as `sluice serve --queue-late-after` orders it (deploy/k8s sets ¾ of the TTFT target), requests
 //! that have waited longer than the late-after time yield to those that have not.
 
 use std::collections::VecDeque;
