@@ -176,6 +176,10 @@ pub struct PolicySpec {
     /// Short window that notices a spike.
     #[serde(default = "d10")]
     pub short_window_seconds: f64,
+    /// The request shape (mean prompt and output, prompt spread) is averaged over this wider
+    /// window while the arrival window holds fewer than 500 requests.
+    #[serde(default = "shape_window")]
+    pub shape_window_seconds: f64,
     /// Scale down only to the highest demand planned within this window.
     #[serde(default = "d300")]
     pub scale_down_stabilisation_seconds: f64,
@@ -203,6 +207,7 @@ impl Default for PolicySpec {
         PolicySpec {
             window_seconds: 60.0,
             short_window_seconds: 10.0,
+            shape_window_seconds: shape_window(),
             scale_down_stabilisation_seconds: 300.0,
             panic_threshold: 1.5,
             panic_window_seconds: 60.0,
@@ -249,6 +254,9 @@ fn d300() -> f64 {
 }
 fn d1800() -> f64 {
     1800.0
+}
+fn shape_window() -> f64 {
+    sluice_policy::signals::SHAPE_WINDOW_S
 }
 fn d1_5() -> f64 {
     1.5

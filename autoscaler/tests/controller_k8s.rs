@@ -45,7 +45,7 @@ impl SignalSource for FakeSource {
         let l = self.load.lock().unwrap().clone();
         Box::pin(async move {
             Ok(match l {
-                Some(l) => Reading::Fresh(l),
+                Some(l) => Reading::Fresh(Box::new(l)),
                 None => Reading::Stale("the test set no load".into()),
             })
         })

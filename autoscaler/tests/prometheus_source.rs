@@ -224,6 +224,7 @@ signals:
 policy:
   windowSeconds: 6
   shortWindowSeconds: 3
+  shapeWindowSeconds: 8
 "#;
 
 fn target(pod: &str) -> ReplicaPod {
@@ -395,6 +396,25 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
     );
     assert_eq!(load.arrivals.window_s, 6.0);
     assert_eq!(load.arrivals.max_prompt_tokens, 256);
+    // The request shape's wider window: the same traffic over 8 s (less what Prometheus does
+    // not extrapolate before a series' first sample), the same 200-token prompts.
+    let wide = load
+        .arrivals
+        .wide
+        .as_ref()
+        .expect("the shape window is read");
+    assert_eq!(wide.window_s, 8.0);
+    assert!(
+        (2.8..=4.6).contains(&(wide.requests / 8.0)),
+        "{} requests in the shape window",
+        wide.requests
+    );
+    let mean_prompt = wide.prompt_tokens / wide.requests;
+    assert!(
+        (mean_prompt - 200.0).abs() < 20.0,
+        "mean prompt {mean_prompt}"
+    );
+    assert!(wide.prompt_tokens_cv2 < 0.2, "{}", wide.prompt_tokens_cv2);
     // TTFT: half the requests (a's) in (0.05, 0.1], half in (0.1, 0.5]. The SLO names p50, so
     // the SLO field holds the median; p99 is near the top of the upper bucket.
     let lat = &load.latency;

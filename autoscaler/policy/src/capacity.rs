@@ -250,6 +250,60 @@ fn prefill_rate(prefill_s: f64, ttft_budget: f64, prompt_cv2: f64) -> f64 {
     }
 }
 
+/// The standard normal distribution function.
+fn normal_cdf(x: f64) -> f64 {
+    0.5 * libm::erfc(-x / std::f64::consts::SQRT_2)
+}
+
+/// `E[(P − k)⁺]`: prompt tokens beyond `k` per request, for prompt lengths `P` log-normal
+/// with the workload's mean and squared coefficient of variation (the published traces'
+/// prompt lengths are close to log-normal); all equal to the mean when `cv² = 0`.
+pub fn prompt_excess_tokens(w: &Workload, k: f64) -> f64 {
+    let m = w.mean_prompt_tokens.max(0.0);
+    let s2 = (1.0 + w.prompt_cv2.max(0.0)).ln();
+    if m <= 0.0 || k <= 0.0 || s2 <= 1e-12 {
+        return (m - k).max(0.0);
+    }
+    let s = s2.sqrt();
+    let z = (k.ln() - (m.ln() - s2 / 2.0)) / s;
+    (m * normal_cdf(s - z) - k * normal_cdf(-z)).max(0.0)
+}
+
+/// The fewest replicas of `v` sharing `rate` requests/s at which at most `budget` of first
+/// tokens are late behind another request's long prompt (`max` if none up to it is enough),
+/// when that is more than the fewest whose prefill keeps up with the rate at all; `None` when
+/// it is not: the rate then sets the fleet, and the capacity plan answers it.
+///
+/// The mean-based prefill bound of [`at_slo`] misses this. A request with the mean prompt may
+/// wait `slack = TTFT − P̄/R`. It is late if it arrives while the prompt in prefill has more
+/// than that left, which on a replica receiving `λ` is a share `λ·E[(S − slack)⁺]` of the time
+/// (`S = P/R`), stretched by `1/(1 − ρ)` for the queue in front of it. With `n` replicas and
+/// new requests routed to the least loaded, it is late only when every replica is so blocked:
+/// `(λₙ·E[(S − slack)⁺]/(1 − ρₙ))ⁿ` with `λₙ = λ/n`. A heavy tail of prompt lengths blocks a
+/// lone replica for seconds at low utilisation; a second one is what unblocks it.
+pub fn tail_replicas(
+    v: &Variant,
+    w: &Workload,
+    slo: &Slo,
+    rate: f64,
+    budget: f64,
+    max: u32,
+) -> Option<u32> {
+    let r = v.perf.prefill_tokens_per_s;
+    let mean_s = w.mean_prompt_tokens.max(0.0) / r;
+    let slack = slo.ttft_p99_s - mean_s;
+    if rate <= 0.0 || r <= 0.0 || slack <= 0.0 {
+        return None;
+    }
+    let max = max.max(1);
+    let excess_s = prompt_excess_tokens(w, slack * r) / r;
+    let rho = |n: u32| rate / f64::from(n) * mean_s;
+    let keeps_up = (1..=max).find(|&n| rho(n) < 1.0)?;
+    let late = |n: u32| (rate / f64::from(n) * excess_s / (1.0 - rho(n))).powi(n as i32);
+    let n = (keeps_up..=max).find(|&n| late(n) <= budget).unwrap_or(max);
+    (n > keeps_up).then_some(n)
+}
+
 /// Sequences running on one replica receiving `rate` requests/s of workload `w` (Little's law
 /// with the step-time model), or `None` if the replica cannot keep up at that rate.
 pub fn batch_at_rate(v: &Variant, w: &Workload, rate: f64) -> Option<f64> {
@@ -377,5 +431,71 @@ mod tests {
             (utilisation - MIN_PREFILL_UTILISATION).abs() < 1e-9,
             "{utilisation}"
         );
+    }
+
+    #[test]
+    fn prompt_excess_matches_its_definition() {
+        // Equal prompts: the excess is plain arithmetic.
+        let equal = Workload::uniform(1000.0, 10.0);
+        assert_eq!(prompt_excess_tokens(&equal, 600.0), 400.0);
+        assert_eq!(prompt_excess_tokens(&equal, 1500.0), 0.0);
+        // Log-normal: against a numerical integral of (p − k)⁺ over the density.
+        let w = Workload {
+            prompt_cv2: 2.25,
+            ..Workload::uniform(9000.0, 300.0)
+        };
+        let s2 = (1.0f64 + 2.25).ln();
+        let mu = 9000f64.ln() - s2 / 2.0;
+        let k: f64 = 30_000.0;
+        let (mut integral, steps) = (0.0, 200_000);
+        let (lo, hi) = (k.ln(), mu + 12.0 * s2.sqrt());
+        let dx = (hi - lo) / f64::from(steps);
+        for i in 0..steps {
+            let x = lo + (f64::from(i) + 0.5) * dx;
+            let density =
+                (-(x - mu).powi(2) / (2.0 * s2)).exp() / (2.0 * std::f64::consts::PI * s2).sqrt();
+            integral += (x.exp() - k) * density * dx;
+        }
+        let e = prompt_excess_tokens(&w, k);
+        assert!((e - integral).abs() < 1e-3 * integral, "{e} vs {integral}");
+        // Everything is excess over zero; a heavier tail has more beyond the same point.
+        assert!((prompt_excess_tokens(&w, 0.0) - 9000.0).abs() < 1e-9);
+        let lighter = Workload {
+            prompt_cv2: 0.5,
+            ..w
+        };
+        assert!(prompt_excess_tokens(&lighter, k) < e);
+    }
+
+    #[test]
+    fn a_heavy_prompt_tail_wants_a_second_replica_where_the_mean_does_not() {
+        let p = Profile::load("llama-3-8b").unwrap();
+        let h = p.variant("nvidia-h100-80gb").unwrap();
+        let heavy = Workload {
+            prompt_cv2: 2.25,
+            ..Workload::uniform(9000.0, 300.0)
+        };
+        // Half a request a second is a fifth of one H100's prefill, well inside its
+        // mean-based capacity...
+        let c = at_slo(h, &heavy, &slo(), &Planning::default());
+        assert!(c.requests_per_s > 1.0, "{c:?}");
+        // ...but prompts of tens of thousands of tokens block it too often for a p99.
+        assert_eq!(tail_replicas(h, &heavy, &slo(), 0.5, 0.005, 10), Some(2));
+        // A lighter load, a looser budget or equal prompts need no more than the rate does.
+        assert_eq!(tail_replicas(h, &heavy, &slo(), 0.05, 0.005, 10), None);
+        assert_eq!(tail_replicas(h, &heavy, &slo(), 0.5, 0.05, 10), None);
+        let equal = Workload::uniform(9000.0, 300.0);
+        assert_eq!(tail_replicas(h, &equal, &slo(), 0.5, 0.005, 10), None);
+        // Conversation-sized prompts never bind, even heavy-tailed and busy: past one H100's
+        // prefill (24 req/s of 1,100 tokens) two are needed for the rate, not for the tail.
+        let chat = Workload {
+            prompt_cv2: 1.5,
+            ..Workload::uniform(1100.0, 250.0)
+        };
+        assert_eq!(tail_replicas(h, &chat, &slo(), 15.0, 0.005, 10), None);
+        assert_eq!(tail_replicas(h, &chat, &slo(), 30.0, 0.005, 10), None);
+        // More load wants more replicas, within the bound given.
+        assert_eq!(tail_replicas(h, &heavy, &slo(), 2.0, 0.005, 10), Some(2));
+        assert_eq!(tail_replicas(h, &heavy, &slo(), 0.5, 1e-12, 3), Some(3));
     }
 }

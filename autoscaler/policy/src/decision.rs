@@ -96,6 +96,9 @@ pub enum ReasonKind {
     CheapestMix,
     /// The current mix was kept because switching would save too little.
     KeepMix,
+    /// More replicas than the rate needs, so that first tokens are not stuck behind long
+    /// prompts (a heavy tail of prompt lengths).
+    PromptTail,
     /// A variant cannot meet the SLO for this workload (prefill too slow, KV too small).
     Ineligible,
     /// Bounded by a min or max replica count.

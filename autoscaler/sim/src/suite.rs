@@ -4,7 +4,9 @@
 //! The families cover what a policy tuned on one trace has not seen: steady Poisson arrivals,
 //! gamma-distributed gaps with shape below one (bursts and lulls), a flash crowd (×10 for two
 //! minutes), a diurnal swing, code-like traffic (long prompts, short outputs), long-output chat,
-//! a mixture of these, and sessions separated by long idle gaps (where a pool may go to zero).
+//! a mixture of these, sessions separated by long idle gaps (where a pool may go to zero), and
+//! a slow stream of very long, heavy-tailed prompts (where the tail, not the rate, sets the
+//! fleet).
 //! Each is generated from a seed, so the suite is the same every run.
 
 use std::path::{Path, PathBuf};
@@ -43,6 +45,10 @@ pub enum Family {
     /// Poisson sessions of five minutes separated by twenty idle minutes: what scale to zero
     /// saves, and what its cold starts cost.
     IdleGaps,
+    /// About one request a second (swinging ±60 % over the trace) of very long prompts (median
+    /// 5k tokens, mean ~9k, a tail to 120k) and chat-length answers: a replica's prefill is
+    /// mostly idle, but blocked for seconds by the longest prompts now and then.
+    LongPrompts,
 }
 
 /// [`Family::IdleGaps`]: a session's length and the idle gap after it, seconds.
@@ -50,7 +56,7 @@ pub const IDLE_SESSION_S: f64 = 300.0;
 pub const IDLE_GAP_S: f64 = 1200.0;
 
 impl Family {
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::Poisson,
         Family::GammaBursts,
         Family::FlashCrowd,
@@ -59,6 +65,7 @@ impl Family {
         Family::LongOutput,
         Family::Mixture,
         Family::IdleGaps,
+        Family::LongPrompts,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,32 +78,45 @@ impl Family {
             Family::LongOutput => "long-output",
             Family::Mixture => "mixture",
             Family::IdleGaps => "idle-gaps",
+            Family::LongPrompts => "long-prompts",
         }
     }
 }
 
-/// Request lengths: log-normal prompt and output tokens with these medians and spread.
+/// Request lengths: log-normal prompt and output tokens with these medians and spread (of
+/// their logarithms), prompts at most `prompt_max`.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     prompt_median: f64,
     output_median: f64,
     sigma: f64,
+    prompt_max: f64,
 }
 
 const CONVERSATION: Shape = Shape {
     prompt_median: 800.0,
     output_median: 180.0,
     sigma: 0.8,
+    prompt_max: 32_000.0,
 };
 const CODE: Shape = Shape {
     prompt_median: 3000.0,
     output_median: 60.0,
     sigma: 0.6,
+    prompt_max: 32_000.0,
 };
 const LONG_OUTPUT: Shape = Shape {
     prompt_median: 300.0,
     output_median: 900.0,
     sigma: 0.5,
+    prompt_max: 32_000.0,
+};
+
+const LONG_PROMPT: Shape = Shape {
+    prompt_median: 5000.0,
+    output_median: 250.0,
+    sigma: 1.1,
+    prompt_max: 120_000.0,
 };
 
 impl Shape {
@@ -105,7 +125,7 @@ impl Shape {
         let o = LogNormal::new(self.output_median.ln(), self.sigma).expect("valid");
         let clamp = |x: f64, hi: f64| x.round().clamp(1.0, hi) as u32;
         (
-            clamp(p.sample(rng), 32_000.0),
+            clamp(p.sample(rng), self.prompt_max),
             clamp(o.sample(rng), 4_000.0),
         )
     }
@@ -217,6 +237,12 @@ pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Re
             let on = |t: f64| t % (IDLE_SESSION_S + IDLE_GAP_S) < IDLE_SESSION_S;
             let t = poisson(&mut rng, d, rate, |t| if on(t) { rate } else { 0.0 });
             with_shape(&mut rng, t, CONVERSATION)
+        }
+        Family::LongPrompts => {
+            let base = 0.07 * rate;
+            let swing = |t: f64| base * (1.0 - 0.6 * (2.0 * std::f64::consts::PI * t / d).cos());
+            let t = poisson(&mut rng, d, 1.6 * base, swing);
+            with_shape(&mut rng, t, LONG_PROMPT)
         }
     };
     out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
@@ -424,5 +450,11 @@ mod tests {
         assert_eq!(count(&idle, 300.0, 1500.0), 0.0);
         assert_eq!(count(&idle, 1800.0, 3000.0), 0.0);
         assert!((count(&idle, 0.0, 300.0) / 600.0 - 1.0).abs() < 0.15);
+        // Long prompts: a mean near 9k tokens, a tail past 50k, a request a second at 15.
+        let lp = generate(Family::LongPrompts, 1, 3600.0, 15.0);
+        let m = mean(&lp, |r| r.prompt_tokens);
+        assert!((7_000.0..11_000.0).contains(&m), "{m}");
+        assert!(lp.iter().any(|r| r.prompt_tokens > 50_000));
+        assert!((lp.len() as f64 / 3780.0 - 1.0).abs() < 0.1, "{}", lp.len());
     }
 }

@@ -37,7 +37,7 @@ use serde::Deserialize;
 use sluice_metrics::exposition::parse_value;
 use sluice_metrics::vllm;
 
-use sluice_policy::signals::{Arrivals, Latency, Queue};
+use sluice_policy::signals::{Arrivals, Latency, Queue, WindowShape};
 
 use super::error::{Error, Result};
 use super::source::{Load, Query, Reading, ReplicaPod, SignalSource, VariantLoad};
@@ -201,6 +201,30 @@ pub struct Queries {
     pub ttft: String,
     pub tpot: Vec<String>,
     pub prompt_len: String,
+    /// The request shape over the wider window.
+    pub wide: ShapeQueries,
+}
+
+/// The request shape over one window: arrivals, their prompt and output tokens, and the
+/// prompt-length histogram.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShapeQueries {
+    pub arrivals: ArrivalQueries,
+    pub prompt_tokens: String,
+    pub generation_tokens: String,
+    pub prompt_len: String,
+}
+
+impl ShapeQueries {
+    fn all(&self) -> Vec<&str> {
+        let mut v = vec![
+            self.prompt_tokens.as_str(),
+            &self.generation_tokens,
+            &self.prompt_len,
+        ];
+        v.extend(self.arrivals.all());
+        v
+    }
 }
 
 /// What arrivals over one window are made of: requests finished in it, and the change in
@@ -220,10 +244,12 @@ impl ArrivalQueries {
 
 impl Queries {
     /// `matchers` are the label matchers inside braces (`namespace="ns",model_name="m"`);
-    /// `window_s` the long window (also the latency window), `short_s` the short one.
-    pub fn new(pod: &str, matchers: &str, window_s: f64, short_s: f64) -> Queries {
+    /// `window_s` the long window (also the latency window), `short_s` the short one,
+    /// `shape_s` the request shape's wider one.
+    pub fn new(pod: &str, matchers: &str, window_s: f64, short_s: f64, shape_s: f64) -> Queries {
         let w = range(window_s);
         let s = range(short_s);
+        let wide = range(shape_s);
         let by = |agg: &str, inner: String| format!("{agg} by ({pod}) ({inner})");
         let sel = |name: &str| format!("{name}{{{matchers}}}");
         let hist = |name: &str, r: &str| {
@@ -246,6 +272,7 @@ impl Queries {
                 format!("delta({}{r})", sel(vllm::NUM_REQUESTS_WAITING)),
             ),
         };
+        let tokens = |name: &str, r: &str| by("sum", format!("increase({}{r})", sel(name)));
         Queries {
             last_sample: by(
                 "max",
@@ -263,17 +290,17 @@ impl Queries {
             ),
             arrivals: arrivals(&w),
             arrivals_short: arrivals(&s),
-            prompt_tokens: by(
-                "sum",
-                format!("increase({}{w})", sel(vllm::PROMPT_TOKENS_TOTAL)),
-            ),
-            generation_tokens: by(
-                "sum",
-                format!("increase({}{w})", sel(vllm::GENERATION_TOKENS_TOTAL)),
-            ),
+            prompt_tokens: tokens(vllm::PROMPT_TOKENS_TOTAL, &w),
+            generation_tokens: tokens(vllm::GENERATION_TOKENS_TOTAL, &w),
             ttft: hist(vllm::TIME_TO_FIRST_TOKEN_SECONDS, &w),
             tpot: vllm::TPOT_HISTOGRAMS.iter().map(|n| hist(n, &w)).collect(),
             prompt_len: hist(vllm::REQUEST_PROMPT_TOKENS, &w),
+            wide: ShapeQueries {
+                arrivals: arrivals(&wide),
+                prompt_tokens: tokens(vllm::PROMPT_TOKENS_TOTAL, &wide),
+                generation_tokens: tokens(vllm::GENERATION_TOKENS_TOTAL, &wide),
+                prompt_len: hist(vllm::REQUEST_PROMPT_TOKENS, &wide),
+            },
         }
     }
 
@@ -291,6 +318,7 @@ impl Queries {
         v.extend(self.arrivals.all());
         v.extend(self.arrivals_short.all());
         v.extend(self.tpot.iter().map(String::as_str));
+        v.extend(self.wide.all());
         v
     }
 }
@@ -430,6 +458,7 @@ impl PrometheusSource {
             &matchers,
             policy.window_seconds,
             policy.short_window_seconds,
+            policy.shape_window_seconds,
         );
         let time = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -538,12 +567,12 @@ fn compute<'a>(
             )
         })
         .collect();
-    Reading::Fresh(Load {
+    Reading::Fresh(Box::new(Load {
         arrivals,
         queue,
         latency,
         variants,
-    })
+    }))
 }
 
 /// One variant's ready pods and the sums of their gauges.
@@ -676,6 +705,8 @@ impl<'a, 'm> Answers<'a, 'm> {
         let (w, ws) = (policy.window_seconds, policy.short_window_seconds);
         let arrivals_over =
             |a: &ArrivalQueries| a.all().iter().map(|q| self.total(q)).sum::<f64>().max(0.0);
+        let wide = &queries.wide;
+        let (wide_len, _) = self.histograms(&wide.prompt_len);
         Arrivals {
             window_s: w,
             requests_per_s: arrivals_over(&queries.arrivals) / w,
@@ -685,6 +716,13 @@ impl<'a, 'm> Answers<'a, 'm> {
             short_requests_per_s: arrivals_over(&queries.arrivals_short) / ws,
             max_prompt_tokens: prompt_len.max_bound().map_or(0, |m| m.round() as u64),
             prompt_tokens_cv2: prompt_len.mean_cv2().map_or(0.0, |p| p.1),
+            wide: Some(WindowShape {
+                window_s: policy.shape_window_seconds,
+                requests: arrivals_over(&wide.arrivals),
+                prompt_tokens: self.total(&wide.prompt_tokens).max(0.0),
+                output_tokens: self.total(&wide.generation_tokens).max(0.0),
+                prompt_tokens_cv2: wide_len.mean_cv2().map_or(0.0, |p| p.1),
+            }),
         }
     }
 }
@@ -733,7 +771,7 @@ mod tests {
         );
         assert_eq!(range(60.0), "[60000ms]");
         assert_eq!(range(0.25), "[250ms]");
-        let q = Queries::new("pod", r#"namespace="ns",model_name="m""#, 60.0, 10.0);
+        let q = Queries::new("pod", r#"namespace="ns",model_name="m""#, 60.0, 10.0, 420.0);
         assert_eq!(
             q.running,
             r#"sum by (pod) (vllm:num_requests_running{namespace="ns",model_name="m"})"#
@@ -743,5 +781,11 @@ mod tests {
             r#"sum by (pod, le) (increase(vllm:time_to_first_token_seconds_bucket{namespace="ns",model_name="m"}[60000ms]))"#
         );
         assert!(q.arrivals_short.finished.contains("[10000ms]"));
+        assert!(q
+            .wide
+            .prompt_len
+            .contains("vllm:request_prompt_tokens_bucket"));
+        assert!(q.wide.arrivals.finished.contains("[420000ms]"));
+        assert!(q.all().contains(&q.wide.generation_tokens.as_str()));
     }
 }

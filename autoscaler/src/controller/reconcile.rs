@@ -520,7 +520,7 @@ async fn with_gateway(
     };
     let held = q.total().round() as u64;
     let reading = match reading {
-        Reading::Stale(_) if at_zero(view) => Reading::Fresh(idle_load(pool)),
+        Reading::Stale(_) if at_zero(view) => Reading::Fresh(Box::new(idle_load(pool))),
         r => r,
     };
     match reading {

@@ -36,6 +36,7 @@ pub fn pool_config(
         window_s: spec.policy.window_seconds,
         short_window_s: spec.policy.short_window_seconds,
         latency_window_s: spec.policy.window_seconds,
+        shape_window_s: spec.policy.shape_window_seconds,
         ttft_quantile: spec.slo.ttft.percentile / 100.0,
         tpot_quantile: spec.slo.tpot.percentile / 100.0,
         ttft_target: Some(ttft_target),
@@ -100,12 +101,12 @@ impl PodScraper {
                 ))
             })
             .collect();
-        Reading::Fresh(Load {
+        Reading::Fresh(Box::new(Load {
             arrivals: obs.arrivals,
             queue: obs.queue,
             latency: obs.latency,
             variants,
-        })
+        }))
     }
 }
 

@@ -74,7 +74,7 @@ pub struct Query<'a> {
 /// A source's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reading {
-    Fresh(Load),
+    Fresh(Box<Load>),
     /// No fresh figures, and why (a target timed out, Prometheus is unreachable, a pod has no
     /// recent sample): the controller holds every variant as it is.
     Stale(String),

@@ -35,7 +35,7 @@ pub use snapshot::{normalise_url, Histogram, ModelQueue, Snapshot, TtftTarget};
 use window::{History, Increase};
 
 use sluice_policy::profile::CapacityType;
-use sluice_policy::signals::{Arrivals, Latency, Queue, Signals};
+use sluice_policy::signals::{Arrivals, Latency, Queue, Signals, WindowShape, SHAPE_WINDOW_S};
 
 /// Largest `/metrics` body read (a replica's is ~20 kB).
 const MAX_BODY: usize = 8 << 20;
@@ -90,6 +90,8 @@ pub struct ScrapeConfig {
     pub short_window_s: f64,
     /// The window of the latency percentiles.
     pub latency_window_s: f64,
+    /// The request shape's wider window (see [`Arrivals::wide`]).
+    pub shape_window_s: f64,
     /// The quantiles the SLO names for TTFT and TPOT (0.99 for p99). The signals' `*_p99_s`
     /// fields carry these quantiles: the policy compares them with the SLO's targets.
     pub ttft_quantile: f64,
@@ -106,6 +108,7 @@ impl Default for ScrapeConfig {
             window_s: 60.0,
             short_window_s: 10.0,
             latency_window_s: 60.0,
+            shape_window_s: SHAPE_WINDOW_S,
             ttft_quantile: 0.99,
             tpot_quantile: 0.99,
             ttft_target: None,
@@ -332,7 +335,8 @@ impl Scraper {
             .config
             .window_s
             .max(self.config.short_window_s)
-            .max(self.config.latency_window_s);
+            .max(self.config.latency_window_s)
+            .max(self.config.shape_window_s);
         // Departed targets keep counting what they served until it leaves every window.
         self.tracked.retain(|_, tr| {
             tr.history.prune(now_s, keep);
@@ -373,6 +377,7 @@ impl Scraper {
         let mut long = Increase::default();
         let mut short = Increase::default();
         let mut lat = Increase::default();
+        let mut wide = Increase::default();
         let mut per_variant: BTreeMap<(String, CapacityType), Increase> = BTreeMap::new();
         for tr in self.tracked.values() {
             if tr.target.role != Role::Replica {
@@ -380,6 +385,7 @@ impl Scraper {
             }
             long.add(&tr.history.increase(now, c.window_s));
             short.add(&tr.history.increase(now, c.short_window_s));
+            wide.add(&tr.history.increase(now, c.shape_window_s));
             let l = tr.history.increase(now, c.latency_window_s);
             lat.add(&l);
             per_variant
@@ -398,6 +404,13 @@ impl Scraper {
             short_requests_per_s: short.arrivals.max(0.0) / ws,
             max_prompt_tokens: long.prompt_len.max_bound().map_or(0, |m| m.round() as u64),
             prompt_tokens_cv2: prompt.map_or(0.0, |p| p.1),
+            wide: Some(WindowShape {
+                window_s: c.shape_window_s,
+                requests: wide.arrivals.max(0.0),
+                prompt_tokens: wide.prompt_tokens.max(0.0),
+                output_tokens: wide.generation_tokens.max(0.0),
+                prompt_tokens_cv2: wide.prompt_len.mean_cv2().map_or(0.0, |p| p.1),
+            }),
         };
         let latency = Latency {
             window_s: c.latency_window_s,

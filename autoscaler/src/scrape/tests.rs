@@ -86,6 +86,14 @@ fn windows_over_real_snapshots_give_rates_queue_and_load() {
     assert_eq!(sig.variants[0].ready, 2, "fleet counts are the actuator's");
     assert_eq!(sig.variants[0].waiting_per_replica, 2.5);
     assert_eq!(sig.arrivals.window_s, 10.0);
+    // The shape window counts the same six arrivals and eleven prompt tokens.
+    let wide = sig
+        .arrivals
+        .wide
+        .as_ref()
+        .expect("the shape window is read");
+    assert_eq!(wide.window_s, cfg().shape_window_s);
+    assert_eq!((wide.requests, wide.prompt_tokens), (6.0, 11.0));
 }
 
 #[test]

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::plan::{self, VariantLimits};
 use super::Policy;
-use crate::capacity::{Capacity, Planning, Slo, Workload};
+use crate::capacity::{self, Capacity, Planning, Slo, Workload};
 use crate::decision::{Decision, Demand, Mode, ReasonKind};
 use crate::forecast::Holt;
 use crate::headroom::Headroom;
@@ -589,6 +589,46 @@ impl Sluice {
             .collect()
     }
 
+    /// `planned`, raised to the floor the prompt-length tail sets: the capacity of as many
+    /// replicas of an eligible variant as keep first tokens stuck behind long prompts within
+    /// half the SLO's error budget at `rate` (see [`capacity::tail_replicas`]), of the variant
+    /// whose floor is lowest; none where the rate alone sets some variant's count. The floor
+    /// is those replicas' whole capacity, so the headroom on top is theirs.
+    fn tail_floor(
+        &self,
+        limits: &[VariantLimits],
+        caps: &[Capacity],
+        w: &Workload,
+        rate: f64,
+        planned: f64,
+        d: &mut Decision,
+    ) -> f64 {
+        let budget = (1.0 - self.config.ttft_attainment_goal).max(0.0) / 2.0;
+        let floors = limits.iter().zip(caps).filter_map(|(l, c)| {
+            let v = self.profile.variant(&l.variant).ok()?;
+            (c.requests_per_s > 0.0).then(|| {
+                let n = capacity::tail_replicas(v, w, &self.config.slo, rate, budget, l.max);
+                let n = n.unwrap_or(0);
+                (f64::from(n) * c.requests_per_s, n, &l.variant)
+            })
+        });
+        let Some((floor, n, variant)) = floors.min_by(|a, b| a.0.total_cmp(&b.0)) else {
+            return planned;
+        };
+        if floor > planned {
+            d.reason(
+                ReasonKind::PromptTail,
+                Some(variant),
+                format!(
+                    "prompts of {:.0} tokens on average (cv² {:.2}) at {rate:.2} req/s: {n} \
+                     replicas, so that few first tokens wait behind a long one",
+                    w.mean_prompt_tokens, w.prompt_cv2
+                ),
+            );
+        }
+        floor.max(planned)
+    }
+
     /// Stabilisation (HPA's, on the planned demand rather than per variant, so a switch of
     /// mix is never half held back): up at once, down only to the highest demand planned
     /// within the window; in panic, not down at all; and not before a full window of arrivals
@@ -789,7 +829,11 @@ impl Policy for Sluice {
                 c.requests_per_s * self.variant_margin.get(&l.variant).copied().unwrap_or(1.0)
             })
             .fold(0.0, f64::max);
-        let p = self.plan_demand(s, panic, idle, ref_capacity, &mut d);
+        let mut p = self.plan_demand(s, panic, idle, ref_capacity, &mut d);
+        if !idle {
+            let rate = s.arrivals.requests_per_s.max(p.forecast);
+            p.planned = self.tail_floor(&limits, &caps, &w, rate, p.planned, &mut d);
+        }
         let spot_ok = self.spot_allowed(s, &mut d);
         let spot = self.config.spot;
         let allow = |n: &str, c: CapacityType| match c {

@@ -44,6 +44,7 @@ fn signals(t: f64, rate: f64, waiting: u64, fleet: &[(&str, CapacityType, u32, u
             short_requests_per_s: rate,
             max_prompt_tokens: 1000,
             prompt_tokens_cv2: 0.0,
+            wide: None,
         },
         queue: Queue {
             waiting,
@@ -500,4 +501,29 @@ fn feasible_first_tokens_late_without_a_queue_grow_the_fleet() {
         "{}",
         planned(&back)
     );
+}
+
+#[test]
+fn a_heavy_tail_of_long_prompts_keeps_a_second_replica_at_low_load() {
+    // Half a request a second of 9,000-token prompts is a fifth of one H100's prefill. With
+    // equal prompts one H100 serves it; with log-normal ones (cv² 2.25, tens of thousands of
+    // tokens now and then) a lone replica is blocked too often and a second one is kept.
+    let fleet = [
+        (L4, CapacityType::OnDemand, 0, 0),
+        (H100, CapacityType::OnDemand, 1, 0),
+    ];
+    let decide = |cv2: f64| {
+        let mut p = Sluice::new(profile(), config());
+        let mut s = signals(0.0, 0.5, 0, &fleet);
+        s.arrivals.prompt_tokens_per_s = 0.5 * 9000.0;
+        s.arrivals.output_tokens_per_s = 0.5 * 300.0;
+        s.arrivals.prompt_tokens_cv2 = cv2;
+        p.decide(&s)
+    };
+    let equal = decide(0.0);
+    assert_eq!(equal.replicas_of(H100), 1, "{:?}", equal.targets);
+    assert!(!equal.has_reason(ReasonKind::PromptTail));
+    let heavy = decide(2.25);
+    assert_eq!(heavy.replicas_of(H100), 2, "{:?}", heavy.reasons);
+    assert!(heavy.has_reason(ReasonKind::PromptTail));
 }

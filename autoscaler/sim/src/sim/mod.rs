@@ -43,6 +43,10 @@ pub struct SimConfig {
     pub window_s: f64,
     pub short_window_s: f64,
     pub latency_window_s: f64,
+    /// The request shape's wider window, for when the long one holds few requests
+    /// ([`Arrivals::wide`](sluice_policy::signals::Arrivals::wide)).
+    #[serde(default = "shape_window_s")]
+    pub shape_window_s: f64,
     /// Spot reclaims per node-hour (exponential lifetimes).
     pub spot_preemptions_per_node_hour: f64,
     /// Notice before a reclaimed Spot node disappears (GCE gives 30 s).
@@ -65,6 +69,7 @@ impl Default for SimConfig {
             window_s: 60.0,
             short_window_s: 10.0,
             latency_window_s: 60.0,
+            shape_window_s: shape_window_s(),
             spot_preemptions_per_node_hour: 0.0,
             spot_notice_s: 30.0,
             max_drain_s: 1800.0,
@@ -72,6 +77,10 @@ impl Default for SimConfig {
             seed: 1,
         }
     }
+}
+
+fn shape_window_s() -> f64 {
+    sluice_policy::signals::SHAPE_WINDOW_S
 }
 
 fn queue_late_after_share() -> Option<f64> {
@@ -387,6 +396,7 @@ impl<'a> Sim<'a> {
                 cfg.window_s,
                 cfg.short_window_s,
                 cfg.latency_window_s,
+                cfg.shape_window_s,
                 slo.ttft_p99_s,
             ),
             heap: BinaryHeap::new(),

@@ -5,7 +5,9 @@
 use std::collections::VecDeque;
 
 use sluice_policy::capacity::cv2;
-use sluice_policy::signals::{Arrivals, Latency, PoolSignals, Queue, Signals, VariantSignals};
+use sluice_policy::signals::{
+    Arrivals, Latency, PoolSignals, Queue, Signals, VariantSignals, WindowShape,
+};
 use sluice_policy::timeline::Request;
 
 use crate::sim::fleet::Fleet;
@@ -18,15 +20,67 @@ pub fn cpu_utilisation(seqs: usize, max_seqs: usize) -> f64 {
     0.25 + 0.05 * seqs as f64 / max_seqs.max(1) as f64
 }
 
+/// The arrivals of one window ending now: (time, prompt, output) with running sums.
+#[derive(Debug)]
+struct ArrivalWindow {
+    window_s: f64,
+    arrivals: VecDeque<(f64, u32, u32)>,
+    prompt_sum: f64,
+    prompt_sq_sum: f64,
+    output_sum: f64,
+}
+
+impl ArrivalWindow {
+    fn new(window_s: f64) -> Self {
+        ArrivalWindow {
+            window_s,
+            arrivals: VecDeque::new(),
+            prompt_sum: 0.0,
+            prompt_sq_sum: 0.0,
+            output_sum: 0.0,
+        }
+    }
+
+    fn push(&mut self, t: f64, r: &Request) {
+        self.arrivals
+            .push_back((t, r.prompt_tokens, r.output_tokens));
+        self.prompt_sum += f64::from(r.prompt_tokens);
+        self.prompt_sq_sum += f64::from(r.prompt_tokens).powi(2);
+        self.output_sum += f64::from(r.output_tokens);
+    }
+
+    fn expire(&mut self, now: f64) {
+        while let Some(&(t, p, o)) = self.arrivals.front() {
+            if t >= now - self.window_s {
+                break;
+            }
+            self.arrivals.pop_front();
+            self.prompt_sum -= f64::from(p);
+            self.prompt_sq_sum -= f64::from(p).powi(2);
+            self.output_sum -= f64::from(o);
+        }
+    }
+
+    fn shape(&self) -> WindowShape {
+        let n = self.arrivals.len() as f64;
+        WindowShape {
+            window_s: self.window_s,
+            requests: n,
+            prompt_tokens: self.prompt_sum.max(0.0),
+            output_tokens: self.output_sum.max(0.0),
+            prompt_tokens_cv2: cv2(n, self.prompt_sum, self.prompt_sq_sum),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Observer {
     pub window_s: f64,
     pub short_window_s: f64,
     pub latency_window_s: f64,
-    arrivals: VecDeque<(f64, u32, u32)>,
-    prompt_sum: f64,
-    prompt_sq_sum: f64,
-    output_sum: f64,
+    long: ArrivalWindow,
+    /// The request shape's wider window (see [`Arrivals::wide`]).
+    wide: ArrivalWindow,
     ttft: VecDeque<(f64, f64, usize)>,
     /// First tokens of feasible requests in the latency window: (time, within the target).
     feasible: VecDeque<(f64, bool)>,
@@ -48,16 +102,15 @@ impl Observer {
         window_s: f64,
         short_window_s: f64,
         latency_window_s: f64,
+        shape_window_s: f64,
         ttft_target_s: f64,
     ) -> Observer {
         Observer {
             window_s,
             short_window_s,
             latency_window_s,
-            arrivals: VecDeque::new(),
-            prompt_sum: 0.0,
-            prompt_sq_sum: 0.0,
-            output_sum: 0.0,
+            long: ArrivalWindow::new(window_s),
+            wide: ArrivalWindow::new(shape_window_s),
             ttft: VecDeque::new(),
             feasible: VecDeque::new(),
             ttft_target_s,
@@ -66,11 +119,8 @@ impl Observer {
     }
 
     pub fn on_arrival(&mut self, t: f64, r: &Request) {
-        self.arrivals
-            .push_back((t, r.prompt_tokens, r.output_tokens));
-        self.prompt_sum += f64::from(r.prompt_tokens);
-        self.prompt_sq_sum += f64::from(r.prompt_tokens).powi(2);
-        self.output_sum += f64::from(r.output_tokens);
+        self.long.push(t, r);
+        self.wide.push(t, r);
     }
 
     /// A first token at `t` on a replica of pool `key`.
@@ -86,15 +136,8 @@ impl Observer {
     }
 
     fn expire(&mut self, now: f64) {
-        while let Some(&(t, p, o)) = self.arrivals.front() {
-            if t >= now - self.window_s {
-                break;
-            }
-            self.arrivals.pop_front();
-            self.prompt_sum -= f64::from(p);
-            self.prompt_sq_sum -= f64::from(p).powi(2);
-            self.output_sum -= f64::from(o);
-        }
+        self.long.expire(now);
+        self.wide.expire(now);
         let cut = now - self.latency_window_s;
         while self.ttft.front().is_some_and(|&(t, _, _)| t < cut) {
             self.ttft.pop_front();
@@ -151,8 +194,9 @@ impl Observer {
     /// Arrival rates and shape over the windows ending at `now`.
     fn arrivals(&self, now: f64) -> Arrivals {
         let span = self.window_s.min(now.max(self.short_window_s));
-        let n = self.arrivals.len() as f64;
+        let long = self.long.shape();
         let short = self
+            .long
             .arrivals
             .iter()
             .rev()
@@ -160,18 +204,20 @@ impl Observer {
             .count() as f64;
         Arrivals {
             window_s: self.window_s,
-            requests_per_s: n / span,
-            prompt_tokens_per_s: self.prompt_sum.max(0.0) / span,
-            output_tokens_per_s: self.output_sum.max(0.0) / span,
+            requests_per_s: long.requests / span,
+            prompt_tokens_per_s: long.prompt_tokens / span,
+            output_tokens_per_s: long.output_tokens / span,
             short_window_s: self.short_window_s,
             short_requests_per_s: short / self.short_window_s.min(now.max(1.0)),
             max_prompt_tokens: self
+                .long
                 .arrivals
                 .iter()
                 .map(|&(_, p, _)| u64::from(p))
                 .max()
                 .unwrap_or(0),
-            prompt_tokens_cv2: cv2(n, self.prompt_sum, self.prompt_sq_sum),
+            prompt_tokens_cv2: long.prompt_tokens_cv2,
+            wide: Some(self.wide.shape()),
         }
     }
 
