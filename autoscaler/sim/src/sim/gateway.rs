@@ -75,7 +75,14 @@ impl Gateway {
         active: &[usize],
         weights: &[f64],
     ) -> Vec<usize> {
-        let mut touched = Vec::new();
+        let mut round = Round {
+            now,
+            requests,
+            fleet,
+            active,
+            weights,
+            touched: Vec::new(),
+        };
         if let Some(late) = self.late_after_s {
             let on_time = self
                 .queue
@@ -83,61 +90,79 @@ impl Gateway {
                 .rev()
                 .take_while(|&&i| now - requests[i as usize].arrival_s <= late)
                 .count();
-            let start = self.queue.len() - on_time;
-            self.admit_from(start, now, requests, fleet, active, weights, &mut touched);
+            self.admit_from(self.queue.len() - on_time, &mut round);
         }
-        self.admit_from(0, now, requests, fleet, active, weights, &mut touched);
-        touched
+        self.admit_from(0, &mut round);
+        round.touched
     }
 
     /// Admits queued requests from place `start` on, each to the least-loaded ready replica
     /// that can take it, until one that fits a ready replica finds none with room now
     /// (head-of-line: everyone after it waits too) or `SCAN` places have been looked at.
-    #[allow(clippy::too_many_arguments)]
-    fn admit_from(
-        &mut self,
-        start: usize,
-        now: f64,
-        requests: &[Request],
-        fleet: &mut Fleet,
-        active: &[usize],
-        weights: &[f64],
-        touched: &mut Vec<usize>,
-    ) {
+    fn admit_from(&mut self, start: usize, round: &mut Round<'_>) {
         let mut i = start;
         while i < self.queue.len().min(start + SCAN) {
             let idx = self.queue[i];
-            let r = &requests[idx as usize];
-            let mut best: Option<((f64, f64), usize)> = None;
-            let mut could_fit = false;
-            for &id in active {
-                let rep = &fleet.replicas[id];
-                if !rep.is_ready() {
-                    continue;
-                }
-                if rep.fits(r) {
-                    could_fit = true;
-                }
-                if rep.can_admit(r) {
-                    let load = (rep.seqs() + 1) as f64 / weights[rep.key].max(1e-9);
-                    let est = (load, rep.estimated_ttft_s(r));
-                    if best.is_none_or(|(b, _)| est < b) {
-                        best = Some((est, id));
-                    }
-                }
-            }
-            match best {
-                Some((_, id)) => {
-                    fleet.replicas[id].admit(now, idx, r);
+            let r = &round.requests[idx as usize];
+            match round.best_replica(r) {
+                Choice::Admit(id) => {
+                    round.fleet.replicas[id].admit(round.now, idx, r);
                     self.queue.remove(i);
-                    if !touched.contains(&id) {
-                        touched.push(id);
+                    if !round.touched.contains(&id) {
+                        round.touched.push(id);
                     }
                 }
                 // Head-of-line: it fits a ready replica, just not now; everyone waits.
-                None if could_fit => break,
-                None => i += 1,
+                Choice::Wait => break,
+                Choice::Never => i += 1,
             }
+        }
+    }
+}
+
+/// One dispatch round: the fleet it routes to and the replicas that took work so far.
+struct Round<'a> {
+    now: f64,
+    requests: &'a [Request],
+    fleet: &'a mut Fleet,
+    active: &'a [usize],
+    weights: &'a [f64],
+    touched: Vec<usize>,
+}
+
+/// Where a queued request goes this round.
+enum Choice {
+    Admit(usize),
+    /// Some ready replica could hold it, none has room now.
+    Wait,
+    /// No ready replica could ever hold it.
+    Never,
+}
+
+impl Round<'_> {
+    /// The least-loaded ready replica (sequences over the variant's planned batch) that can
+    /// admit `r` now, ties to the earliest estimated first token.
+    fn best_replica(&self, r: &Request) -> Choice {
+        let mut best: Option<((f64, f64), usize)> = None;
+        let mut could_fit = false;
+        for &id in self.active {
+            let rep = &self.fleet.replicas[id];
+            if !rep.is_ready() {
+                continue;
+            }
+            could_fit |= rep.fits(r);
+            if rep.can_admit(r) {
+                let load = (rep.seqs() + 1) as f64 / self.weights[rep.key].max(1e-9);
+                let est = (load, rep.estimated_ttft_s(r));
+                if best.is_none_or(|(b, _)| est < b) {
+                    best = Some((est, id));
+                }
+            }
+        }
+        match best {
+            Some((_, id)) => Choice::Admit(id),
+            None if could_fit => Choice::Wait,
+            None => Choice::Never,
         }
     }
 }
