@@ -844,41 +844,35 @@ impl Core {
 
     /// Aborts every sequence whose stream was dropped.
     fn reap_aborted(&mut self) {
-        let mut i = 0;
-        while i < self.sched.running.len() {
-            if self.sched.running[i].req.events.is_closed() {
-                let seq = self.sched.finish_running(i);
-                self.finish(seq, FinishReason::Abort, None);
-            } else {
-                i += 1;
-            }
-        }
-        let gone: Vec<_> = self
-            .sched
-            .waiting
-            .iter()
-            .filter(|(_, s)| s.req.events.is_closed())
-            .map(|(k, _)| *k)
-            .collect();
-        for k in gone {
-            let seq = self.sched.waiting.remove(&k).expect("key just listed");
-            self.finish(seq, FinishReason::Abort, None);
-        }
+        self.reap(|s| s.req.events.is_closed(), |_, _| FinishReason::Abort);
     }
 
     /// Stops every sequence whose deadline has passed, freeing its blocks: a running one in
     /// prefill (no token sampled yet) or decode, a waiting one in the queue.
     fn reap_expired(&mut self, now: Instant) {
         let expired = |s: &Seq| s.req.deadline.is_some_and(|d| now >= d);
+        let stage = |seq: &Seq, running: bool| {
+            // A preempted sequence had been scheduled: its stage is where it had got to.
+            let scheduled = running || seq.timing.first_scheduled.is_some();
+            let stage = match (scheduled, seq.timing.first_token) {
+                (false, _) => Stage::Queue,
+                (true, None) => Stage::Prefill,
+                (true, Some(_)) => Stage::Decode,
+            };
+            FinishReason::Deadline(stage)
+        };
+        self.reap(expired, stage);
+    }
+
+    /// Finishes every sequence, running or waiting, that `doomed` picks, with the reason `why`
+    /// gives it (told whether it was running), freeing its blocks.
+    fn reap(&mut self, doomed: impl Fn(&Seq) -> bool, why: impl Fn(&Seq, bool) -> FinishReason) {
         let mut i = 0;
         while i < self.sched.running.len() {
-            if expired(&self.sched.running[i]) {
+            if doomed(&self.sched.running[i]) {
                 let seq = self.sched.finish_running(i);
-                let stage = match seq.timing.first_token {
-                    None => Stage::Prefill,
-                    Some(_) => Stage::Decode,
-                };
-                self.finish(seq, FinishReason::Deadline(stage), None);
+                let reason = why(&seq, true);
+                self.finish(seq, reason, None);
             } else {
                 i += 1;
             }
@@ -887,18 +881,13 @@ impl Core {
             .sched
             .waiting
             .iter()
-            .filter(|(_, s)| expired(s))
+            .filter(|(_, s)| doomed(s))
             .map(|(k, _)| *k)
             .collect();
         for k in gone {
             let seq = self.sched.waiting.remove(&k).expect("key just listed");
-            // A preempted sequence had been scheduled: its stage is where it had got to.
-            let stage = match (seq.timing.first_scheduled, seq.timing.first_token) {
-                (None, _) => Stage::Queue,
-                (Some(_), None) => Stage::Prefill,
-                (Some(_), Some(_)) => Stage::Decode,
-            };
-            self.finish(seq, FinishReason::Deadline(stage), None);
+            let reason = why(&seq, false);
+            self.finish(seq, reason, None);
         }
     }
 
