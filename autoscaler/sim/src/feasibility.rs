@@ -40,12 +40,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn long_prompts_and_slow_decodes_are_infeasible() {
-        let p = Profile::load("llama-3-8b")
+    /// The default scenario's variants.
+    fn l4_and_h100() -> Profile {
+        Profile::load("llama-3-8b")
             .unwrap()
             .restrict(&["nvidia-l4".into(), "nvidia-h100-80gb".into()])
-            .unwrap();
+            .unwrap()
+    }
+
+    #[test]
+    fn long_prompts_and_slow_decodes_are_infeasible() {
+        let p = l4_and_h100();
         let slo = Slo {
             ttft_p99_s: 2.0,
             tpot_p99_s: 0.1,
@@ -73,10 +78,7 @@ mod tests {
     /// boundary `feasible` draws, within a token, on both sides of one chunk.
     #[test]
     fn the_longest_feasible_prompt_is_the_feasibility_boundary() {
-        let p = Profile::load("llama-3-8b")
-            .unwrap()
-            .restrict(&["nvidia-l4".into(), "nvidia-h100-80gb".into()])
-            .unwrap();
+        let p = l4_and_h100();
         for ttft in [0.05, 0.3, 2.0, 5.0] {
             let slo = Slo {
                 ttft_p99_s: ttft,

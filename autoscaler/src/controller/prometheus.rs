@@ -193,14 +193,11 @@ pub struct Queries {
     pub running: String,
     pub waiting: String,
     pub kv_usage: String,
-    /// Arrivals over the long window, and over the short one.
-    pub arrivals: ArrivalQueries,
+    /// Arrivals and the request shape over the long window; arrivals over the short one.
+    pub long: ShapeQueries,
     pub arrivals_short: ArrivalQueries,
-    pub prompt_tokens: String,
-    pub generation_tokens: String,
     pub ttft: String,
     pub tpot: Vec<String>,
-    pub prompt_len: String,
     /// The request shape over the wider window.
     pub wide: ShapeQueries,
 }
@@ -273,6 +270,12 @@ impl Queries {
             ),
         };
         let tokens = |name: &str, r: &str| by("sum", format!("increase({}{r})", sel(name)));
+        let shape = |r: &str| ShapeQueries {
+            arrivals: arrivals(r),
+            prompt_tokens: tokens(vllm::PROMPT_TOKENS_TOTAL, r),
+            generation_tokens: tokens(vllm::GENERATION_TOKENS_TOTAL, r),
+            prompt_len: hist(vllm::REQUEST_PROMPT_TOKENS, r),
+        };
         Queries {
             last_sample: by(
                 "max",
@@ -288,19 +291,11 @@ impl Queries {
                     vllm::GPU_CACHE_USAGE_PERC
                 ),
             ),
-            arrivals: arrivals(&w),
+            long: shape(&w),
             arrivals_short: arrivals(&s),
-            prompt_tokens: tokens(vllm::PROMPT_TOKENS_TOTAL, &w),
-            generation_tokens: tokens(vllm::GENERATION_TOKENS_TOTAL, &w),
             ttft: hist(vllm::TIME_TO_FIRST_TOKEN_SECONDS, &w),
             tpot: vllm::TPOT_HISTOGRAMS.iter().map(|n| hist(n, &w)).collect(),
-            prompt_len: hist(vllm::REQUEST_PROMPT_TOKENS, &w),
-            wide: ShapeQueries {
-                arrivals: arrivals(&wide),
-                prompt_tokens: tokens(vllm::PROMPT_TOKENS_TOTAL, &wide),
-                generation_tokens: tokens(vllm::GENERATION_TOKENS_TOTAL, &wide),
-                prompt_len: hist(vllm::REQUEST_PROMPT_TOKENS, &wide),
-            },
+            wide: shape(&wide),
         }
     }
 
@@ -310,12 +305,9 @@ impl Queries {
             &self.running,
             &self.waiting,
             &self.kv_usage,
-            &self.prompt_tokens,
-            &self.generation_tokens,
             &self.ttft,
-            &self.prompt_len,
         ];
-        v.extend(self.arrivals.all());
+        v.extend(self.long.all());
         v.extend(self.arrivals_short.all());
         v.extend(self.tpot.iter().map(String::as_str));
         v.extend(self.wide.all());
@@ -531,8 +523,7 @@ fn compute<'a>(
         return Reading::Stale(why);
     }
     let (queue, sums) = ans.gauges(queries, q.targets);
-    let (prompt_len, _) = ans.histograms(&queries.prompt_len);
-    let arrivals = ans.arrivals(queries, &q.spec.policy, &prompt_len);
+    let (arrivals, prompt_len) = ans.arrivals(queries, &q.spec.policy);
     let (tq, pq) = (
         q.spec.slo.ttft.percentile / 100.0,
         q.spec.slo.tpot.percentile / 100.0,
@@ -700,30 +691,43 @@ impl<'a, 'm> Answers<'a, 'm> {
         (all, per_variant)
     }
 
-    /// Arrival rates and shape over the policy's windows.
-    fn arrivals(&self, queries: &Queries, policy: &PolicySpec, prompt_len: &Histogram) -> Arrivals {
+    /// Arrival rates and shape over the policy's windows, and the long window's prompt-length
+    /// histogram (the TTFT attainment reads it too).
+    fn arrivals(&self, queries: &Queries, policy: &PolicySpec) -> (Arrivals, Histogram) {
         let (w, ws) = (policy.window_seconds, policy.short_window_seconds);
-        let arrivals_over =
-            |a: &ArrivalQueries| a.all().iter().map(|q| self.total(q)).sum::<f64>().max(0.0);
-        let wide = &queries.wide;
-        let (wide_len, _) = self.histograms(&wide.prompt_len);
-        Arrivals {
+        let (long, prompt_len) = self.shape(&queries.long, w);
+        let (wide, _) = self.shape(&queries.wide, policy.shape_window_seconds);
+        let arrivals = Arrivals {
             window_s: w,
-            requests_per_s: arrivals_over(&queries.arrivals) / w,
-            prompt_tokens_per_s: self.total(&queries.prompt_tokens).max(0.0) / w,
-            output_tokens_per_s: self.total(&queries.generation_tokens).max(0.0) / w,
+            requests_per_s: long.requests / w,
+            prompt_tokens_per_s: long.prompt_tokens / w,
+            output_tokens_per_s: long.output_tokens / w,
             short_window_s: ws,
-            short_requests_per_s: arrivals_over(&queries.arrivals_short) / ws,
+            short_requests_per_s: self.arrivals_over(&queries.arrivals_short) / ws,
             max_prompt_tokens: prompt_len.max_bound().map_or(0, |m| m.round() as u64),
+            prompt_tokens_cv2: long.prompt_tokens_cv2,
+            wide: Some(wide),
+        };
+        (arrivals, prompt_len)
+    }
+
+    /// The requests that arrived over one window and their tokens, with its prompt-length
+    /// histogram.
+    fn shape(&self, q: &ShapeQueries, window_s: f64) -> (WindowShape, Histogram) {
+        let (prompt_len, _) = self.histograms(&q.prompt_len);
+        let shape = WindowShape {
+            window_s,
+            requests: self.arrivals_over(&q.arrivals),
+            prompt_tokens: self.total(&q.prompt_tokens).max(0.0),
+            output_tokens: self.total(&q.generation_tokens).max(0.0),
             prompt_tokens_cv2: prompt_len.mean_cv2().map_or(0.0, |p| p.1),
-            wide: Some(WindowShape {
-                window_s: policy.shape_window_seconds,
-                requests: arrivals_over(&wide.arrivals),
-                prompt_tokens: self.total(&wide.prompt_tokens).max(0.0),
-                output_tokens: self.total(&wide.generation_tokens).max(0.0),
-                prompt_tokens_cv2: wide_len.mean_cv2().map_or(0.0, |p| p.1),
-            }),
-        }
+        };
+        (shape, prompt_len)
+    }
+
+    /// Requests arrived over a window: finished in it plus the change in running and waiting.
+    fn arrivals_over(&self, a: &ArrivalQueries) -> f64 {
+        a.all().iter().map(|q| self.total(q)).sum::<f64>().max(0.0)
     }
 }
 

@@ -35,7 +35,7 @@ pub use snapshot::{normalise_url, Histogram, ModelQueue, Snapshot, TtftTarget};
 use window::{History, Increase};
 
 use sluice_policy::profile::CapacityType;
-use sluice_policy::signals::{Arrivals, Latency, Queue, Signals, WindowShape, SHAPE_WINDOW_S};
+use sluice_policy::signals::{Arrivals, Latency, Queue, Signals, SHAPE_WINDOW_S};
 
 /// Largest `/metrics` body read (a replica's is ~20 kB).
 const MAX_BODY: usize = 8 << 20;
@@ -394,23 +394,17 @@ impl Scraper {
                 .add(&l);
         }
         let (w, ws) = (span(c.window_s), span(c.short_window_s));
-        let prompt = long.prompt_len.mean_cv2();
+        let shape = long.shape(c.window_s);
         let arrivals = Arrivals {
             window_s: c.window_s,
-            requests_per_s: long.arrivals.max(0.0) / w,
-            prompt_tokens_per_s: long.prompt_tokens / w,
-            output_tokens_per_s: long.generation_tokens / w,
+            requests_per_s: shape.requests / w,
+            prompt_tokens_per_s: shape.prompt_tokens / w,
+            output_tokens_per_s: shape.output_tokens / w,
             short_window_s: c.short_window_s,
             short_requests_per_s: short.arrivals.max(0.0) / ws,
             max_prompt_tokens: long.prompt_len.max_bound().map_or(0, |m| m.round() as u64),
-            prompt_tokens_cv2: prompt.map_or(0.0, |p| p.1),
-            wide: Some(WindowShape {
-                window_s: c.shape_window_s,
-                requests: wide.arrivals.max(0.0),
-                prompt_tokens: wide.prompt_tokens.max(0.0),
-                output_tokens: wide.generation_tokens.max(0.0),
-                prompt_tokens_cv2: wide.prompt_len.mean_cv2().map_or(0.0, |p| p.1),
-            }),
+            prompt_tokens_cv2: shape.prompt_tokens_cv2,
+            wide: Some(wide.shape(c.shape_window_s)),
         };
         let latency = Latency {
             window_s: c.latency_window_s,

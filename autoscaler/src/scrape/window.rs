@@ -9,6 +9,8 @@
 
 use std::collections::VecDeque;
 
+use sluice_policy::signals::WindowShape;
+
 use super::snapshot::{Histogram, Snapshot};
 
 /// Snapshots of one target, oldest first, each with the scraper's time in seconds.
@@ -109,6 +111,17 @@ fn hist_step(acc: &mut Histogram, a: &Option<Histogram>, b: &Option<Histogram>) 
 }
 
 impl Increase {
+    /// The requests that arrived over the window (`window_s` long) and their tokens.
+    pub fn shape(&self, window_s: f64) -> WindowShape {
+        WindowShape {
+            window_s,
+            requests: self.arrivals.max(0.0),
+            prompt_tokens: self.prompt_tokens.max(0.0),
+            output_tokens: self.generation_tokens.max(0.0),
+            prompt_tokens_cv2: self.prompt_len.mean_cv2().map_or(0.0, |p| p.1),
+        }
+    }
+
     pub fn add(&mut self, o: &Increase) {
         self.arrivals += o.arrivals;
         self.finished += o.finished;
