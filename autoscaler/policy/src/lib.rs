@@ -18,6 +18,7 @@
 //!   packing of replicas onto nodes.
 //! - [`forecast`]: Holt's linear trend over the start-up lead time.
 //! - [`headroom`]: a headroom learnt from the forecast's shortfalls over the start-up lead.
+//! - [`payback`]: the scale-down window, lengthened by releases bought back within a start-up.
 //! - [`policy`]: the [`Policy`](policy::Policy) trait, shared planning, and [`policy::sluice`].
 //! - [`baselines`]: HPA on CPU and on concurrency, Knative's KPA, static peak, the oracle.
 //! - [`timeline`]: requests and their arrivals in buckets, which the oracle and the
@@ -32,6 +33,7 @@ pub mod error;
 pub mod forecast;
 pub mod headroom;
 pub mod mix;
+pub mod payback;
 pub mod policy;
 pub mod profile;
 pub mod signals;

@@ -5,7 +5,8 @@
 //! panic), plus headroom, plus a rate that drains the backlog; convert each variant's capacity
 //! at SLO into offers (Spot first, on-demand when Spot is out of stock); pick the cheapest mix
 //! (keeping the current one when switching saves too little); scale up at once and scale down
-//! only to the highest recommendation of the stabilisation window, never in panic. Latency
+//! only to the highest recommendation of the stabilisation window, never in panic; the window
+//! grows to a start-up lead while cuts are bought back within one ([`Payback`]). Latency
 //! above the SLO widens the planning margin, latency well below narrows it back.
 
 use std::collections::{HashMap, VecDeque};
@@ -19,6 +20,7 @@ use crate::decision::{Decision, Demand, Mode, ReasonKind};
 use crate::forecast::Holt;
 use crate::headroom::Headroom;
 use crate::mix::{self, Offer};
+use crate::payback::{Payback, Verdict};
 use crate::profile::{CapacityType, Profile};
 use crate::signals::Signals;
 use crate::zero::{ZeroBudget, ZeroRule};
@@ -64,6 +66,8 @@ pub struct SluiceConfig {
     /// ...or the queue holds more than this many seconds of the ready capacity.
     pub panic_queue_s: f64,
     pub panic_window_s: f64,
+    /// The scale-down window to start from: it grows to the start-up lead while cuts are
+    /// bought back within one, and shrinks back as cuts pay back (see [`Payback`]).
     pub scale_down_window_s: f64,
     /// A cheaper mix must pay back the start-up of its new replicas within this many seconds,
     /// or the current mix is kept.
@@ -133,6 +137,8 @@ pub struct Sluice {
     shape: Option<Workload>,
     /// Recent planned demand (requests/s) for the scale-down window.
     history: VecDeque<(f64, f64)>,
+    /// The scale-down window's length, grown by cuts bought back within a start-up.
+    payback: Payback,
     panic_until: f64,
     last_traffic_s: f64,
     margin: f64,
@@ -154,6 +160,7 @@ impl Sluice {
             first_tick_s: None,
             variant_margin: HashMap::new(),
             history: VecDeque::new(),
+            payback: Payback::new(config.scale_down_window_s),
             profile,
             shape: None,
             panic_until: f64::NEG_INFINITY,
@@ -657,7 +664,7 @@ impl Sluice {
         while self
             .history
             .front()
-            .is_some_and(|&(h, _)| h < t - self.config.scale_down_window_s)
+            .is_some_and(|&(h, _)| h < t - self.payback.window_s())
         {
             self.history.pop_front();
         }
@@ -670,24 +677,39 @@ impl Sluice {
             .min(current_capacity);
         let stable = planned.max(held).max(held_now);
         if stable > planned + 1e-9 && stable > 0.0 {
+            let why = if panic {
+                ": panic, no scale-down".to_string()
+            } else if p.warming {
+                ": still measuring the first window".to_string()
+            } else {
+                format!(" for the {:.0}s scale-down window", self.payback.window_s())
+            };
+            d.reason(
+                ReasonKind::Stabilisation,
+                None,
+                format!("holding {stable:.2} req/s (planned {planned:.2}){why}"),
+            );
+        }
+        stable
+    }
+
+    /// Whether the last cuts of the fleet paid back (see [`Payback`]): a variant bought again
+    /// within its start-up lead of a cut lengthens the scale-down window.
+    fn judge_cuts(&mut self, t: f64, current: &[u32], counts: &[u32], d: &mut Decision) {
+        let leads = plan::startup_times(&self.profile, &self.config.limits);
+        if let Verdict::BoughtBack { after_s, lead_s } =
+            self.payback.observe(t, current, counts, &leads)
+        {
             d.reason(
                 ReasonKind::Stabilisation,
                 None,
                 format!(
-                    "holding {:.2} req/s (planned {:.2}){}",
-                    stable,
-                    planned,
-                    if panic {
-                        ": panic, no scale-down"
-                    } else if p.warming {
-                        ": still measuring the first window"
-                    } else {
-                        " for the scale-down window"
-                    }
+                    "replicas cut {after_s:.0}s ago bought again within their {lead_s:.0}s \
+                     start-up: scale-down window now {:.0}s",
+                    self.payback.window_s()
                 ),
             );
         }
-        stable
     }
 
     /// Under [`ZeroRule::ErrorBudget`], an idle pool goes to zero only when the cold start
@@ -849,6 +871,7 @@ impl Policy for Sluice {
         let stable = self.keep_warm_for_return(s, &limits, &caps, stable, &mut d);
         let counts = self.choose_counts(s, &limits, &offers, &current, stable, &mut d);
         let chosen = mix::evaluate(&offers, &counts);
+        self.judge_cuts(s.time_s, &current, &counts, &mut d);
         d.demand = Demand {
             observed_requests_per_s: s.arrivals.requests_per_s,
             forecast_requests_per_s: p.forecast,

@@ -527,3 +527,53 @@ fn a_heavy_tail_of_long_prompts_keeps_a_second_replica_at_low_load() {
     assert_eq!(heavy.replicas_of(H100), 2, "{:?}", heavy.reasons);
     assert!(heavy.has_reason(ReasonKind::PromptTail));
 }
+
+/// Runs `ticks` ticks at `rate` from `t`, applying each decision as if replicas were ready at
+/// once; returns the time after them and the first tick whose fleet is below `below`.
+fn run_h100(
+    p: &mut Sluice,
+    t: f64,
+    ticks: u32,
+    rate: f64,
+    fleet: &mut u32,
+    below: u32,
+) -> (f64, Option<u32>) {
+    let mut first_cut = None;
+    for i in 0..ticks {
+        let s = signals(
+            t + f64::from(i) * 15.0,
+            rate,
+            0,
+            &[(H100, CapacityType::OnDemand, *fleet, 0)],
+        );
+        *fleet = p.decide(&s).replicas_of(H100);
+        if *fleet < below && first_cut.is_none() {
+            first_cut = Some(i);
+        }
+    }
+    (t + f64::from(ticks) * 15.0, first_cut)
+}
+
+#[test]
+fn a_cut_bought_back_within_a_start_up_holds_the_next_lull_for_a_start_up() {
+    let slo = Slo {
+        ttft_p99_s: 2.0,
+        tpot_p99_s: 0.1,
+    };
+    let limits = vec![VariantLimits::new(H100, 100)];
+    let mut p = Sluice::new(profile(), SluiceConfig::new(slo, limits));
+    let mut fleet = 0;
+    let (t, _) = run_h100(&mut p, 0.0, 40, 40.0, &mut fleet, 0);
+    let high = fleet;
+    // A lull: the fleet is cut once the five-minute window has passed...
+    let (t, cut) = run_h100(&mut p, t, 24, 10.0, &mut fleet, high);
+    let first = cut.unwrap();
+    assert!((19..=21).contains(&first), "cut at tick {first}");
+    // ...and the traffic is back two minutes later, well within an H100's 420 s start-up.
+    let (t, _) = run_h100(&mut p, t + 120.0, 40, 40.0, &mut fleet, 0);
+    assert!(fleet >= high, "{high} → {fleet}");
+    // The next lull is held for the start-up lead instead.
+    let (_, cut) = run_h100(&mut p, t, 40, 10.0, &mut fleet, high);
+    let second = cut.unwrap();
+    assert!(second >= 27, "cut at tick {second}, first at {first}");
+}
