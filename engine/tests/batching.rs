@@ -25,21 +25,8 @@ fn sixty_four_concurrent_requests_match_their_solo_runs() {
         })
         .collect();
     let solo_engine = start(|c| c.enable_prefix_caching = false);
-    let solo: Vec<_> = reqs
-        .iter()
-        .map(|r| run(&solo_engine, r.clone()).remove(0))
-        .collect();
     let engine = start(|c| c.max_num_batched_tokens = 512);
-    let streams: Vec<_> = reqs
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    for (i, (s, want)) in streams.into_iter().zip(&solo).enumerate() {
-        let got = collect(s, 1).remove(0);
-        assert_eq!(got.token_ids, want.token_ids, "request {i}");
-        assert_eq!(got.text, want.text, "request {i}");
-        assert_eq!(got.reason, want.reason, "request {i}");
-    }
+    assert_together_match_alone(&solo_engine, &engine, &reqs);
     wait_for(&engine, "idle", |l| l.running == 0 && l.waiting == 0);
     assert!(engine.metrics().batch_sequences.get_sample_sum() > 0.0);
 }
@@ -56,28 +43,8 @@ fn a_small_kv_pool_preempts_and_still_matches_solo_output() {
             )
         })
         .collect();
-    let solo_engine = start(|_| {});
-    let solo: Vec<_> = reqs
-        .iter()
-        .map(|r| run(&solo_engine, r.clone()).remove(0))
-        .collect();
     // 12 × ~90 tokens need ~72 blocks of 16; give it 24.
-    let engine = start(|c| {
-        c.num_kv_blocks = Some(24);
-        c.max_model_len = Some(256);
-    });
-    let streams: Vec<_> = reqs
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    for (i, (s, want)) in streams.into_iter().zip(&solo).enumerate() {
-        let got = collect(s, 1).remove(0);
-        assert_eq!(got.token_ids, want.token_ids, "request {i}");
-    }
-    assert!(
-        engine.metrics().preemptions.get() > 0,
-        "the pool was too small: preemptions must have happened"
-    );
+    let engine = assert_preempted_match_alone(&start(|_| {}), &reqs, 24, 256);
     wait_for(&engine, "idle", |l| {
         l.running == 0 && l.waiting == 0 && l.kv_blocks_used == 0
     });

@@ -437,24 +437,8 @@ fn constrained_sequences_survive_preemption() {
             request(prompt(&format!("{} As JSON. ({i})", TOPICS[i])), sampling)
         })
         .collect();
-    let solo: Vec<_> = reqs
-        .iter()
-        .map(|r| run(&solo_engine, r.clone()).remove(0))
-        .collect();
     // 4 × ~80 tokens need ~20 blocks of 16; give it 10.
-    let engine = start(|c| {
-        c.num_kv_blocks = Some(10);
-        c.max_model_len = Some(128);
-    });
-    let streams: Vec<_> = reqs
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    for (i, (s, want)) in streams.into_iter().zip(&solo).enumerate() {
-        let got = collect(s, 1).remove(0);
-        assert_eq!(got.token_ids, want.token_ids, "request {i}");
-    }
-    assert!(engine.metrics().preemptions.get() > 0);
+    assert_preempted_match_alone(&solo_engine, &reqs, 10, 128);
 }
 
 /// A grammar that dead-ends mid-generation (its first literal leads to a lexeme nothing

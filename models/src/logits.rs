@@ -1,5 +1,6 @@
 //! Small, exact operations on one row of logits that tests, examples and the engine's sampler
-//! share: argmax, log-softmax and the top-k most likely tokens.
+//! share: argmax, log-softmax and the top-k most likely tokens; and how far apart two sets of
+//! rows are.
 
 /// Index of the largest logit (the first one on ties, as llama.cpp's greedy sampler does).
 pub fn argmax(logits: &[f32]) -> u32 {
@@ -33,6 +34,16 @@ pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     idx.truncate(k);
     idx.sort_by(by_value);
     idx.into_iter().map(|i| (i, lp[i as usize])).collect()
+}
+
+/// The largest absolute difference between two equally shaped sets of rows (the
+/// log-probabilities or attention outputs of two backends or attention paths).
+pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len(), "as many rows");
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0f32, f32::max)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 mod common;
 
 use sluice_models::candle::AttentionPath;
-use sluice_models::logits::log_softmax;
+use sluice_models::logits::{log_softmax, max_abs_diff};
 use sluice_models::{Backend, Logits, Model, ModelOptions, Network, SeqChunk, StepBatch};
 
 const BLOCK: usize = 16;
@@ -88,14 +88,6 @@ fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-fn worst(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
-        .fold(0f32, f32::max)
-}
-
 #[test]
 fn paged_and_gathered_attention_give_the_same_logprobs() {
     let m = f16_model();
@@ -119,7 +111,7 @@ fn paged_and_gathered_attention_give_the_same_logprobs() {
         by_path.push(forced(&m, &seqs));
     }
     for (name, rows) in [("paged", &by_path[1]), ("split", &by_path[2])] {
-        let d = worst(&by_path[0], rows);
+        let d = max_abs_diff(&by_path[0], rows);
         eprintln!(
             "{name} against gather: max |Δ logprob| {d} over {} rows",
             rows.len()

@@ -149,6 +149,46 @@ pub fn run(engine: &EngineHandle, req: Request) -> Vec<Choice> {
     collect(engine.submit(req).expect("accepted"), n)
 }
 
+/// Runs `reqs` one at a time on `alone`, then all together on `engine`; asserts that each
+/// request gives the same tokens, text and finish both ways.
+pub fn assert_together_match_alone(alone: &EngineHandle, engine: &EngineHandle, reqs: &[Request]) {
+    let solo: Vec<_> = reqs
+        .iter()
+        .map(|r| run(alone, r.clone()).remove(0))
+        .collect();
+    let streams: Vec<_> = reqs
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    for (i, (s, want)) in streams.into_iter().zip(&solo).enumerate() {
+        let got = collect(s, 1).remove(0);
+        assert_eq!(got.token_ids, want.token_ids, "request {i}");
+        assert_eq!(got.text, want.text, "request {i}");
+        assert_eq!(got.reason, want.reason, "request {i}");
+    }
+}
+
+/// [`assert_together_match_alone`] on an engine whose KV pool holds only `blocks` blocks of
+/// up to `max_model_len` tokens a sequence, so that some are preempted and recomputed; asserts
+/// that preemption happened. Returns the small engine, for checks on what it holds after.
+pub fn assert_preempted_match_alone(
+    alone: &EngineHandle,
+    reqs: &[Request],
+    blocks: usize,
+    max_model_len: usize,
+) -> EngineHandle {
+    let engine = start(|c| {
+        c.num_kv_blocks = Some(blocks);
+        c.max_model_len = Some(max_model_len);
+    });
+    assert_together_match_alone(alone, &engine, reqs);
+    assert!(
+        engine.metrics().preemptions.get() > 0,
+        "the pool was too small: preemptions must have happened"
+    );
+    engine
+}
+
 /// Waits for `cond` on the engine's load, failing after a generous timeout.
 pub fn wait_for(engine: &EngineHandle, what: &str, cond: impl Fn(&sluice_engine::Load) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(120);

@@ -7,6 +7,7 @@ use super::attention::{attend, AttentionPath, StepPlan};
 use super::paged::kernel_supports;
 use crate::batch::{Logits, SeqChunk, StepBatch};
 use crate::config::LlamaConfig;
+use crate::logits::max_abs_diff;
 
 const BLOCK: usize = 16;
 const BLOCKS: usize = 40;
@@ -96,14 +97,6 @@ impl Case {
     }
 }
 
-fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
-        .fold(0f32, f32::max)
-}
-
 /// Decodes at contexts 1, 16, 17, 41 and 200 with prefill chunks of 7 tokens across a block
 /// boundary and 20 tokens from position 30.
 fn ragged() -> StepBatch {
@@ -132,7 +125,7 @@ fn paged_rows_agree_with_the_gather_path() {
             AttentionPath::Auto,
         ] {
             let got = case.attend(&batch, path, 0);
-            let d = max_diff(&gather, &got);
+            let d = max_abs_diff(&gather, &got);
             assert!(
                 d <= 1e-4,
                 "{path:?} differs by {d} ({heads} heads, {kv_heads} KV, head_dim {hd})"
