@@ -140,99 +140,12 @@ static SERIAL: Mutex<()> = Mutex::new(());
 #[test]
 fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let models = model_dir();
-    let dir = std::env::temp_dir().join(format!("sluice-local-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("replicas");
-    std::fs::write(&file, "").unwrap();
-
-    // The routing gateway, watching the discovery file.
-    let mut gw = Proc(
-        Command::new(sibling("sluice"))
-            .args(["serve", "--port", "0", "--policy", "least-load"])
-            .arg("--discover")
-            .arg(format!("file://{}", file.display()))
-            .args(["--discover-interval", "100ms", "--poll-interval", "100ms"])
-            .args(["--health-interval", "200ms", "--health-path", "/ready"])
-            .args(["--stale-after", "3s"])
-            // The burst waits in the gateway's queue for a replica with room (late binding)
-            // longer than the default 30 s queue timeout, as it did on the replicas.
-            .args(["--queue-timeout", "300s"])
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(dir.join("gateway.log")).unwrap())
-            .spawn()
-            .expect("sluice starts"),
-    );
-    let mut line = String::new();
-    BufReader::new(gw.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let gateway = line
-        .strip_prefix("sluice listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .trim()
-        .to_string();
-
-    // The autoscaler, with windows shortened for the test.
-    let mut scaler = Proc(
-        Command::new(env!("CARGO_BIN_EXE_sluice-autoscaler"))
-            .args(["run", "--local", "--discovery-file"])
-            .arg(&file)
-            .args(["--gateway", &gateway, "--model", MODEL, "--model-dir"])
-            .arg(&models)
-            .args([
-                "--replica-arg=--threads",
-                "--replica-arg=1",
-                "--replica-arg=--kv-cache-mib",
-                "--replica-arg=64",
-                "--replica-arg=--max-model-len",
-                "--replica-arg=1024",
-                // Eight sequences at a time: the burst queues visibly in the engines.
-                "--replica-arg=--max-num-seqs",
-                "--replica-arg=8",
-                // A burst queued behind eight sequences waits longer than the default 30 s
-                // admission timeout; a 429 would be retried elsewhere, but three in a row fail.
-                "--replica-arg=--queue-timeout",
-                "--replica-arg=300s",
-            ])
-            .arg("--log-dir")
-            .arg(dir.join("logs"))
-            .args(["--min-replicas", "1", "--max-replicas", "3", "--tick", "1"])
-            .args([
-                "--window",
-                "10",
-                "--short-window",
-                "3",
-                "--scale-down-window",
-                "8",
-            ])
-            .args([
-                "--panic-window",
-                "5",
-                "--drain-timeout",
-                "60",
-                "--stop-timeout",
-                "30",
-            ])
-            .args(["--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(dir.join("autoscaler.log")).unwrap())
-            .spawn()
-            .expect("sluice-autoscaler starts"),
-    );
-    let records: Arc<Mutex<Vec<(Instant, Value)>>> = Arc::default();
-    {
-        let out = scaler.0.stdout.take().unwrap();
-        let records = records.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    records.lock().unwrap().push((Instant::now(), v));
-                }
-            }
-        });
-    }
+    let (dir, file) = fresh_dir("sluice-local-e2e");
+    // The burst waits in the gateway's queue for a replica with room (late binding) longer
+    // than the default 30 s queue timeout, as it did on the replicas.
+    let (gw, gateway) = start_gateway(&dir, &file, &["--queue-timeout", "300s"]);
+    let mut scaler = start_burst_autoscaler(&dir, &file, &gateway);
+    let records = collect_records(&mut scaler);
     let last = |key: &str| -> Option<u64> {
         records
             .lock()
@@ -251,34 +164,19 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
         || get(&format!("{gateway}/v1/models")).filter(|b| b.contains(MODEL)),
     );
     let before = records.lock().unwrap().len();
-
-    // Its own endpoint: healthy, and its metrics say one replica is ready.
-    let status = wait_for("the status endpoint", Duration::from_secs(10), || {
-        std::fs::read_to_string(dir.join("autoscaler.log"))
-            .ok()?
-            .lines()
-            .filter(|l| l.contains("serving /healthz"))
-            .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
-            .map(|a| format!("http://{a}"))
-    });
-    assert_eq!(get(&format!("{status}/healthz")).as_deref(), Some("ok\n"));
-    let metrics = get(&format!("{status}/metrics")).expect("/metrics answers");
-    assert!(
-        metrics.contains("sluice_autoscaler_local_replicas{phase=\"ready\"} 1"),
-        "{metrics}"
-    );
+    assert_status_endpoint_sees_one_replica(&dir);
 
     // The trickle runs through the burst and the scale-down; the burst is on top.
     let trickle_json = dir.join("trickle.json");
     let mut trickle = Proc(loadtest(
         &gateway,
         &trickle_json,
+        // Until stopped below, once the fleet is back to one replica.
         &[
             "--rate",
             "0.5",
             "--arrival",
             "constant",
-            // Until stopped below, once the fleet is back to one replica.
             "--duration",
             "600",
             "--seed",
@@ -329,6 +227,117 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
     });
 
     let recs: Vec<(Instant, Value)> = records.lock().unwrap()[before..].to_vec();
+    assert_scaled_up_and_drained_under_load(&recs, trickle_end);
+    assert!(burst_status.success(), "burst load test: {burst_status}");
+    assert!(
+        trickle_status.success(),
+        "trickle load test: {trickle_status}"
+    );
+    assert_eq!(summary(&burst_json), (100, 0), "burst: completed, failed");
+    let (done, failed) = summary(&trickle_json);
+    assert!(done > 10, "trickle completed only {done}");
+    assert_eq!(
+        failed, 0,
+        "trickle lost requests while replicas came and went"
+    );
+
+    let log = std::fs::read_to_string(dir.join("autoscaler.log")).unwrap();
+    assert!(log.contains("replica stopped"), "{log}");
+    assert!(
+        !log.contains("killed=true"),
+        "a replica needed SIGKILL:\n{log}"
+    );
+    assert!(!log.contains("replica died"), "{log}");
+    let pids = replica_pids(&log);
+    assert!(pids.len() >= 2, "{log}");
+    assert_stops_cleanly(&mut scaler, &pids, &file);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A fresh scratch folder named for `name` and this process, with an empty discovery file.
+fn fresh_dir(name: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("replicas");
+    std::fs::write(&file, "").unwrap();
+    (dir, file)
+}
+
+/// The autoscaler of the burst test: up to three replicas of eight sequences each, windows
+/// shortened for the test, its status endpoint on a free port.
+fn start_burst_autoscaler(dir: &Path, file: &Path, gateway: &str) -> Proc {
+    Proc(
+        Command::new(env!("CARGO_BIN_EXE_sluice-autoscaler"))
+            .args(["run", "--local", "--discovery-file"])
+            .arg(file)
+            .args(["--gateway", gateway, "--model", MODEL, "--model-dir"])
+            .arg(model_dir())
+            .args([
+                "--replica-arg=--threads",
+                "--replica-arg=1",
+                "--replica-arg=--kv-cache-mib",
+                "--replica-arg=64",
+                "--replica-arg=--max-model-len",
+                "--replica-arg=1024",
+                // Eight sequences at a time: the burst queues visibly in the engines.
+                "--replica-arg=--max-num-seqs",
+                "--replica-arg=8",
+                // A burst queued behind eight sequences waits longer than the default 30 s
+                // admission timeout; a 429 would be retried elsewhere, but three in a row fail.
+                "--replica-arg=--queue-timeout",
+                "--replica-arg=300s",
+            ])
+            .arg("--log-dir")
+            .arg(dir.join("logs"))
+            .args(["--min-replicas", "1", "--max-replicas", "3", "--tick", "1"])
+            .args([
+                "--window",
+                "10",
+                "--short-window",
+                "3",
+                "--scale-down-window",
+                "8",
+            ])
+            .args([
+                "--panic-window",
+                "5",
+                "--drain-timeout",
+                "60",
+                "--stop-timeout",
+                "30",
+            ])
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("autoscaler.log")).unwrap())
+            .spawn()
+            .expect("sluice-autoscaler starts"),
+    )
+}
+
+/// The autoscaler's own endpoint (its address from its log): healthy, and its metrics say
+/// one replica is ready.
+fn assert_status_endpoint_sees_one_replica(dir: &Path) {
+    let status = wait_for("the status endpoint", Duration::from_secs(10), || {
+        std::fs::read_to_string(dir.join("autoscaler.log"))
+            .ok()?
+            .lines()
+            .filter(|l| l.contains("serving /healthz"))
+            .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
+            .map(|a| format!("http://{a}"))
+    });
+    assert_eq!(get(&format!("{status}/healthz")).as_deref(), Some("ok\n"));
+    let metrics = get(&format!("{status}/metrics")).expect("/metrics answers");
+    assert!(
+        metrics.contains("sluice_autoscaler_local_replicas{phase=\"ready\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// Over the tick records from the burst on (printed as a timeline): a second replica came
+/// up, requests queued, and a replica was drained while the trickle was still sending.
+fn assert_scaled_up_and_drained_under_load(recs: &[(Instant, Value)], trickle_end: Instant) {
     let timeline: Vec<String> = recs
         .iter()
         .map(|(_, v)| {
@@ -356,7 +365,6 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
         recs.iter().any(|(_, v)| v["waiting"].as_u64() > Some(0)),
         "the burst never queued"
     );
-    // The drain path was taken, and while the trickle was still sending.
     let first_drain = recs
         .iter()
         .find(|(_, v)| v["draining"].as_u64() > Some(0))
@@ -366,39 +374,23 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
         first_drain < trickle_end,
         "the scale-down began only after the trickle ended"
     );
+}
 
-    assert!(burst_status.success(), "burst load test: {burst_status}");
-    assert!(
-        trickle_status.success(),
-        "trickle load test: {trickle_status}"
-    );
-    assert_eq!(summary(&burst_json), (100, 0), "burst: completed, failed");
-    let (done, failed) = summary(&trickle_json);
-    assert!(done > 10, "trickle completed only {done}");
-    assert_eq!(
-        failed, 0,
-        "trickle lost requests while replicas came and went"
-    );
-
-    let log = std::fs::read_to_string(dir.join("autoscaler.log")).unwrap();
-    assert!(log.contains("replica stopped"), "{log}");
-    assert!(
-        !log.contains("killed=true"),
-        "a replica needed SIGKILL:\n{log}"
-    );
-    assert!(!log.contains("replica died"), "{log}");
-
-    // SIGTERM: every replica stopped and reaped, the autoscaler exits cleanly.
-    let pids: Vec<i32> = log
-        .lines()
+/// The pids of the replicas the autoscaler's log says it started.
+fn replica_pids(log: &str) -> Vec<i32> {
+    log.lines()
         .filter(|l| l.contains("replica starting"))
         .filter_map(|l| {
             l.split_whitespace()
                 .find_map(|w| w.strip_prefix("pid="))
                 .and_then(|p| p.parse().ok())
         })
-        .collect();
-    assert!(pids.len() >= 2, "{log}");
+        .collect()
+}
+
+/// SIGTERM to the autoscaler: it exits cleanly, no replica in `pids` outlives it, and the
+/// discovery file lists no replica.
+fn assert_stops_cleanly(scaler: &mut Proc, pids: &[i32], file: &Path) {
     signal(&scaler.0, "TERM");
     let exit = wait_for("the autoscaler to exit", Duration::from_secs(60), || {
         scaler.0.try_wait().unwrap()
@@ -410,14 +402,12 @@ fn a_burst_scales_up_and_the_fleet_drains_back_to_one_without_losing_requests() 
             "replica pid {pid} outlived the autoscaler"
         );
     }
-    let listed = std::fs::read_to_string(&file).unwrap();
+    let listed = std::fs::read_to_string(file).unwrap();
     assert_eq!(
         listed.lines().filter(|l| !l.starts_with('#')).count(),
         0,
         "the discovery file still lists replicas: {listed}"
     );
-    drop(gw);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `POST url` with a JSON body on loopback: the status and the body.
@@ -441,13 +431,13 @@ fn post(url: &str, body: &str, timeout: Duration) -> Option<(u16, String)> {
     Some((status, body.to_string()))
 }
 
-/// A routing gateway watching `file`, its log in `dir`; and its URL.
-fn start_gateway(dir: &Path, file: &Path) -> (Proc, String) {
+/// A routing gateway watching `file` (and given `extra` arguments), its log in `dir`; and
+/// its URL.
+fn start_gateway(dir: &Path, file: &Path, extra: &[&str]) -> (Proc, String) {
     let mut gw = Proc(
         Command::new(sibling("sluice"))
             .args(["serve", "--port", "0", "--policy", "least-load"])
-            // A cold start on a busy machine may take a while: hold past it.
-            .args(["--hold-timeout", "150s"])
+            .args(extra)
             .arg("--discover")
             .arg(format!("file://{}", file.display()))
             .args(["--discover-interval", "100ms", "--poll-interval", "100ms"])
@@ -513,12 +503,9 @@ fn one_request(gateway: &str) -> Duration {
 fn a_pool_at_zero_replicas_wakes_for_a_held_request_and_idles_back_to_zero() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let models = model_dir();
-    let dir = std::env::temp_dir().join(format!("sluice-zero-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("replicas");
-    std::fs::write(&file, "").unwrap();
-    let (gw, gateway) = start_gateway(&dir, &file);
+    let (dir, file) = fresh_dir("sluice-zero-e2e");
+    // A cold start on a busy machine may take a while: hold past it.
+    let (gw, gateway) = start_gateway(&dir, &file, &["--hold-timeout", "150s"]);
     let mut scaler = Proc(
         Command::new(env!("CARGO_BIN_EXE_sluice-autoscaler"))
             .args(["run", "--local", "--discovery-file"])
@@ -594,15 +581,7 @@ fn a_pool_at_zero_replicas_wakes_for_a_held_request_and_idles_back_to_zero() {
         };
         r[woke..].iter().any(|(_, v)| zero(v)).then_some(())
     });
-    let pids: Vec<i32> = log()
-        .lines()
-        .filter(|l| l.contains("replica starting"))
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix("pid="))
-                .and_then(|p| p.parse().ok())
-        })
-        .collect();
+    let pids = replica_pids(&log());
     assert_eq!(pids.len(), 1);
     assert!(
         !Path::new(&format!("/proc/{}", pids[0])).exists(),

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice_autoscaler::controller::prometheus::{PrometheusConfig, PrometheusSource};
-use sluice_autoscaler::controller::source::{Query, Reading, ReplicaPod, SignalSource};
+use sluice_autoscaler::controller::source::{Load, Query, Reading, ReplicaPod, SignalSource};
 use sluice_autoscaler::crd::ServingPoolSpec;
 use sluice_autoscaler::scrape::TtftTarget;
 
@@ -294,6 +294,54 @@ async fn wait_for_history(src: &PrometheusSource, prom: &Prometheus, samples: us
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
     let epoch = Instant::now();
+    let (prom, tb) = pool_and_strangers(epoch).await;
+    let src = PrometheusSource::new(PrometheusConfig {
+        max_age: Duration::from_secs(5),
+        ..PrometheusConfig::default()
+    })
+    .unwrap();
+    let spec: ServingPoolSpec = serde_yaml::from_str(&SPEC.replace("PROM", &prom.url)).unwrap();
+    spec.validate().unwrap();
+    // Enough history that both windows hold several samples of every replica.
+    wait_for_history(&src, &prom, 7, 8).await;
+    let targets = [target("a"), target("b")];
+
+    let Reading::Fresh(load) = read(&src, &spec, &targets).await else {
+        panic!("fresh figures expected");
+    };
+    assert_gauges_and_rates(&load);
+    assert_wide_shape(&load);
+    assert_latency(&load);
+    // Prompts over 192 tokens (half of the (128, 256] bucket) infeasible: the half in time
+    // is all of the feasible half.
+    let short = TtftTarget {
+        longest_prompt_tokens: 192.0,
+        ..IN_TIME
+    };
+    let Reading::Fresh(feasible) = read_for(&src, &spec, &targets, short).await else {
+        panic!("fresh figures expected");
+    };
+    let att = feasible.latency.ttft_attainment.unwrap();
+    assert!(att > 0.9, "attainment over feasible prompts {att}");
+
+    // The SLO's percentile, not a fixed p99: at p99 the TTFT sits in the upper bucket.
+    let mut p99 = spec.clone();
+    p99.slo.ttft.percentile = 99.0;
+    let Reading::Fresh(load99) = read(&src, &p99, &targets).await else {
+        panic!("fresh figures expected");
+    };
+    let t99 = load99.latency.ttft_p99_s.unwrap();
+    assert!((0.4..=0.5).contains(&t99), "ttft p99 {t99}");
+
+    assert_stale_readings(&src, &spec, &targets, tb).await;
+
+    assert_errors(&src, &spec, &prom, &targets).await;
+}
+
+/// The pool's two ready pods (a, b), a pod of its Deployment that has left the ready set, and
+/// two replicas that are not the pool's (another namespace, another model), each serving its
+/// fixed traffic; Prometheus scraping all five. Returns Prometheus and b's task (to stop b).
+async fn pool_and_strangers(epoch: Instant) -> (Prometheus, tokio::task::JoinHandle<()>) {
     let base = Shape {
         model: "smollm2",
         running: 0.0,
@@ -338,11 +386,13 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
         model: "another",
         ..other
     };
-    let (pa, _ta) = replica(a, epoch).await;
+    let (pa, ta) = replica(a, epoch).await;
     let (pb, tb) = replica(b, epoch).await;
-    let (po, _to) = replica(old, epoch).await;
-    let (px, _tx) = replica(other, epoch).await;
-    let (pm, _tm) = replica(other_model, epoch).await;
+    let (po, to) = replica(old, epoch).await;
+    let (px, tx) = replica(other, epoch).await;
+    let (pm, tm) = replica(other_model, epoch).await;
+    // The other replicas serve until the test ends (their tasks are detached).
+    drop((ta, to, tx, tm));
     let prom = start_prometheus(&[
         (pa, "llm", "a"),
         (pb, "llm", "b"),
@@ -350,20 +400,12 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
         (px, "elsewhere", "a-twin"),
         (pm, "llm", "c"),
     ]);
-    let src = PrometheusSource::new(PrometheusConfig {
-        max_age: Duration::from_secs(5),
-        ..PrometheusConfig::default()
-    })
-    .unwrap();
-    let spec: ServingPoolSpec = serde_yaml::from_str(&SPEC.replace("PROM", &prom.url)).unwrap();
-    spec.validate().unwrap();
-    // Enough history that both windows hold several samples of every replica.
-    wait_for_history(&src, &prom, 7, 8).await;
-    let targets = [target("a"), target("b")];
+    (prom, tb)
+}
 
-    let Reading::Fresh(load) = read(&src, &spec, &targets).await else {
-        panic!("fresh figures expected");
-    };
+/// Gauges of the ready pods only (a + b), not the departed pod's nor the other pools'; rates
+/// over the windows from all of the pool's pods.
+fn assert_gauges_and_rates(load: &Load) {
     // Gauges: the ready pods only (a + b), not the departed pod nor the other pools'.
     assert_eq!(load.queue.running, 4);
     assert_eq!(load.queue.waiting, 1);
@@ -396,8 +438,11 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
     );
     assert_eq!(load.arrivals.window_s, 6.0);
     assert_eq!(load.arrivals.max_prompt_tokens, 256);
-    // The request shape's wider window: the same traffic over 8 s (less what Prometheus does
-    // not extrapolate before a series' first sample), the same 200-token prompts.
+}
+
+/// The request shape's wider window: the same traffic over 8 s (less what Prometheus does
+/// not extrapolate before a series' first sample), the same 200-token prompts.
+fn assert_wide_shape(load: &Load) {
     let wide = load
         .arrivals
         .wide
@@ -415,6 +460,10 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
         "mean prompt {mean_prompt}"
     );
     assert!(wide.prompt_tokens_cv2 < 0.2, "{}", wide.prompt_tokens_cv2);
+}
+
+/// TTFT and TPOT at the SLO's percentiles, and the attainment at the target.
+fn assert_latency(load: &Load) {
     // TTFT: half the requests (a's) in (0.05, 0.1], half in (0.1, 0.5]. The SLO names p50, so
     // the SLO field holds the median; p99 is near the top of the upper bucket.
     let lat = &load.latency;
@@ -424,34 +473,24 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
     // TPOT from inter-token latency (the SLO's default p99): all in (0.02, 0.04].
     let tpot = lat.tpot_p99_s.unwrap();
     assert!((0.039..=0.04).contains(&tpot), "tpot p99 {tpot}");
+    let v = &load.variants["l4"];
     assert!(v.ttft_p99_s.is_some() && v.tpot_p99_s.is_some());
     // Attainment: a's half of the first tokens came within 0.1 s.
     let att = lat.ttft_attainment.unwrap();
     assert!((0.45..=0.55).contains(&att), "attainment {att}");
-    // Prompts over 192 tokens (half of the (128, 256] bucket) infeasible: the half in time
-    // is all of the feasible half.
-    let short = TtftTarget {
-        longest_prompt_tokens: 192.0,
-        ..IN_TIME
-    };
-    let Reading::Fresh(feasible) = read_for(&src, &spec, &targets, short).await else {
-        panic!("fresh figures expected");
-    };
-    let att = feasible.latency.ttft_attainment.unwrap();
-    assert!(att > 0.9, "attainment over feasible prompts {att}");
+}
 
-    // The SLO's percentile, not a fixed p99: at p99 the TTFT sits in the upper bucket.
-    let mut p99 = spec.clone();
-    p99.slo.ttft.percentile = 99.0;
-    let Reading::Fresh(load99) = read(&src, &p99, &targets).await else {
-        panic!("fresh figures expected");
-    };
-    let t99 = load99.latency.ttft_p99_s.unwrap();
-    assert!((0.4..=0.5).contains(&t99), "ttft p99 {t99}");
-
+/// A ready pod without series, then a replica Prometheus can no longer scrape (`b`, stopped
+/// here): both make the reading stale, naming the pod.
+async fn assert_stale_readings(
+    src: &PrometheusSource,
+    spec: &ServingPoolSpec,
+    targets: &[ReplicaPod],
+    tb: tokio::task::JoinHandle<()>,
+) {
     // A ready pod Prometheus has no series for: stale, naming it.
     let with_new = [target("a"), target("b"), target("replica-l4-5d8c9-new01")];
-    match read(&src, &spec, &with_new).await {
+    match read(src, spec, &with_new).await {
         Reading::Stale(why) => assert!(why.contains("replica-l4-5d8c9-new01 (no series)"), "{why}"),
         Reading::Fresh(_) => panic!("a pod without series must make the reading stale"),
     }
@@ -460,7 +499,7 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
     tb.abort();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match read(&src, &spec, &targets).await {
+        match read(src, spec, targets).await {
             Reading::Stale(why) => {
                 assert!(why.contains("b ("), "{why}");
                 break;
@@ -471,9 +510,16 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
             }
         }
     }
+}
 
-    // Prometheus's own errors come back with its words; a Prometheus that does not answer
-    // is stale; a URL that is not one is an error.
+/// Prometheus's own errors come back with its words; a Prometheus that does not answer is
+/// stale; a URL that is not one is an error.
+async fn assert_errors(
+    src: &PrometheusSource,
+    spec: &ServingPoolSpec,
+    prom: &Prometheus,
+    targets: &[ReplicaPod],
+) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -482,7 +528,7 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
     assert!(e.to_string().contains("bad_data"), "{e}");
     let mut gone = spec.clone();
     gone.signals.prometheus_url = Some("http://127.0.0.1:1".into());
-    match read(&src, &gone, &targets).await {
+    match read(src, &gone, targets).await {
         Reading::Stale(why) => assert!(why.contains("prometheus http://127.0.0.1:1"), "{why}"),
         Reading::Fresh(_) => panic!("an unreachable Prometheus cannot be fresh"),
     }
@@ -493,7 +539,7 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
             pool: "llm/smollm2",
             namespace: "llm",
             spec: &ftp,
-            targets: &targets,
+            targets,
             now_s: 0.0,
             ttft_target: IN_TIME,
         })
