@@ -180,7 +180,9 @@ pub struct PolicySpec {
     /// window while the arrival window holds fewer than 500 requests.
     #[serde(default = "shape_window")]
     pub shape_window_seconds: f64,
-    /// Scale down only to the highest demand planned within this window.
+    /// Scale down only to the highest demand planned within this window. It grows to a
+    /// variant's start-up time while cuts of it are bought back within that time, and shrinks
+    /// back as cuts pay back.
     #[serde(default = "d300")]
     pub scale_down_stabilisation_seconds: f64,
     /// Panic when the short-window rate exceeds ready capacity by this factor.

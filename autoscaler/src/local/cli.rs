@@ -102,7 +102,8 @@ pub struct LocalArgs {
     /// The latency percentiles' window, seconds (default: the long window).
     #[arg(long, env = "SLUICE_AUTOSCALER_LATENCY_WINDOW")]
     pub latency_window: Option<f64>,
-    /// Scale-down stabilisation window, seconds.
+    /// Scale-down stabilisation window, seconds (it grows to a replica's start-up while
+    /// cuts are bought back within one; with the default 3 s start-up, never).
     #[arg(
         long,
         env = "SLUICE_AUTOSCALER_SCALE_DOWN_WINDOW",
