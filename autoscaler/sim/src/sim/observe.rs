@@ -75,9 +75,9 @@ impl ArrivalWindow {
 
 #[derive(Debug)]
 pub struct Observer {
-    pub window_s: f64,
     pub short_window_s: f64,
     pub latency_window_s: f64,
+    /// The long window (its length is the signals' `window_s`).
     long: ArrivalWindow,
     /// The request shape's wider window (see [`Arrivals::wide`]).
     wide: ArrivalWindow,
@@ -106,7 +106,6 @@ impl Observer {
         ttft_target_s: f64,
     ) -> Observer {
         Observer {
-            window_s,
             short_window_s,
             latency_window_s,
             long: ArrivalWindow::new(window_s),
@@ -193,7 +192,7 @@ impl Observer {
 
     /// Arrival rates and shape over the windows ending at `now`.
     fn arrivals(&self, now: f64) -> Arrivals {
-        let span = self.window_s.min(now.max(self.short_window_s));
+        let span = self.long.window_s.min(now.max(self.short_window_s));
         let long = self.long.shape();
         let short = self
             .long
@@ -203,7 +202,7 @@ impl Observer {
             .take_while(|&&(t, _, _)| t >= now - self.short_window_s)
             .count() as f64;
         Arrivals {
-            window_s: self.window_s,
+            window_s: self.long.window_s,
             requests_per_s: long.requests / span,
             prompt_tokens_per_s: long.prompt_tokens / span,
             output_tokens_per_s: long.output_tokens / span,
