@@ -145,7 +145,9 @@ pub struct SignalSourceSpec {
     /// `sluice_gateway_queue_held` by `model`). With it the pool scales to zero: idle for the
     /// scale-down stabilisation window, its Deployments go to 0 (when every minReplicas is 0),
     /// and a request the gateway holds for the model brings one replica back at once.
-    /// Without it nothing wakes a pool that is at zero replicas.
+    /// Without it nothing wakes a pool that is at zero replicas. Its
+    /// `sluice_gateway_prompt_tokens_per_second` also sizes the pool for requests that arrive
+    /// together, where the signal source does not read it from Prometheus itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway_url: Option<String>,
 }

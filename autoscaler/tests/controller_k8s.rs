@@ -988,3 +988,55 @@ async fn scales_to_zero_when_idle_and_back_when_the_gateway_holds_requests() {
     assert_eq!(h.tick(t + 10.0).await, vec![1]);
     assert_eq!(h.condition("MetricsStale").0, "True");
 }
+
+/// A gateway's `sluice_gateway_prompt_tokens_per_second` for the pool's model: `steady`
+/// seconds of 500 tokens and `bursts` of 20,000 so far.
+fn bursts_exposition(steady: f64, bursts: f64) -> String {
+    let name = "sluice_gateway_prompt_tokens_per_second";
+    let n = steady + bursts;
+    format!(
+        "{name}_bucket{{model=\"llama-3-8b\",le=\"1024\"}} {steady}\n\
+         {name}_bucket{{model=\"llama-3-8b\",le=\"16384\"}} {steady}\n\
+         {name}_bucket{{model=\"llama-3-8b\",le=\"23170\"}} {n}\n\
+         {name}_bucket{{model=\"llama-3-8b\",le=\"+Inf\"}} {n}\n\
+         {name}_sum{{model=\"llama-3-8b\"}} {}\n\
+         {name}_count{{model=\"llama-3-8b\"}} {n}\n",
+        steady * 500.0 + bursts * 20_000.0
+    )
+}
+
+/// Bursts the replicas' series cannot show, read from the gateway (`gatewayUrl`, a fake
+/// serving its exposition): one request a second of 500-token prompts keeps one L4, but once
+/// the gateway has seen two seconds of 20,000 prompt tokens the pool holds the L4s that
+/// prefill such a second within the 2 s TTFT target (6,000 tokens each: four), and says why.
+/// The first read has no increase yet (one snapshot), so it changes nothing.
+#[tokio::test]
+async fn a_gateways_prompt_bursts_hold_the_replicas_that_prefill_them_in_time() {
+    let fake = Fake::start().await;
+    fake.put(NODES, node("node-a", &[]));
+    fake.put(DEPLOYMENTS, deployment(NS, "l4", 1));
+    fake.sync_pods(NS, "l4", Some("node-a"));
+    let (gw, metrics) = fake_gateway().await;
+    let mut p = pool(json!([variant("l4", "nvidia-l4", "on-demand", 0, 1, 8)]));
+    p["spec"]["signals"]["gatewayUrl"] = json!(gw);
+    fake.put(POOLS, p);
+    let source = Arc::new(FakeSource::default());
+    let ctx = context(&fake, source.clone(), false, None);
+    let mut h = Harness {
+        controller: Controller::new(ctx, config()),
+        fake,
+        source,
+    };
+    h.source.set(Some(load(1.0, 0)));
+    *metrics.lock().unwrap() = bursts_exposition(100.0, 0.0);
+    assert_eq!(
+        h.tick(0.0).await,
+        vec![1],
+        "one snapshot: no bursts measured yet"
+    );
+    h.fake.sync_pods(NS, "l4", Some("node-a"));
+    *metrics.lock().unwrap() = bursts_exposition(108.0, 2.0);
+    assert_eq!(h.tick(10.0).await, vec![4]);
+    let reasons = h.status()["lastDecision"]["reasons"].to_string();
+    assert!(reasons.contains("within a second"), "{reasons}");
+}

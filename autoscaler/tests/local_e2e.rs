@@ -365,6 +365,11 @@ fn assert_scaled_up_and_drained_under_load(recs: &[(Instant, Value)], trickle_en
         recs.iter().any(|(_, v)| v["waiting"].as_u64() > Some(0)),
         "the burst never queued"
     );
+    assert!(
+        recs.iter()
+            .any(|(_, v)| v["busiest_second_tokens"].as_f64() > Some(0.0)),
+        "the gateway's prompt tokens per second never reached the autoscaler"
+    );
     let first_drain = recs
         .iter()
         .find(|(_, v)| v["draining"].as_u64() > Some(0))

@@ -113,11 +113,38 @@ fn exposition(s: Shape, t: f64) -> String {
     out
 }
 
+/// A routing gateway's per-second prompt sums: for the pool's model one second of 3,000
+/// tokens every second (all in the `(2048, 4096]` bucket); for another model, 100 k.
+fn gateway_exposition(t: f64) -> String {
+    let n = t.floor();
+    let name = "sluice_gateway_prompt_tokens_per_second";
+    let mut out = format!("# TYPE {name} histogram\n");
+    for (model, tokens) in [("smollm2", 3000.0), ("another", 100_000.0)] {
+        for le in ["2048", "4096", "131072", "+Inf"] {
+            let within = le == "+Inf" || le.parse::<f64>().unwrap() >= tokens;
+            let c = if within { n } else { 0.0 };
+            out.push_str(&format!(
+                "{name}_bucket{{model=\"{model}\",le=\"{le}\"}} {c}\n"
+            ));
+        }
+        out.push_str(&format!("{name}_sum{{model=\"{model}\"}} {}\n", tokens * n));
+        out.push_str(&format!("{name}_count{{model=\"{model}\"}} {n}\n"));
+    }
+    out
+}
+
 /// A fake replica on a loopback port; aborting its task takes it away.
 async fn replica(shape: Shape, epoch: Instant) -> (u16, tokio::task::JoinHandle<()>) {
+    serve(move || exposition(shape, epoch.elapsed().as_secs_f64())).await
+}
+
+/// Serves `text()` as `/metrics` on a loopback port.
+async fn serve(
+    text: impl Fn() -> String + Clone + Send + Sync + 'static,
+) -> (u16, tokio::task::JoinHandle<()>) {
     let app = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || async move { exposition(shape, epoch.elapsed().as_secs_f64()) }),
+        axum::routing::get(move || async move { text() }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -311,6 +338,7 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
     };
     assert_gauges_and_rates(&load);
     assert_wide_shape(&load);
+    assert_prompt_bursts(&load);
     assert_latency(&load);
     // Prompts over 192 tokens (half of the (128, 256] bucket) infeasible: the half in time
     // is all of the feasible half.
@@ -391,14 +419,16 @@ async fn pool_and_strangers(epoch: Instant) -> (Prometheus, tokio::task::JoinHan
     let (po, to) = replica(old, epoch).await;
     let (px, tx) = replica(other, epoch).await;
     let (pm, tm) = replica(other_model, epoch).await;
+    let (pg, tg) = serve(move || gateway_exposition(epoch.elapsed().as_secs_f64())).await;
     // The other replicas serve until the test ends (their tasks are detached).
-    drop((ta, to, tx, tm));
+    drop((ta, to, tx, tm, tg));
     let prom = start_prometheus(&[
         (pa, "llm", "a"),
         (pb, "llm", "b"),
         (po, "llm", "replica-l4-5d8c9-xk2p1"),
         (px, "elsewhere", "a-twin"),
         (pm, "llm", "c"),
+        (pg, "gateways", "sluice-gateway-0"),
     ]);
     (prom, tb)
 }
@@ -460,6 +490,26 @@ fn assert_wide_shape(load: &Load) {
         "mean prompt {mean_prompt}"
     );
     assert!(wide.prompt_tokens_cv2 < 0.2, "{}", wide.prompt_tokens_cv2);
+}
+
+/// The gateway's per-second prompt sums for the pool's model (its own `model` label, in its
+/// own namespace) over the shape window: about eight seconds of 3,000 tokens each.
+fn assert_prompt_bursts(load: &Load) {
+    let sums = load
+        .arrivals
+        .per_second
+        .as_ref()
+        .expect("the gateway's per-second sums are read");
+    let seconds = sums.seconds();
+    assert!(
+        (5.0..=11.0).contains(&seconds),
+        "{seconds} seconds in {sums:?}"
+    );
+    assert!((sums.sum / seconds - 3000.0).abs() < 1.0, "{sums:?}");
+    let below = sums.buckets.iter().find(|b| b.0 == 2048.0).map(|b| b.1);
+    assert_eq!(below, Some(0.0), "{sums:?}");
+    // The other model's 100k-token seconds are not the pool's.
+    assert_eq!(sums.excess_share(4096.0), Some(0.0), "{sums:?}");
 }
 
 /// TTFT and TPOT at the SLO's percentiles, and the attainment at the target.

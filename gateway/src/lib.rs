@@ -39,6 +39,7 @@ pub mod config;
 pub mod discovery;
 pub mod error;
 pub mod metrics;
+pub mod prompt_bursts;
 pub mod rate_limit;
 pub mod router;
 pub mod server;

@@ -11,6 +11,8 @@ use prometheus::{
 };
 use sluice_metrics::{gateway, vllm};
 
+use crate::prompt_bursts::PromptBursts;
+
 /// A replica's `--max-num-seqs`, by `model_name` (gauge): the sequences its engine runs at once.
 /// The router's room rule reads it (`router::load`).
 pub const MAX_NUM_SEQS: &str = "sluice_engine_max_num_seqs";
@@ -134,6 +136,7 @@ pub struct GatewayMetrics {
     pub in_flight: IntGaugeVec,
     pub ttft: HistogramVec,
     pub e2e: HistogramVec,
+    pub prompt_bursts: PromptBursts,
     pub router: RouterMetrics,
 }
 
@@ -192,6 +195,7 @@ impl GatewayMetrics {
         registry.register(Box::new(ttft.clone()))?;
         registry.register(Box::new(e2e.clone()))?;
         Ok(Self {
+            prompt_bursts: PromptBursts::register(registry)?,
             router: RouterMetrics::register(registry, queue.clone())?,
             requests,
             rejections,

@@ -150,6 +150,21 @@ async fn proxies_json_and_sse_and_aggregates_models() {
             &[("policy", "prefix-affinity")]
         ) >= 2.0
     );
+
+    // Each second's prompt tokens per served model (a proxied request's bytes / 4), observed
+    // once the second is over; no series for a model no replica serves.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let m = get(&b, "/metrics").await.body.unwrap();
+    let bursts = "sluice_gateway_prompt_tokens_per_second";
+    for model in ["alpha", "beta"] {
+        let seconds = metric(&m, &format!("{bursts}_count"), &[("model", model)]);
+        let tokens = metric(&m, &format!("{bursts}_sum"), &[("model", model)]);
+        assert!(
+            seconds >= 1.0 && tokens > 0.0,
+            "{model}: {seconds} s, {tokens}\n{m}"
+        );
+    }
+    assert!(!m.contains("model=\"gamma\""), "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

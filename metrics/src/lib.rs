@@ -130,10 +130,24 @@ pub mod gateway {
     /// 1 while a replica may be picked, by [`REPLICA`] (gauge); a replica that leaves the set
     /// loses its series.
     pub const REPLICA_ELIGIBLE: &str = "sluice_gateway_replica_eligible";
+    /// Prompt tokens of the requests for a model that arrived within one second, observed
+    /// once for every second in which any arrived, by [`MODEL`] (histogram). How bursty
+    /// arrivals are below any window's rate: a batch sent at once needs its prompts
+    /// prefilled within the TTFT target. A proxied request, whose prompt the gateway does not
+    /// tokenise, counts its bytes / 4.
+    pub const PROMPT_TOKENS_PER_SECOND: &str = "sluice_gateway_prompt_tokens_per_second";
     /// A replica's base URL.
     pub const REPLICA: &str = "replica";
     /// A request's admission priority.
     pub const PRIORITY: &str = "priority";
     /// The model a request asked for (its served name).
     pub const MODEL: &str = "model";
+
+    /// [`PROMPT_TOKENS_PER_SECOND`]'s bucket bounds: powers of √2, rounded, from 256 to 2²²
+    /// tokens (a relative step of 41 %, fine enough for a replica count).
+    pub fn prompt_tokens_per_second_buckets() -> Vec<f64> {
+        (16..=44)
+            .map(|k| 2f64.powf(f64::from(k) / 2.0).round())
+            .collect()
+    }
 }

@@ -18,6 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::profile::Variant;
+use crate::signals::SecondSums;
 
 /// The lowest prefill utilisation the TTFT bound plans for (see [`at_slo`]).
 pub const MIN_PREFILL_UTILISATION: f64 = 0.5;
@@ -304,6 +305,37 @@ pub fn tail_replicas(
     (n > keeps_up).then_some(n)
 }
 
+/// The prompt tokens a fleet must prefill within the TTFT target (`T`, summed over its
+/// replicas: `Σ R·T`) so that at most `budget` of the tokens arriving in each second are late;
+/// `None` when no token arrived.
+///
+/// Rates over any window hide a burst: a batch of requests sent within a second needs its
+/// prompts prefilled within the target, which a fleet sharing it does up to its prefill over
+/// `T`. The tokens beyond that in each second ([`SecondSums::excess_share`]) are late, less
+/// those of prompts longer than the fastest replica prefills within `T` (`longest`), which are
+/// late however large the fleet (their share from the log-normal fit of `w`).
+pub fn burst_tokens(sums: &SecondSums, w: &Workload, longest: f64, budget: f64) -> Option<f64> {
+    if w.mean_prompt_tokens <= 0.0 {
+        return None;
+    }
+    sums.excess_share(0.0)?;
+    let unfixable = prompt_excess_tokens(w, longest) / w.mean_prompt_tokens;
+    let late = |c: f64| sums.excess_share(c).unwrap_or(0.0) - unfixable;
+    let (mut lo, mut hi) = (0.0, sums.sum.max(1.0));
+    if late(lo) <= budget {
+        return Some(0.0);
+    }
+    for _ in 0..60 {
+        let mid = (lo + hi) / 2.0;
+        if late(mid) <= budget {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
+}
+
 /// Sequences running on one replica receiving `rate` requests/s of workload `w` (Little's law
 /// with the step-time model), or `None` if the replica cannot keep up at that rate.
 pub fn batch_at_rate(v: &Variant, w: &Workload, rate: f64) -> Option<f64> {
@@ -497,5 +529,51 @@ mod tests {
         // More load wants more replicas, within the bound given.
         assert_eq!(tail_replicas(h, &heavy, &slo(), 2.0, 0.005, 10), Some(2));
         assert_eq!(tail_replicas(h, &heavy, &slo(), 0.5, 1e-12, 3), Some(3));
+    }
+
+    /// Seconds of `steady` tokens each, and `batches` seconds of `batch` tokens, in buckets
+    /// whose bounds are the values themselves (so the spread within a bucket is nil).
+    fn seconds(steady: (f64, f64), batches: (f64, f64)) -> SecondSums {
+        let ((n, x), (m, b)) = (steady, batches);
+        SecondSums {
+            buckets: vec![(x, n), (b * 0.999, n), (b, n + m), (f64::INFINITY, n + m)],
+            sum: n * x + m * b,
+        }
+    }
+
+    #[test]
+    fn batches_within_a_second_want_the_prefill_that_takes_them_within_the_target() {
+        let chat = Workload::uniform(2000.0, 30.0);
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1.0);
+        // 400 seconds of 4,000 tokens and ten batches of ~120,000 (2.8 M in all; the batches
+        // spread evenly over their bucket, mean 119,940): 0.5 % is 14,000 tokens, 1,400 of
+        // each batch, so the fleet must prefill 118,540 within the target; at 5 %, 105,940.
+        let bursty = seconds((400.0, 4000.0), (10.0, 120_000.0));
+        assert!(close(
+            burst_tokens(&bursty, &chat, 48_000.0, 0.005),
+            118_540.0
+        ));
+        assert!(close(
+            burst_tokens(&bursty, &chat, 48_000.0, 0.05),
+            105_940.0
+        ));
+        // Steady seconds alone (spread evenly over (0, 4000]) want 3,600: 0.5 % of 1.6 M is
+        // 8,000, 400 · 400² / 8,000. Nothing measured, nothing asked.
+        let steady = seconds((400.0, 4000.0), (0.0, 40_000.0));
+        assert!(close(burst_tokens(&steady, &chat, 48_000.0, 0.005), 3600.0));
+        let none = SecondSums::default();
+        assert_eq!(burst_tokens(&none, &chat, 48_000.0, 0.005), None);
+        // Prompts no replica prefills within the target are late however large the fleet:
+        // their excess is not asked of it. Log-normal prompts of mean 9k and cv² 4 have 11 %
+        // of their tokens beyond 48k, so the same seconds want what leaves 11.5 % late.
+        let long = Workload {
+            prompt_cv2: 4.0,
+            ..Workload::uniform(9000.0, 300.0)
+        };
+        let unfixable = prompt_excess_tokens(&long, 48_000.0) / 9000.0;
+        assert!((unfixable - 0.111).abs() < 0.002, "{unfixable}");
+        let need = burst_tokens(&bursty, &long, 48_000.0, 0.005).unwrap();
+        let late = bursty.excess_share(need).unwrap();
+        assert!((late - unfixable - 0.005).abs() < 1e-6, "{need} {late}");
     }
 }

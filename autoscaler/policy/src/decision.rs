@@ -99,6 +99,9 @@ pub enum ReasonKind {
     /// More replicas than the rate needs, so that first tokens are not stuck behind long
     /// prompts (a heavy tail of prompt lengths).
     PromptTail,
+    /// More replicas than the rate needs, so that the prompts of requests arriving together
+    /// (within a second) are prefilled within the TTFT target.
+    Burst,
     /// A variant cannot meet the SLO for this workload (prefill too slow, KV too small).
     Ineligible,
     /// Bounded by a min or max replica count.

@@ -44,6 +44,87 @@ pub struct Arrivals {
     /// window holds fewer than [`SHAPE_MIN_REQUESTS`]; `None` when the source has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wide: Option<WindowShape>,
+    /// Prompt tokens arriving in each second of the wider window, as a histogram of the
+    /// per-second sums (the gateway's `sluice_gateway_prompt_tokens_per_second`): how bursty
+    /// arrivals are below any window's rate. `None` when the source has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_second: Option<SecondSums>,
+}
+
+/// A histogram of the prompt tokens that arrived in each whole second of a window, one
+/// observation per second in which any request arrived (an empty second adds nothing to
+/// what [`SecondSums::excess_share`] measures).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SecondSums {
+    /// Cumulative `(upper bound, seconds)` pairs, ascending, the last bound `+Inf`
+    /// (Prometheus's `le` buckets).
+    pub buckets: Vec<(f64, f64)>,
+    /// Prompt tokens over all the seconds.
+    pub sum: f64,
+}
+
+impl SecondSums {
+    /// The seconds observed.
+    pub fn seconds(&self) -> f64 {
+        self.buckets.last().map_or(0.0, |b| b.1)
+    }
+
+    /// The `q` quantile of the per-second sums, linear within its bucket (Prometheus's
+    /// `histogram_quantile`); `None` when no second was observed.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.seconds();
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total;
+        let (mut lo, mut below) = (0.0, 0.0);
+        for &(hi, cum) in &self.buckets {
+            if cum >= rank && cum > below {
+                if hi.is_infinite() {
+                    return Some(lo);
+                }
+                return Some(lo + (hi - lo) * (rank - below) / (cum - below));
+            }
+            (lo, below) = (hi, cum);
+        }
+        Some(lo)
+    }
+
+    /// The share of prompt tokens that arrived beyond `c` in their second: `Σ (S − c)⁺ / Σ S`
+    /// over the seconds, with sums spread evenly within a bucket, and the `+Inf` bucket's
+    /// tokens what the sum leaves over the finite ones. `None` when no token arrived.
+    pub fn excess_share(&self, c: f64) -> Option<f64> {
+        if self.sum <= 0.0 {
+            return None;
+        }
+        let (mut excess, mut finite_tokens) = (0.0, 0.0);
+        let (mut lo, mut below) = (0.0, 0.0);
+        for &(hi, cum) in &self.buckets {
+            let k = (cum - below).max(0.0);
+            if hi.is_infinite() {
+                if k > 0.0 {
+                    let tokens = (self.sum - finite_tokens).max(k * lo);
+                    excess += (tokens - k * c).max(0.0);
+                }
+                break;
+            }
+            finite_tokens += k * (lo + hi) / 2.0;
+            excess += k * uniform_excess(lo, hi, c);
+            (lo, below) = (hi, cum);
+        }
+        Some((excess / self.sum).min(1.0))
+    }
+}
+
+/// `E[(U − c)⁺]` for `U` uniform on `[lo, hi]`.
+fn uniform_excess(lo: f64, hi: f64, c: f64) -> f64 {
+    if c <= lo {
+        (lo + hi) / 2.0 - c
+    } else if c >= hi {
+        0.0
+    } else {
+        (hi - c).powi(2) / (2.0 * (hi - lo))
+    }
 }
 
 /// The requests that arrived in a window and their tokens.
@@ -235,5 +316,41 @@ mod tests {
         busy.arrivals.wide = Some(wide);
         assert_eq!(busy.workload().unwrap().mean_prompt_tokens, 1000.0);
         assert_eq!(with_rate(0.0, 0.0).workload(), None);
+    }
+
+    #[test]
+    fn the_excess_share_is_what_arrived_beyond_a_bound_in_each_second() {
+        // 90 seconds of 100 tokens (bucket (0, 128]) and 10 of 1,000 (bucket (512, 1024]).
+        let sums = SecondSums {
+            buckets: vec![
+                (128.0, 90.0),
+                (512.0, 90.0),
+                (1024.0, 100.0),
+                (f64::INFINITY, 100.0),
+            ],
+            sum: 90.0 * 100.0 + 10.0 * 1000.0,
+        };
+        // Beyond 1024 nothing; beyond 0 everything (the midpoints stand for the sum).
+        assert_eq!(sums.excess_share(1024.0), Some(0.0));
+        assert!(
+            (sums.excess_share(0.0).unwrap() - (90.0 * 64.0 + 10.0 * 768.0) / 19_000.0).abs()
+                < 1e-9
+        );
+        // Beyond 768, within the upper bucket spread evenly: (1024 − 768)² / (2 · 512) each.
+        let beyond = 10.0 * 256.0f64.powi(2) / 1024.0;
+        assert!((sums.excess_share(768.0).unwrap() - beyond / 19_000.0).abs() < 1e-12);
+        // More room, less late; the quantiles as Prometheus interpolates them.
+        assert!(sums.excess_share(900.0) < sums.excess_share(600.0));
+        assert_eq!(sums.quantile(0.9), Some(128.0));
+        assert_eq!(sums.quantile(0.95), Some(768.0));
+        assert_eq!(sums.seconds(), 100.0);
+        // The +Inf bucket holds what the sum leaves over the finite ones, at least its bound.
+        let inf = SecondSums {
+            buckets: vec![(128.0, 90.0), (f64::INFINITY, 100.0)],
+            sum: 90.0 * 64.0 + 10.0 * 5000.0,
+        };
+        let share = inf.excess_share(1000.0).unwrap();
+        assert!((share - 10.0 * 4000.0 / inf.sum).abs() < 1e-12, "{share}");
+        assert_eq!(SecondSums::default().excess_share(1.0), None);
     }
 }

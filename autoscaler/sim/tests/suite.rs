@@ -53,13 +53,16 @@ fn sluice_holds_its_slo_and_cost_on_a_small_suite() {
     // long-prompts: 94.89 % at 0.98× without the prompt-tail floor, 99.69 % at 1.35× with it.
     // mixture: 1.48 → 1.61× (gamma-bursts 1.68 → 1.71×) with the scale-down window grown to
     // the start-up lead after a cut bought back within it (`payback`), at the same SLO.
+    // The burst floor (prompt tokens per second): mixture 88.88 → 99.30 % at 1.61 → 1.38×
+    // (its code bursts arrive within seconds), flash-crowd 1.94 → 2.06× (the crowd's seconds
+    // hold the fleet for a shape window after it), the rest unchanged.
     let held: &[(&str, f64, f64)] = &[
         ("poisson", 0.99, 1.4),
         ("gamma-bursts", 0.99, 1.75),
-        ("flash-crowd", 0.59, 2.0),
+        ("flash-crowd", 0.59, 2.1),
         ("diurnal", 0.94, 1.4),
         ("code-like", 0.99, 2.05),
-        ("mixture", 0.88, 1.65),
+        ("mixture", 0.99, 1.45),
         ("long-prompts", 0.99, 1.45),
     ];
     for r in &results {

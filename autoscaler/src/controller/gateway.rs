@@ -12,13 +12,29 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use sluice_policy::signals::SecondSums;
+
+use crate::scrape::window::History;
 use crate::scrape::{self, ModelQueue};
 
-/// Reads one gateway's queue for one model.
+/// Reads one gateway's queue for one model, and keeps its recent snapshots for the prompt
+/// tokens per second it saw (`sluice_gateway_prompt_tokens_per_second`) over the pool's shape
+/// window: a source that reads only the replicas has no other view of bursts.
 #[derive(Debug, Clone)]
 pub struct GatewayQueue {
     client: Client<HttpConnector, Empty<Bytes>>,
     timeout: Duration,
+    /// The gateway's URL and its snapshots (a new URL starts afresh).
+    history: Option<(String, History)>,
+}
+
+/// What one read of the gateway says about a model.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GatewayReading {
+    pub queue: ModelQueue,
+    /// Prompt tokens per second over the shape window; `None` when the gateway does not
+    /// export them for the model.
+    pub per_second: Option<SecondSums>,
 }
 
 impl GatewayQueue {
@@ -28,17 +44,32 @@ impl GatewayQueue {
         GatewayQueue {
             client: Client::builder(TokioExecutor::new()).build(http),
             timeout,
+            history: None,
         }
     }
 
-    /// The gateway at `base_url`'s queue for `model`; the error (a timeout, an HTTP error, not
-    /// the exposition format) on one line.
-    pub async fn read(&self, base_url: &str, model: &str) -> Result<ModelQueue, String> {
+    /// The gateway at `base_url`'s queue for `model`, and its prompt tokens per second over
+    /// the `shape_window_s` ending at `now_s`; the error (a timeout, an HTTP error, not the
+    /// exposition format) on one line.
+    pub async fn read(
+        &mut self,
+        base_url: &str,
+        model: &str,
+        (now_s, shape_window_s): (f64, f64),
+    ) -> Result<GatewayReading, String> {
         let url = format!("{}/metrics", scrape::normalise_url(base_url));
-        match scrape::fetch(&self.client, &url, self.timeout).await {
-            Ok(snap) => Ok(snap.model_queue_of(model)),
-            Err(e) => Err(scrape::error_chain(&e)),
+        let snap = scrape::fetch(&self.client, &url, self.timeout)
+            .await
+            .map_err(|e| scrape::error_chain(&e))?;
+        let queue = snap.model_queue_of(model);
+        if self.history.as_ref().is_none_or(|(u, _)| *u != url) {
+            self.history = Some((url.clone(), History::default()));
         }
+        let (_, history) = self.history.as_mut().expect("set above");
+        history.push(now_s, snap);
+        history.prune(now_s, shape_window_s);
+        let per_second = history.burst_increase(now_s, shape_window_s).remove(model);
+        Ok(GatewayReading { queue, per_second })
     }
 }
 

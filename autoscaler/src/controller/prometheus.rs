@@ -35,9 +35,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use serde::Deserialize;
 use sluice_metrics::exposition::parse_value;
-use sluice_metrics::vllm;
+use sluice_metrics::{gateway, vllm};
 
-use sluice_policy::signals::{Arrivals, Latency, Queue, WindowShape};
+use sluice_policy::signals::{Arrivals, Latency, Queue, SecondSums, WindowShape};
 
 use super::error::{Error, Result};
 use super::source::{Load, Query, Reading, ReplicaPod, SignalSource, VariantLoad};
@@ -200,6 +200,11 @@ pub struct Queries {
     pub tpot: Vec<String>,
     /// The request shape over the wider window.
     pub wide: ShapeQueries,
+    /// The gateways' prompt tokens per second over the wider window: the histogram's
+    /// buckets and sum (`sluice_gateway_prompt_tokens_per_second`, by the gateway's `model`
+    /// label; any namespace, as a gateway may route for several).
+    pub bursts: String,
+    pub bursts_sum: String,
 }
 
 /// The request shape over one window: arrivals, their prompt and output tokens, and the
@@ -240,10 +245,16 @@ impl ArrivalQueries {
 }
 
 impl Queries {
-    /// `matchers` are the label matchers inside braces (`namespace="ns",model_name="m"`);
-    /// `window_s` the long window (also the latency window), `short_s` the short one,
-    /// `shape_s` the request shape's wider one.
-    pub fn new(pod: &str, matchers: &str, window_s: f64, short_s: f64, shape_s: f64) -> Queries {
+    /// `matchers` are the label matchers inside braces (`namespace="ns",model_name="m"`),
+    /// `model` the model's name as the gateway labels it; `window_s` the long window (also
+    /// the latency window), `short_s` the short one, `shape_s` the request shape's wider one.
+    pub fn new(
+        pod: &str,
+        (matchers, model): (&str, &str),
+        window_s: f64,
+        short_s: f64,
+        shape_s: f64,
+    ) -> Queries {
         let w = range(window_s);
         let s = range(short_s);
         let wide = range(shape_s);
@@ -296,6 +307,18 @@ impl Queries {
             ttft: hist(vllm::TIME_TO_FIRST_TOKEN_SECONDS, &w),
             tpot: vllm::TPOT_HISTOGRAMS.iter().map(|n| hist(n, &w)).collect(),
             wide: shape(&wide),
+            bursts: format!(
+                "sum by (le) (increase({}_bucket{{{}={}}}{wide}))",
+                gateway::PROMPT_TOKENS_PER_SECOND,
+                gateway::MODEL,
+                quote(model)
+            ),
+            bursts_sum: format!(
+                "sum(increase({}_sum{{{}={}}}{wide}))",
+                gateway::PROMPT_TOKENS_PER_SECOND,
+                gateway::MODEL,
+                quote(model)
+            ),
         }
     }
 
@@ -311,6 +334,7 @@ impl Queries {
         v.extend(self.arrivals_short.all());
         v.extend(self.tpot.iter().map(String::as_str));
         v.extend(self.wide.all());
+        v.extend([self.bursts.as_str(), &self.bursts_sum]);
         v
     }
 }
@@ -447,7 +471,7 @@ impl PrometheusSource {
         let policy = &q.spec.policy;
         let queries = Queries::new(
             &c.pod_label,
-            &matchers,
+            (&matchers, &q.spec.model),
             policy.window_seconds,
             policy.short_window_seconds,
             policy.shape_window_seconds,
@@ -707,8 +731,33 @@ impl<'a, 'm> Answers<'a, 'm> {
             max_prompt_tokens: prompt_len.max_bound().map_or(0, |m| m.round() as u64),
             prompt_tokens_cv2: long.prompt_tokens_cv2,
             wide: Some(wide),
+            per_second: self.bursts(queries),
         };
         (arrivals, prompt_len)
+    }
+
+    /// The gateways' per-second prompt sums, `None` when no gateway exports them.
+    fn bursts(&self, queries: &Queries) -> Option<SecondSums> {
+        let mut buckets: Vec<(f64, f64)> = (self.get)(&queries.bursts)
+            .iter()
+            .filter_map(|s| {
+                let le = s.labels.get(vllm::LE).and_then(|le| parse_value(le))?;
+                s.value.is_finite().then_some((le, s.value.max(0.0)))
+            })
+            .collect();
+        if buckets.is_empty() {
+            return None;
+        }
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let sum = (self.get)(&queries.bursts_sum)
+            .iter()
+            .map(|s| s.value)
+            .filter(|v| v.is_finite())
+            .sum::<f64>();
+        Some(SecondSums {
+            buckets,
+            sum: sum.max(0.0),
+        })
     }
 
     /// The requests that arrived over one window and their tokens, with its prompt-length
@@ -775,7 +824,13 @@ mod tests {
         );
         assert_eq!(range(60.0), "[60000ms]");
         assert_eq!(range(0.25), "[250ms]");
-        let q = Queries::new("pod", r#"namespace="ns",model_name="m""#, 60.0, 10.0, 420.0);
+        let q = Queries::new(
+            "pod",
+            (r#"namespace="ns",model_name="m""#, "m"),
+            60.0,
+            10.0,
+            420.0,
+        );
         assert_eq!(
             q.running,
             r#"sum by (pod) (vllm:num_requests_running{namespace="ns",model_name="m"})"#
@@ -791,5 +846,10 @@ mod tests {
             .contains("vllm:request_prompt_tokens_bucket"));
         assert!(q.wide.arrivals.finished.contains("[420000ms]"));
         assert!(q.all().contains(&q.wide.generation_tokens.as_str()));
+        assert_eq!(
+            q.bursts,
+            r#"sum by (le) (increase(sluice_gateway_prompt_tokens_per_second_bucket{model="m"}[420000ms]))"#
+        );
+        assert!(q.all().contains(&q.bursts_sum.as_str()));
     }
 }

@@ -448,7 +448,7 @@ async fn decide(
             ttft_target: state.ttft_target,
         })
         .await?;
-    let (reading, held) = with_gateway(state, pool, &obs.view, reading).await;
+    let (reading, held) = with_gateway(state, pool, &obs.view, (reading, now_s)).await;
     Ok(match reading {
         Reading::Stale(why) => Decided {
             desired: obs.view.variants.iter().map(|v| v.replicas).collect(),
@@ -499,26 +499,28 @@ fn idle_load(pool: &ServingPool) -> Load {
 }
 
 /// The reading with the gateway's queue for the pool's model (`spec.signals.gatewayUrl`)
-/// added to what waits, and the requests the gateway has for it. A pool at zero has no
-/// replica to read, so its sources are stale: with a gateway, its load is the gateway's queue
-/// alone. A gateway that cannot be read makes the reading stale (the pool holds).
+/// added to what waits, its prompt tokens per second where the source had none, and the
+/// requests the gateway has for the model. A pool at zero has no replica to read, so its
+/// sources are stale: with a gateway, its load is the gateway's queue alone. A gateway that
+/// cannot be read makes the reading stale (the pool holds).
 async fn with_gateway(
-    state: &PoolState,
+    state: &mut PoolState,
     pool: &ServingPool,
     view: &PoolView,
-    reading: Reading,
+    (reading, now_s): (Reading, f64),
 ) -> (Reading, u64) {
     let Some(url) = pool.spec.signals.gateway_url.as_deref() else {
         return (reading, 0);
     };
-    let q = match state.gateway.read(url, &pool.spec.model).await {
-        Ok(q) => q,
+    let window = (now_s, pool.spec.policy.shape_window_seconds);
+    let g = match state.gateway.read(url, &pool.spec.model, window).await {
+        Ok(g) => g,
         Err(e) => {
             tracing::warn!(pool = %pool.name_any(), gateway = url, error = %e, "gateway metrics");
             return (Reading::Stale(format!("gateway {url}: {e}")), 0);
         }
     };
-    let held = q.total().round() as u64;
+    let held = g.queue.total().round() as u64;
     let reading = match reading {
         Reading::Stale(_) if at_zero(view) => Reading::Fresh(Box::new(idle_load(pool))),
         r => r,
@@ -526,6 +528,9 @@ async fn with_gateway(
     match reading {
         Reading::Fresh(mut load) => {
             load.queue.waiting += held;
+            if load.arrivals.per_second.is_none() {
+                load.arrivals.per_second = g.per_second;
+            }
             (Reading::Fresh(load), held)
         }
         r => (r, held),

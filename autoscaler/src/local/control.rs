@@ -42,6 +42,9 @@ pub struct TickRecord {
     pub held: u64,
     pub rate: f64,
     pub short_rate: f64,
+    /// The most prompt tokens the gateway saw arrive within one second over the shape window
+    /// (its bucket's upper bound); 0 without a gateway or arrivals.
+    pub busiest_second_tokens: f64,
     pub mode: Mode,
     pub stale: usize,
     /// Replica URLs in the discovery file.
@@ -310,6 +313,7 @@ impl LocalAutoscaler {
             ..Signals::default()
         };
         obs.apply(&mut s);
+        s.arrivals.per_second = obs.prompt_bursts_of(&self.cfg.served_model);
         s
     }
 
@@ -434,6 +438,10 @@ impl LocalAutoscaler {
             held: self.held(obs),
             rate: obs.arrivals.requests_per_s,
             short_rate: obs.arrivals.short_requests_per_s,
+            busiest_second_tokens: obs
+                .prompt_bursts_of(&self.cfg.served_model)
+                .and_then(|b| b.quantile(1.0))
+                .unwrap_or(0.0),
             mode: d.mode,
             stale: obs.targets.iter().filter(|s| s.is_stale()).count(),
             announced: self.announcer.current().to_vec(),

@@ -190,6 +190,7 @@ mod tests {
             held: 0,
             rate: 2.5,
             short_rate: 4.0,
+            busiest_second_tokens: 0.0,
             mode: Mode::Panic,
             stale: 0,
             announced: vec![],

@@ -32,10 +32,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 pub use snapshot::{normalise_url, Histogram, ModelQueue, Snapshot, TtftTarget};
-use window::{History, Increase};
+use window::{add_sums, History, Increase};
 
 use sluice_policy::profile::CapacityType;
-use sluice_policy::signals::{Arrivals, Latency, Queue, Signals, SHAPE_WINDOW_S};
+use sluice_policy::signals::{Arrivals, Latency, Queue, SecondSums, Signals, SHAPE_WINDOW_S};
 
 /// Largest `/metrics` body read (a replica's is ~20 kB).
 const MAX_BODY: usize = 8 << 20;
@@ -187,9 +187,18 @@ pub struct Observation {
     /// What the gateways (fresh or not: their last figures) have waiting per model, held
     /// requests of a pool at zero included.
     pub gateway_models: BTreeMap<String, ModelQueue>,
+    /// The prompt tokens per second the gateways saw over the shape window, per model
+    /// (summed over gateways: with several, each sees its share of a burst).
+    pub prompt_bursts: BTreeMap<String, SecondSums>,
 }
 
 impl Observation {
+    /// The prompt tokens per second the gateways saw for `model` (as they label it: the
+    /// served name), `None` when they export none.
+    pub fn prompt_bursts_of(&self, model: &str) -> Option<SecondSums> {
+        self.prompt_bursts.get(model).cloned()
+    }
+
     /// What the gateways have waiting or held for `model`.
     pub fn gateway_queue_of(&self, model: &str) -> ModelQueue {
         self.gateway_models.get(model).copied().unwrap_or_default()
@@ -365,7 +374,23 @@ impl Scraper {
             variants,
             routed,
             gateway_models,
+            prompt_bursts: self.prompt_bursts(now),
         }
+    }
+
+    /// The gateways' per-second prompt sums over the shape window, per model.
+    fn prompt_bursts(&self, now: f64) -> BTreeMap<String, SecondSums> {
+        let mut out: BTreeMap<String, SecondSums> = BTreeMap::new();
+        let gateways = self
+            .tracked
+            .values()
+            .filter(|t| t.target.role == Role::Gateway);
+        for tr in gateways {
+            for (model, sums) in tr.history.burst_increase(now, self.config.shape_window_s) {
+                add_sums(out.entry(model).or_default(), &sums);
+            }
+        }
+        out
     }
 
     /// The window figures over every replica tracked (departed ones too): arrivals, latency,
@@ -405,6 +430,7 @@ impl Scraper {
             max_prompt_tokens: long.prompt_len.max_bound().map_or(0, |m| m.round() as u64),
             prompt_tokens_cv2: shape.prompt_tokens_cv2,
             wide: Some(wide.shape(c.shape_window_s)),
+            per_second: None,
         };
         let latency = Latency {
             window_s: c.latency_window_s,

@@ -14,6 +14,7 @@ use sluice_metrics::exposition::{parse_value, Sample};
 use sluice_metrics::{gateway, vllm, ReplicaLoad};
 use sluice_policy::capacity::Slo;
 use sluice_policy::profile::Profile;
+use sluice_policy::signals::SecondSums;
 
 /// A cumulative histogram: `(upper bound, count ≤ bound)` in increasing bound order, `+Inf`
 /// last, as Prometheus exposes it.
@@ -162,6 +163,44 @@ fn order_key(le: f64) -> u64 {
     }
 }
 
+/// Histogram buckets as they are parsed: `(bound, count)` by the bound's sort key.
+type Buckets = BTreeMap<u64, (f64, f64)>;
+
+/// The gateway's per-second prompt histograms as they are parsed, per model: buckets and the
+/// sum.
+#[derive(Default)]
+struct Bursts(BTreeMap<String, (Buckets, f64)>);
+
+impl Bursts {
+    /// A `_bucket` or `_sum` sample of [`gateway::PROMPT_TOKENS_PER_SECOND`].
+    fn record(&mut self, x: &Sample) {
+        let Some(model) = x.label(gateway::MODEL) else {
+            return;
+        };
+        let suffix = &x.name[gateway::PROMPT_TOKENS_PER_SECOND.len()..];
+        match (suffix, x.label(vllm::LE).and_then(parse_le)) {
+            ("_bucket", Some(le)) => {
+                let e = self.0.entry(model.to_string()).or_default();
+                e.0.entry(order_key(le)).or_insert((le, 0.0)).1 += x.value;
+            }
+            ("_sum", _) => self.0.entry(model.to_string()).or_default().1 += x.value,
+            _ => {}
+        }
+    }
+
+    fn finish(self) -> Option<BTreeMap<String, SecondSums>> {
+        (!self.0.is_empty()).then(|| {
+            self.0
+                .into_iter()
+                .map(|(model, (buckets, sum))| {
+                    let buckets = buckets.into_values().collect();
+                    (model, SecondSums { buckets, sum })
+                })
+                .collect()
+        })
+    }
+}
+
 /// What a routing gateway holds for one model.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ModelQueue {
@@ -222,6 +261,9 @@ pub struct Snapshot {
     /// `sluice_gateway_replica_eligible` (the gateway drops a replica's series when it leaves
     /// the set), with whether each is eligible now.
     pub gateway_replicas: Option<BTreeMap<String, bool>>,
+    /// A routing gateway's prompt tokens per second with arrivals, per model
+    /// (`sluice_gateway_prompt_tokens_per_second{model}`; cumulative, as exported).
+    pub prompt_bursts: Option<BTreeMap<String, SecondSums>>,
 }
 
 impl Snapshot {
@@ -231,7 +273,8 @@ impl Snapshot {
         let mut load = ReplicaLoad::default();
         let mut e2e_count: Option<f64> = None;
         let mut success: Option<f64> = None;
-        let mut hists: BTreeMap<&str, BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
+        let mut hists: BTreeMap<&str, Buckets> = BTreeMap::new();
+        let mut bursts = Bursts::default();
         let add = |slot: &mut Option<f64>, v: f64| *slot = Some(slot.unwrap_or(0.0) + v);
         for x in samples {
             let v = x.value;
@@ -271,6 +314,7 @@ impl Snapshot {
                             .insert(normalise_url(r), v > 0.0);
                     }
                 }
+                name if name.starts_with(gateway::PROMPT_TOKENS_PER_SECOND) => bursts.record(x),
                 name => {
                     let Some(base) = name.strip_suffix("_bucket") else {
                         continue;
@@ -299,6 +343,7 @@ impl Snapshot {
         s.ttft = take(&[vllm::TIME_TO_FIRST_TOKEN_SECONDS]);
         s.tpot = take(vllm::TPOT_HISTOGRAMS);
         s.prompt_len = take(&[vllm::REQUEST_PROMPT_TOKENS]);
+        s.prompt_bursts = bursts.finish();
         s
     }
 

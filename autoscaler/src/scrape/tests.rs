@@ -172,6 +172,54 @@ fn a_gateway_target_gives_its_queue_and_routed_replicas() {
     assert_eq!(o.routed, Some(BTreeSet::new()));
 }
 
+/// A gateway's `sluice_gateway_prompt_tokens_per_second` for model `m`: `small` seconds of
+/// 1,000 tokens and `big` of 50,000 so far.
+fn bursts_text(small: f64, big: f64) -> String {
+    let name = sluice_metrics::gateway::PROMPT_TOKENS_PER_SECOND;
+    let n = small + big;
+    format!(
+        "{name}_bucket{{model=\"m\",le=\"1024\"}} {small}\n\
+         {name}_bucket{{model=\"m\",le=\"65536\"}} {n}\n\
+         {name}_bucket{{model=\"m\",le=\"+Inf\"}} {n}\n\
+         {name}_sum{{model=\"m\"}} {}\n\
+         {name}_count{{model=\"m\"}} {n}\n\
+         {name}_bucket{{model=\"other\",le=\"+Inf\"}} 7\n\
+         {name}_sum{{model=\"other\"}} 7\n",
+        small * 1000.0 + big * 50_000.0
+    )
+}
+
+#[test]
+fn a_gateway_gives_each_model_its_prompt_tokens_per_second_over_the_shape_window() {
+    let mut s = Scraper::new(ScrapeConfig {
+        shape_window_s: 20.0,
+        ..cfg()
+    });
+    let g = Endpoint::gateway("http://127.0.0.1:9");
+    let at = |s: &mut Scraper, t: f64, text: String| {
+        s.record(std::slice::from_ref(&g), vec![Ok(snap(&text))], t)
+    };
+    at(&mut s, 0.0, bursts_text(100.0, 0.0));
+    at(&mut s, 10.0, bursts_text(108.0, 1.0));
+    let o = at(&mut s, 20.0, bursts_text(116.0, 2.0));
+    // Over (0, 20]: 16 seconds of 1,000 and two of 50,000.
+    let m = &o.prompt_bursts["m"];
+    assert_eq!(
+        m.buckets,
+        vec![(1024.0, 16.0), (65536.0, 18.0), (f64::INFINITY, 18.0)]
+    );
+    assert_eq!(m.sum, 116_000.0);
+    assert_eq!(o.prompt_bursts_of("m").as_ref(), Some(m));
+    // The other model's series did not move: nothing arrived for it in the window.
+    assert_eq!(o.prompt_bursts_of("other").map(|o| o.sum), Some(0.0));
+    assert_eq!(o.prompt_bursts_of("nobody"), None);
+    // The gateway restarts: its counts start again from zero and count whole.
+    let o = at(&mut s, 30.0, bursts_text(3.0, 1.0));
+    let m = &o.prompt_bursts["m"];
+    assert_eq!(m.buckets.last(), Some(&(f64::INFINITY, 9.0 + 4.0)));
+    assert_eq!(m.sum, 8000.0 + 50_000.0 + 53_000.0);
+}
+
 /// Serves one canned answer per connection: `Some((status, body))`, or `None` to hang.
 async fn server(answer: Option<(u16, String)>) -> String {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();

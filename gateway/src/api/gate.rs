@@ -24,6 +24,9 @@ pub struct Ask {
     /// refunded when the request ends; without (a proxied request, whose answer the gateway does
     /// not parse), the whole reservation stands as the request's cost.
     pub prompt_tokens: Option<u64>,
+    /// The prompt's tokens, or an estimate where they are not known (bytes / 4): what the
+    /// request adds to its second's prompt burst ([`crate::prompt_bursts`]).
+    pub burst_tokens: u64,
 }
 
 /// The rate reservation and admission permit of one request, held until it ends.
@@ -59,16 +62,18 @@ impl Drop for Waiting<'_> {
 }
 
 impl Gate {
-    /// Takes `ask.reserve_tokens` from the tenant's rate limits, then waits in the admission
-    /// queue.
+    /// Takes `ask.reserve_tokens` from the tenant's rate limits, counts the request as
+    /// arrived for `model` (its prompt burst: a request over its budget is no demand), then
+    /// waits in the admission queue.
     pub async fn enter(
         limiter: &RateLimiter,
         admission: &Admission,
         metrics: &GatewayMetrics,
-        tenant: &Arc<Tenant>,
+        (tenant, model): (&Arc<Tenant>, &str),
         ask: Ask,
     ) -> Result<Gate, ApiError> {
         let reservation = limiter.check(tenant, ask.reserve_tokens, Instant::now())?;
+        metrics.prompt_bursts.record(model, ask.burst_tokens);
         let priority = ask.priority.to_string();
         let permit = {
             let _waiting = Waiting::new(metrics, &priority);
@@ -139,8 +144,9 @@ mod tests {
             priority: 0,
             reserve_tokens: 900,
             prompt_tokens: Some(100),
+            burst_tokens: 100,
         };
-        let mut gate = Gate::enter(&limiter, &admission, &metrics, &tenant, ask)
+        let mut gate = Gate::enter(&limiter, &admission, &metrics, (&tenant, "m"), ask)
             .await
             .unwrap();
         assert_eq!(admission.in_flight(), 1);
@@ -151,7 +157,7 @@ mod tests {
             ..ask
         };
         assert!(matches!(
-            Gate::enter(&limiter, &admission, &metrics, &tenant, more).await,
+            Gate::enter(&limiter, &admission, &metrics, (&tenant, "m"), more).await,
             Err(ApiError::TooManyRequests { .. })
         ));
         gate.generated(50);
@@ -167,7 +173,7 @@ mod tests {
             reserve_tokens: 800,
             ..ask
         };
-        let g = Gate::enter(&limiter, &admission, &metrics, &tenant, again).await;
+        let g = Gate::enter(&limiter, &admission, &metrics, (&tenant, "m"), again).await;
         assert!(g.is_ok(), "{g:?}");
     }
 }

@@ -183,6 +183,7 @@ async fn ready(State(s): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    s.metrics.prompt_bursts.flush();
     let mut buf = Vec::new();
     if let Err(e) = TextEncoder::new().encode(&s.registry.gather(), &mut buf) {
         tracing::error!("encoding metrics: {e}");

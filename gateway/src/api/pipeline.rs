@@ -162,11 +162,11 @@ async fn start<E: Endpoint>(
 
 async fn gate(
     s: &AppState,
-    tenant: &Arc<Tenant>,
+    who: (&Arc<Tenant>, &str),
     ask: Ask,
     scope: &mut RequestScope,
 ) -> Result<(), ApiError> {
-    let enter = Gate::enter(&s.limiter, &s.admission, &s.metrics, tenant, ask);
+    let enter = Gate::enter(&s.limiter, &s.admission, &s.metrics, who, ask);
     let gate = match scope.deadline {
         // Leaving the queue at the deadline drops the wait (and the place in the queue).
         Some(d) => tokio::time::timeout_at(d.into(), enter)
@@ -204,8 +204,9 @@ async fn start_local<E: Endpoint>(
         priority: checked.priority,
         reserve_tokens: reserve,
         prompt_tokens: Some(prompt_tokens),
+        burst_tokens: prompt_tokens,
     };
-    gate(s, tenant, ask, scope).await?;
+    gate(s, (tenant, backend.model_id()), ask, scope).await?;
     let resumed = resume.as_ref().map(|r| r.output.clone());
     let streams = submit(backend, prompts, &checked, (scope.deadline, resume))
         .map_err(|e| E::PARAMS.submit_error(e))?;
@@ -327,8 +328,9 @@ async fn start_remote<E: Endpoint>(
         reserve_tokens: (routing.prompt_bytes.div_ceil(4) + generated) as u64,
         // The answer is not parsed: the reservation stands as the request's cost.
         prompt_tokens: None,
+        burst_tokens: routing.prompt_bytes.div_ceil(4) as u64,
     };
-    gate(s, tenant, ask, scope).await?;
+    gate(s, (tenant, req.model()), ask, scope).await?;
     let forward = Forward {
         path: E::ROUTE,
         model: req.model().to_string(),

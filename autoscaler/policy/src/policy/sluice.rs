@@ -336,6 +336,15 @@ struct Planned {
     warming: bool,
 }
 
+/// What the bursts within a second ask of the fleet (see [`Sluice::burst_need`]).
+#[derive(Debug, Clone, Copy)]
+struct BurstNeed {
+    /// Prompt tokens to prefill within the TTFT target.
+    tokens: f64,
+    /// The same as requests/s of the shape.
+    rate: f64,
+}
+
 /// The lowest count a variant keeps: `min`, or `keep_warm` while traffic is recent.
 fn floor(l: &VariantLimits, idle: bool) -> u32 {
     if idle {
@@ -636,6 +645,100 @@ impl Sluice {
         floor.max(planned)
     }
 
+    /// What the bursts of the shape window ask ([`capacity::burst_tokens`], to half the SLO's
+    /// error budget): the prompt tokens the fleet must prefill within the TTFT target, and
+    /// that prefill as requests/s of the eligible variant that serves the most requests per
+    /// prefill token (the fewest any mix with that prefill serves). Prompts are whole: those
+    /// longer than one replica of the variant whose prefill costs least prefills within the
+    /// target (what the fleet grows by) are late however many there are. `None` without the
+    /// signal.
+    fn burst_need(
+        &self,
+        s: &Signals,
+        (limits, caps): (&[VariantLimits], &[Capacity]),
+        w: &Workload,
+    ) -> Option<BurstNeed> {
+        let sums = s.arrivals.per_second.as_ref()?;
+        let t = self.config.slo.ttft_p99_s;
+        let budget = (1.0 - self.config.ttft_attainment_goal).max(0.0) / 2.0;
+        // (prefill within the target, requests/s, price per hour) per eligible variant.
+        let eligible: Vec<(f64, f64, f64)> = limits
+            .iter()
+            .zip(caps)
+            .filter(|(_, c)| c.requests_per_s > 0.0)
+            .filter_map(|(l, c)| {
+                let v = self.profile.variant(&l.variant).ok()?;
+                let price = v.replica_price_per_hour(CapacityType::OnDemand);
+                Some((v.perf.prefill_tokens_per_s * t, c.requests_per_s, price))
+            })
+            .filter(|&(prefill, _, _)| prefill > 0.0)
+            .collect();
+        let cheapest = eligible
+            .iter()
+            .min_by(|a, b| (a.2 / a.0).total_cmp(&(b.2 / b.0)))?;
+        let tokens = capacity::burst_tokens(sums, w, cheapest.0, budget)?;
+        let per_token = eligible
+            .iter()
+            .map(|&(p, c, _)| c / p)
+            .fold(f64::INFINITY, f64::min);
+        per_token.is_finite().then_some(BurstNeed {
+            tokens,
+            rate: tokens * per_token,
+        })
+    }
+
+    /// Replicas added to `counts` until the fleet prefills `need.tokens` within the TTFT
+    /// target: of the variant already in the mix (else any eligible one) whose prefill costs
+    /// least per hour. A mix sized in requests/s may lack it where variants differ in prefill
+    /// per request served.
+    fn top_up_prefill(
+        &self,
+        offers: &[Offer],
+        counts: &mut [u32],
+        need: &BurstNeed,
+        d: &mut Decision,
+    ) {
+        let t = self.config.slo.ttft_p99_s;
+        let prefill: Vec<f64> = offers
+            .iter()
+            .map(|o| match self.profile.variant(&o.variant) {
+                Ok(v) if o.requests_per_s > 0.0 => v.perf.prefill_tokens_per_s * t,
+                _ => 0.0,
+            })
+            .collect();
+        let have = |counts: &[u32]| -> f64 {
+            counts
+                .iter()
+                .zip(&prefill)
+                .map(|(&n, p)| f64::from(n) * p)
+                .sum()
+        };
+        let mut added = 0;
+        while have(counts) < need.tokens {
+            let key = |i: usize| (counts[i] == 0, offers[i].price_per_hour / prefill[i]);
+            let pick = (0..offers.len())
+                .filter(|&i| prefill[i] > 0.0 && counts[i] < offers[i].max)
+                .min_by(|&i, &j| {
+                    let (a, b) = (key(i), key(j));
+                    a.0.cmp(&b.0).then(a.1.total_cmp(&b.1))
+                });
+            let Some(i) = pick else { break };
+            counts[i] += 1;
+            added += 1;
+        }
+        if added > 0 {
+            d.reason(
+                ReasonKind::Burst,
+                None,
+                format!(
+                    "+{added} replicas: the mix for the rate prefills less than the {:.0} \
+                     prompt tokens a second's burst asks within the TTFT target",
+                    need.tokens
+                ),
+            );
+        }
+    }
+
     /// Stabilisation (HPA's, on the planned demand rather than per variant, so a switch of
     /// mix is never half held back): up at once, down only to the highest demand planned
     /// within the window; in panic, not down at all; and not before a full window of arrivals
@@ -856,6 +959,21 @@ impl Policy for Sluice {
             let rate = s.arrivals.requests_per_s.max(p.forecast);
             p.planned = self.tail_floor(&limits, &caps, &w, rate, p.planned, &mut d);
         }
+        let burst = (!idle)
+            .then(|| self.burst_need(s, (&limits, &caps), &w))
+            .flatten();
+        if let Some(b) = burst.as_ref().filter(|b| b.rate > p.planned) {
+            p.planned = b.rate;
+            d.reason(
+                ReasonKind::Burst,
+                None,
+                format!(
+                    "prompts arriving within a second: {:.0} tokens to prefill within the \
+                     TTFT target, {:.2} req/s of the shape",
+                    b.tokens, b.rate
+                ),
+            );
+        }
         let spot_ok = self.spot_allowed(s, &mut d);
         let spot = self.config.spot;
         let allow = |n: &str, c: CapacityType| match c {
@@ -869,7 +987,10 @@ impl Policy for Sluice {
         let current_capacity = mix::evaluate(&offers, &current).requests_per_s;
         let stable = self.stabilise(s.time_s, &p, current_capacity, panic, &mut d);
         let stable = self.keep_warm_for_return(s, &limits, &caps, stable, &mut d);
-        let counts = self.choose_counts(s, &limits, &offers, &current, stable, &mut d);
+        let mut counts = self.choose_counts(s, &limits, &offers, &current, stable, &mut d);
+        if let Some(b) = &burst {
+            self.top_up_prefill(&offers, &mut counts, b, &mut d);
+        }
         let chosen = mix::evaluate(&offers, &counts);
         self.judge_cuts(s.time_s, &current, &counts, &mut d);
         d.demand = Demand {

@@ -5,7 +5,7 @@ use super::{Policy, Sluice, SluiceConfig};
 use crate::capacity::Slo;
 use crate::decision::{Decision, Mode, ReasonKind};
 use crate::profile::{CapacityType, Profile};
-use crate::signals::{Arrivals, Queue, Signals, VariantSignals};
+use crate::signals::{Arrivals, Queue, SecondSums, Signals, VariantSignals};
 
 const L4: &str = "nvidia-l4";
 const H100: &str = "nvidia-h100-80gb";
@@ -45,6 +45,7 @@ fn signals(t: f64, rate: f64, waiting: u64, fleet: &[(&str, CapacityType, u32, u
             max_prompt_tokens: 1000,
             prompt_tokens_cv2: 0.0,
             wide: None,
+            per_second: None,
         },
         queue: Queue {
             waiting,
@@ -526,6 +527,51 @@ fn a_heavy_tail_of_long_prompts_keeps_a_second_replica_at_low_load() {
     let heavy = decide(2.25);
     assert_eq!(heavy.replicas_of(H100), 2, "{:?}", heavy.reasons);
     assert!(heavy.has_reason(ReasonKind::PromptTail));
+}
+
+#[test]
+fn batches_sent_within_a_second_keep_the_fleet_that_prefills_them_in_time() {
+    // Two requests a second of 1,000-token prompts: one H100 serves the rate. But ten times
+    // in the window a batch of 131k–150k prompt tokens arrived within one second, which one
+    // H100 prefills in 5.5–6.3 s against a 2 s target: the fleet is held at what prefills a
+    // batch within it, and says why.
+    let fleet = [
+        (L4, CapacityType::OnDemand, 0, 0),
+        (H100, CapacityType::OnDemand, 1, 0),
+    ];
+    let decide = |per_second: Option<SecondSums>| {
+        let mut p = Sluice::new(profile(), config());
+        let mut s = signals(0.0, 2.0, 0, &fleet);
+        s.arrivals.per_second = per_second;
+        p.decide(&s)
+    };
+    let steady = decide(None);
+    assert_eq!(steady.replicas_of(H100), 1, "{:?}", steady.targets);
+    assert!(!steady.has_reason(ReasonKind::Burst));
+    let batches = SecondSums {
+        buckets: vec![
+            (2048.0, 400.0),
+            (131_072.0, 400.0),
+            (150_000.0, 410.0),
+            (f64::INFINITY, 410.0),
+        ],
+        sum: 400.0 * 2000.0 + 10.0 * 140_000.0,
+    };
+    let bursty = decide(Some(batches));
+    assert!(bursty.has_reason(ReasonKind::Burst), "{:?}", bursty.reasons);
+    let prof = profile();
+    let within_target: f64 = [L4, H100]
+        .iter()
+        .map(|v| {
+            let perf = &prof.variant(v).unwrap().perf;
+            f64::from(bursty.replicas_of(v)) * perf.prefill_tokens_per_s * 2.0
+        })
+        .sum();
+    assert!(
+        within_target >= 131_072.0,
+        "{within_target} {:?}",
+        bursty.targets
+    );
 }
 
 /// Runs `ticks` ticks at `rate` from `t`, applying each decision as if replicas were ready at

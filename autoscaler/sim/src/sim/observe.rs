@@ -4,9 +4,10 @@
 
 use std::collections::VecDeque;
 
+use sluice_metrics::gateway;
 use sluice_policy::capacity::cv2;
 use sluice_policy::signals::{
-    Arrivals, Latency, PoolSignals, Queue, Signals, VariantSignals, WindowShape,
+    Arrivals, Latency, PoolSignals, Queue, SecondSums, Signals, VariantSignals, WindowShape,
 };
 use sluice_policy::timeline::Request;
 
@@ -73,6 +74,49 @@ impl ArrivalWindow {
     }
 }
 
+/// Prompt tokens arriving in each whole second of a window with any arrival, as the gateway
+/// observes them into its `sluice_gateway_prompt_tokens_per_second` histogram.
+#[derive(Debug)]
+struct PerSecond {
+    window_s: f64,
+    /// (second, prompt tokens), seconds with an arrival only, oldest first.
+    seconds: VecDeque<(i64, f64)>,
+}
+
+impl PerSecond {
+    fn push(&mut self, t: f64, prompt: u32) {
+        let second = t.floor() as i64;
+        match self.seconds.back_mut() {
+            Some((s, sum)) if *s == second => *sum += f64::from(prompt),
+            _ => self.seconds.push_back((second, f64::from(prompt))),
+        }
+    }
+
+    /// The histogram over the whole seconds of the window ending at `now`.
+    fn sums(&mut self, now: f64) -> SecondSums {
+        let last = now.floor() as i64 - 1;
+        let first = last - self.window_s as i64 + 1;
+        while self.seconds.front().is_some_and(|&(s, _)| s < first) {
+            self.seconds.pop_front();
+        }
+        let seen: Vec<f64> = self
+            .seconds
+            .iter()
+            .filter(|&&(s, _)| s <= last)
+            .map(|&(_, sum)| sum)
+            .collect();
+        let mut buckets: Vec<(f64, f64)> = gateway::prompt_tokens_per_second_buckets()
+            .into_iter()
+            .map(|le| (le, seen.iter().filter(|&&x| x <= le).count() as f64))
+            .collect();
+        buckets.push((f64::INFINITY, seen.len() as f64));
+        SecondSums {
+            buckets,
+            sum: seen.iter().sum(),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Observer {
     pub short_window_s: f64,
@@ -81,6 +125,8 @@ pub struct Observer {
     long: ArrivalWindow,
     /// The request shape's wider window (see [`Arrivals::wide`]).
     wide: ArrivalWindow,
+    /// Prompt tokens per second over the wider window.
+    per_second: PerSecond,
     ttft: VecDeque<(f64, f64, usize)>,
     /// First tokens of feasible requests in the latency window: (time, within the target).
     feasible: VecDeque<(f64, bool)>,
@@ -110,6 +156,10 @@ impl Observer {
             latency_window_s,
             long: ArrivalWindow::new(window_s),
             wide: ArrivalWindow::new(shape_window_s),
+            per_second: PerSecond {
+                window_s: shape_window_s,
+                seconds: VecDeque::new(),
+            },
             ttft: VecDeque::new(),
             feasible: VecDeque::new(),
             ttft_target_s,
@@ -120,6 +170,7 @@ impl Observer {
     pub fn on_arrival(&mut self, t: f64, r: &Request) {
         self.long.push(t, r);
         self.wide.push(t, r);
+        self.per_second.push(t, r.prompt_tokens);
     }
 
     /// A first token at `t` on a replica of pool `key`.
@@ -191,7 +242,7 @@ impl Observer {
     }
 
     /// Arrival rates and shape over the windows ending at `now`.
-    fn arrivals(&self, now: f64) -> Arrivals {
+    fn arrivals(&mut self, now: f64) -> Arrivals {
         let span = self.long.window_s.min(now.max(self.short_window_s));
         let long = self.long.shape();
         let short = self
@@ -217,6 +268,7 @@ impl Observer {
                 .unwrap_or(0),
             prompt_tokens_cv2: long.prompt_tokens_cv2,
             wide: Some(self.wide.shape()),
+            per_second: Some(self.per_second.sums(now)),
         }
     }
 
@@ -322,5 +374,36 @@ fn pool_signals(fleet: &Fleet, key: usize, now: f64) -> PoolSignals {
         capacity: pool.capacity,
         nodes,
         provisioning,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_tokens_are_summed_per_whole_second_within_the_window() {
+        let mut p = PerSecond {
+            window_s: 10.0,
+            seconds: VecDeque::new(),
+        };
+        // A batch of three in second 2, one request in 3, one in 14 (not over at 14.5).
+        for (t, tokens) in [
+            (2.1, 1000),
+            (2.5, 2000),
+            (2.9, 3000),
+            (3.2, 300),
+            (14.2, 50),
+        ] {
+            p.push(t, tokens);
+        }
+        let at_12 = p.sums(12.5);
+        assert_eq!(at_12.sum, 6300.0);
+        assert_eq!(at_12.seconds(), 2.0);
+        assert_eq!(at_12.quantile(1.0), Some(8192.0), "the batch's second");
+        // At 14.5 the window holds seconds 4..=13: neither the old seconds nor the open one.
+        let at_14 = p.sums(14.5);
+        assert_eq!((at_14.sum, at_14.seconds()), (0.0, 0.0));
+        assert_eq!(p.sums(15.0).sum, 50.0);
     }
 }
