@@ -51,6 +51,25 @@ pub struct Arrivals {
     pub per_second: Option<SecondSums>,
 }
 
+impl Arrivals {
+    /// Rates from the long window's `long` shape measured over `span_s` (the window, or less
+    /// while the source has been up for less), with the short window's `(length, rate)`. The
+    /// largest prompt, the wider shape and the per-second sums are each source's to add.
+    pub fn from_shape(long: &WindowShape, span_s: f64, short: (f64, f64)) -> Arrivals {
+        let span = span_s.max(1e-9);
+        Arrivals {
+            window_s: long.window_s,
+            requests_per_s: long.requests / span,
+            prompt_tokens_per_s: long.prompt_tokens / span,
+            output_tokens_per_s: long.output_tokens / span,
+            short_window_s: short.0,
+            short_requests_per_s: short.1,
+            prompt_tokens_cv2: long.prompt_tokens_cv2,
+            ..Arrivals::default()
+        }
+    }
+}
+
 /// A histogram of the prompt tokens that arrived in each whole second of a window, one
 /// observation per second in which any request arrived (an empty second adds nothing to
 /// what [`SecondSums::excess_share`] measures).

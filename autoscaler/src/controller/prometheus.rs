@@ -721,17 +721,12 @@ impl<'a, 'm> Answers<'a, 'm> {
         let (w, ws) = (policy.window_seconds, policy.short_window_seconds);
         let (long, prompt_len) = self.shape(&queries.long, w);
         let (wide, _) = self.shape(&queries.wide, policy.shape_window_seconds);
+        let short_rate = self.arrivals_over(&queries.arrivals_short) / ws;
         let arrivals = Arrivals {
-            window_s: w,
-            requests_per_s: long.requests / w,
-            prompt_tokens_per_s: long.prompt_tokens / w,
-            output_tokens_per_s: long.output_tokens / w,
-            short_window_s: ws,
-            short_requests_per_s: self.arrivals_over(&queries.arrivals_short) / ws,
             max_prompt_tokens: prompt_len.max_bound().map_or(0, |m| m.round() as u64),
-            prompt_tokens_cv2: long.prompt_tokens_cv2,
             wide: Some(wide),
             per_second: self.bursts(queries),
+            ..Arrivals::from_shape(&long, w, (ws, short_rate))
         };
         (arrivals, prompt_len)
     }

@@ -419,18 +419,11 @@ impl Scraper {
                 .add(&l);
         }
         let (w, ws) = (span(c.window_s), span(c.short_window_s));
-        let shape = long.shape(c.window_s);
+        let short_rate = short.arrivals.max(0.0) / ws;
         let arrivals = Arrivals {
-            window_s: c.window_s,
-            requests_per_s: shape.requests / w,
-            prompt_tokens_per_s: shape.prompt_tokens / w,
-            output_tokens_per_s: shape.output_tokens / w,
-            short_window_s: c.short_window_s,
-            short_requests_per_s: short.arrivals.max(0.0) / ws,
             max_prompt_tokens: long.prompt_len.max_bound().map_or(0, |m| m.round() as u64),
-            prompt_tokens_cv2: shape.prompt_tokens_cv2,
             wide: Some(wide.shape(c.shape_window_s)),
-            per_second: None,
+            ..Arrivals::from_shape(&long.shape(c.window_s), w, (c.short_window_s, short_rate))
         };
         let latency = Latency {
             window_s: c.latency_window_s,

@@ -252,13 +252,8 @@ impl Observer {
             .rev()
             .take_while(|&&(t, _, _)| t >= now - self.short_window_s)
             .count() as f64;
+        let short_rate = short / self.short_window_s.min(now.max(1.0));
         Arrivals {
-            window_s: self.long.window_s,
-            requests_per_s: long.requests / span,
-            prompt_tokens_per_s: long.prompt_tokens / span,
-            output_tokens_per_s: long.output_tokens / span,
-            short_window_s: self.short_window_s,
-            short_requests_per_s: short / self.short_window_s.min(now.max(1.0)),
             max_prompt_tokens: self
                 .long
                 .arrivals
@@ -266,9 +261,9 @@ impl Observer {
                 .map(|&(_, p, _)| u64::from(p))
                 .max()
                 .unwrap_or(0),
-            prompt_tokens_cv2: long.prompt_tokens_cv2,
             wide: Some(self.wide.shape()),
             per_second: Some(self.per_second.sums(now)),
+            ..Arrivals::from_shape(&long, span, (self.short_window_s, short_rate))
         }
     }
 
