@@ -89,7 +89,9 @@ impl SecondSums {
     }
 
     /// The `q` quantile of the per-second sums, linear within its bucket (Prometheus's
-    /// `histogram_quantile`); `None` when no second was observed.
+    /// `histogram_quantile`); `None` when no second was observed. Counts are read as
+    /// non-decreasing, as `histogram_quantile` reads them: increases that Prometheus
+    /// extrapolates per bucket can dip by a fraction.
     pub fn quantile(&self, q: f64) -> Option<f64> {
         let total = self.seconds();
         if total <= 0.0 {
@@ -98,6 +100,7 @@ impl SecondSums {
         let rank = q.clamp(0.0, 1.0) * total;
         let (mut lo, mut below) = (0.0, 0.0);
         for &(hi, cum) in &self.buckets {
+            let cum = cum.max(below);
             if cum >= rank && cum > below {
                 if hi.is_infinite() {
                     return Some(lo);
@@ -119,7 +122,8 @@ impl SecondSums {
         let (mut excess, mut finite_tokens) = (0.0, 0.0);
         let (mut lo, mut below) = (0.0, 0.0);
         for &(hi, cum) in &self.buckets {
-            let k = (cum - below).max(0.0);
+            let cum = cum.max(below);
+            let k = cum - below;
             if hi.is_infinite() {
                 if k > 0.0 {
                     let tokens = (self.sum - finite_tokens).max(k * lo);
@@ -370,6 +374,26 @@ mod tests {
         };
         let share = inf.excess_share(1000.0).unwrap();
         assert!((share - 10.0 * 4000.0 / inf.sum).abs() < 1e-12, "{share}");
+        // A bucket that dips below the one before it (extrapolated increases) counts as flat:
+        // no negative seconds, and none counted twice in the next bucket.
+        let dipped = SecondSums {
+            buckets: vec![
+                (128.0, 90.5),
+                (512.0, 90.0),
+                (1024.0, 100.0),
+                (f64::INFINITY, 100.0),
+            ],
+            ..sums.clone()
+        };
+        let at = dipped.excess_share(768.0).unwrap();
+        assert!(
+            (at - 9.5 * 256.0f64.powi(2) / 1024.0 / 19_000.0).abs() < 1e-12,
+            "{at}"
+        );
+        assert_eq!(
+            dipped.quantile(0.95),
+            Some(512.0 + 512.0 * (95.0 - 90.5) / 9.5)
+        );
         assert_eq!(SecondSums::default().excess_share(1.0), None);
     }
 }
