@@ -1,5 +1,7 @@
-//! [`PromptBursts`]: the prompt tokens arriving for each model in each second, exported as
-//! `sluice_gateway_prompt_tokens_per_second` (one observation per second with any arrival).
+//! [`PromptBursts`]: the prompt tokens of requests routed to replicas, per model and second,
+//! exported as `sluice_gateway_prompt_tokens_per_second` (one observation per second with any
+//! arrival). A replica's own requests are not counted: behind a gateway it sees only its share
+//! of a burst, and Prometheus would sum that with the gateway's count.
 //!
 //! Rates over a window, the replicas' counters and the prompt-length histogram all hide a
 //! batch of requests sent within one second; the autoscaler sizes a fleet that prefills such a
@@ -30,8 +32,8 @@ impl PromptBursts {
         let histogram = HistogramVec::new(
             HistogramOpts::new(
                 gateway::PROMPT_TOKENS_PER_SECOND,
-                "Prompt tokens of the requests for a model that arrived within one second, once \
-                 per second with any arrival (a proxied request counts its bytes / 4).",
+                "Prompt tokens (bytes / 4) of the requests routed to replicas for a model that \
+                 arrived within one second, once per second with any arrival.",
             )
             .buckets(gateway::prompt_tokens_per_second_buckets()),
             &[gateway::MODEL],

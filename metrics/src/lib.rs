@@ -130,11 +130,12 @@ pub mod gateway {
     /// 1 while a replica may be picked, by [`REPLICA`] (gauge); a replica that leaves the set
     /// loses its series.
     pub const REPLICA_ELIGIBLE: &str = "sluice_gateway_replica_eligible";
-    /// Prompt tokens of the requests for a model that arrived within one second, observed
-    /// once for every second in which any arrived, by [`MODEL`] (histogram). How bursty
-    /// arrivals are below any window's rate: a batch sent at once needs its prompts
-    /// prefilled within the TTFT target. A proxied request, whose prompt the gateway does not
-    /// tokenise, counts its bytes / 4.
+    /// Prompt tokens of the requests a routing gateway sent on for a model that arrived
+    /// within one second, observed once for every second in which any arrived, by [`MODEL`]
+    /// (histogram). How bursty arrivals are below any window's rate: a batch sent at once
+    /// needs its prompts prefilled within the TTFT target. The gateway does not tokenise what
+    /// it proxies: a request counts its prompt bytes / 4. Requests a process serves itself
+    /// are not counted (a replica sees only its share of a burst).
     pub const PROMPT_TOKENS_PER_SECOND: &str = "sluice_gateway_prompt_tokens_per_second";
     /// A replica's base URL.
     pub const REPLICA: &str = "replica";

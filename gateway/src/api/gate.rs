@@ -24,9 +24,11 @@ pub struct Ask {
     /// refunded when the request ends; without (a proxied request, whose answer the gateway does
     /// not parse), the whole reservation stands as the request's cost.
     pub prompt_tokens: Option<u64>,
-    /// The prompt's tokens, or an estimate where they are not known (bytes / 4): what the
-    /// request adds to its second's prompt burst ([`crate::prompt_bursts`]).
-    pub burst_tokens: u64,
+    /// For a request routed to a replica, its prompt's tokens as the gateway estimates them
+    /// (bytes / 4): what it adds to its model's second ([`crate::prompt_bursts`]). `None` for a
+    /// request this process serves itself: a replica behind a gateway sees its share of a
+    /// burst, which summed with the gateway's count would count the burst twice.
+    pub burst_tokens: Option<u64>,
 }
 
 /// The rate reservation and admission permit of one request, held until it ends.
@@ -62,7 +64,7 @@ impl Drop for Waiting<'_> {
 }
 
 impl Gate {
-    /// Takes `ask.reserve_tokens` from the tenant's rate limits, counts the request as
+    /// Takes `ask.reserve_tokens` from the tenant's rate limits, counts a routed request as
     /// arrived for `model` (its prompt burst: a request over its budget is no demand), then
     /// waits in the admission queue.
     pub async fn enter(
@@ -73,7 +75,9 @@ impl Gate {
         ask: Ask,
     ) -> Result<Gate, ApiError> {
         let reservation = limiter.check(tenant, ask.reserve_tokens, Instant::now())?;
-        metrics.prompt_bursts.record(model, ask.burst_tokens);
+        if let Some(tokens) = ask.burst_tokens {
+            metrics.prompt_bursts.record(model, tokens);
+        }
         let priority = ask.priority.to_string();
         let permit = {
             let _waiting = Waiting::new(metrics, &priority);
@@ -144,7 +148,7 @@ mod tests {
             priority: 0,
             reserve_tokens: 900,
             prompt_tokens: Some(100),
-            burst_tokens: 100,
+            burst_tokens: None,
         };
         let mut gate = Gate::enter(&limiter, &admission, &metrics, (&tenant, "m"), ask)
             .await

@@ -204,7 +204,7 @@ async fn start_local<E: Endpoint>(
         priority: checked.priority,
         reserve_tokens: reserve,
         prompt_tokens: Some(prompt_tokens),
-        burst_tokens: prompt_tokens,
+        burst_tokens: None,
     };
     gate(s, (tenant, backend.model_id()), ask, scope).await?;
     let resumed = resume.as_ref().map(|r| r.output.clone());
@@ -328,7 +328,7 @@ async fn start_remote<E: Endpoint>(
         reserve_tokens: (routing.prompt_bytes.div_ceil(4) + generated) as u64,
         // The answer is not parsed: the reservation stands as the request's cost.
         prompt_tokens: None,
-        burst_tokens: routing.prompt_bytes.div_ceil(4) as u64,
+        burst_tokens: Some(routing.prompt_bytes.div_ceil(4) as u64),
     };
     gate(s, (tenant, req.model()), ask, scope).await?;
     let forward = Forward {
