@@ -139,6 +139,9 @@ pub struct Sluice {
     history: VecDeque<(f64, f64)>,
     /// The scale-down window's length, grown by cuts bought back within a start-up.
     payback: Payback,
+    /// Each offer key's start-up lead ([`plan::startup_times`]; the profile and limits are
+    /// fixed for the policy's life).
+    leads: Vec<f64>,
     panic_until: f64,
     last_traffic_s: f64,
     margin: f64,
@@ -161,6 +164,7 @@ impl Sluice {
             variant_margin: HashMap::new(),
             history: VecDeque::new(),
             payback: Payback::new(config.scale_down_window_s),
+            leads: plan::startup_times(&profile, &config.limits),
             profile,
             shape: None,
             panic_until: f64::NEG_INFINITY,
@@ -799,9 +803,8 @@ impl Sluice {
     /// Whether the last cuts of the fleet paid back (see [`Payback`]): a variant bought again
     /// within its start-up lead of a cut lengthens the scale-down window.
     fn judge_cuts(&mut self, t: f64, current: &[u32], counts: &[u32], d: &mut Decision) {
-        let leads = plan::startup_times(&self.profile, &self.config.limits);
         if let Verdict::BoughtBack { after_s, lead_s } =
-            self.payback.observe(t, current, counts, &leads)
+            self.payback.observe(t, current, counts, &self.leads)
         {
             d.reason(
                 ReasonKind::Stabilisation,
@@ -878,7 +881,6 @@ impl Sluice {
         stable: f64,
         d: &mut Decision,
     ) -> Vec<u32> {
-        let startup = plan::startup_times(&self.profile, limits);
         let ready = plan::ready_counts(s, limits);
         let kept = plan::keep_in_flight(offers, current, &ready, stable);
         if kept.is_some() {
@@ -892,7 +894,7 @@ impl Sluice {
             kept.as_deref().unwrap_or(offers),
             current,
             stable,
-            &startup,
+            &self.leads,
             self.config.switch_amortise_s,
         );
         d.reason(
