@@ -88,33 +88,11 @@ impl SecondSums {
         self.buckets.last().map_or(0.0, |b| b.1)
     }
 
-    /// The `q` quantile of the per-second sums, linear within its bucket (Prometheus's
-    /// `histogram_quantile`); `None` when no second was observed. Counts are read as
-    /// non-decreasing, as `histogram_quantile` reads them: increases that Prometheus
-    /// extrapolates per bucket can dip by a fraction.
-    pub fn quantile(&self, q: f64) -> Option<f64> {
-        let total = self.seconds();
-        if total <= 0.0 {
-            return None;
-        }
-        let rank = q.clamp(0.0, 1.0) * total;
-        let (mut lo, mut below) = (0.0, 0.0);
-        for &(hi, cum) in &self.buckets {
-            let cum = cum.max(below);
-            if cum >= rank && cum > below {
-                if hi.is_infinite() {
-                    return Some(lo);
-                }
-                return Some(lo + (hi - lo) * (rank - below) / (cum - below));
-            }
-            (lo, below) = (hi, cum);
-        }
-        Some(lo)
-    }
-
     /// The share of prompt tokens that arrived beyond `c` in their second: `Σ (S − c)⁺ / Σ S`
     /// over the seconds, with sums spread evenly within a bucket, and the `+Inf` bucket's
-    /// tokens what the sum leaves over the finite ones. `None` when no token arrived.
+    /// tokens what the sum leaves over the finite ones. `None` when no token arrived. Counts
+    /// are read as non-decreasing, as Prometheus's `histogram_quantile` reads them: increases
+    /// it extrapolates per bucket can dip by a fraction.
     pub fn excess_share(&self, c: f64) -> Option<f64> {
         if self.sum <= 0.0 {
             return None;
@@ -362,10 +340,8 @@ mod tests {
         // Beyond 768, within the upper bucket spread evenly: (1024 − 768)² / (2 · 512) each.
         let beyond = 10.0 * 256.0f64.powi(2) / 1024.0;
         assert!((sums.excess_share(768.0).unwrap() - beyond / 19_000.0).abs() < 1e-12);
-        // More room, less late; the quantiles as Prometheus interpolates them.
+        // More room, less late.
         assert!(sums.excess_share(900.0) < sums.excess_share(600.0));
-        assert_eq!(sums.quantile(0.9), Some(128.0));
-        assert_eq!(sums.quantile(0.95), Some(768.0));
         assert_eq!(sums.seconds(), 100.0);
         // The +Inf bucket holds what the sum leaves over the finite ones, at least its bound.
         let inf = SecondSums {
@@ -389,10 +365,6 @@ mod tests {
         assert!(
             (at - 9.5 * 256.0f64.powi(2) / 1024.0 / 19_000.0).abs() < 1e-12,
             "{at}"
-        );
-        assert_eq!(
-            dipped.quantile(0.95),
-            Some(512.0 + 512.0 * (95.0 - 90.5) / 9.5)
         );
         assert_eq!(SecondSums::default().excess_share(1.0), None);
     }

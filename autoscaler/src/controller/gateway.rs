@@ -15,7 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use sluice_policy::signals::SecondSums;
 
 use crate::scrape::window::History;
-use crate::scrape::{self, ModelQueue};
+use crate::scrape::{self, BurstHistogram, ModelQueue};
 
 /// Reads one gateway's queue for one model, and keeps its recent snapshots for the prompt
 /// tokens per second it saw (`sluice_gateway_prompt_tokens_per_second`) over the pool's shape
@@ -68,7 +68,10 @@ impl GatewayQueue {
         let (_, history) = self.history.as_mut().expect("set above");
         history.push(now_s, snap);
         history.prune(now_s, shape_window_s);
-        let per_second = history.burst_increase(now_s, shape_window_s).remove(model);
+        let per_second = history
+            .burst_increase(now_s, shape_window_s)
+            .get(model)
+            .map(BurstHistogram::sums);
         Ok(GatewayReading { queue, per_second })
     }
 }

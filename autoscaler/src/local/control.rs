@@ -439,8 +439,9 @@ impl LocalAutoscaler {
             rate: obs.arrivals.requests_per_s,
             short_rate: obs.arrivals.short_requests_per_s,
             busiest_second_tokens: obs
-                .prompt_bursts_of(&self.cfg.served_model)
-                .and_then(|b| b.quantile(1.0))
+                .prompt_bursts
+                .get(&self.cfg.served_model)
+                .and_then(|b| b.hist.max_bound())
                 .unwrap_or(0.0),
             mode: d.mode,
             stale: obs.targets.iter().filter(|s| s.is_stale()).count(),

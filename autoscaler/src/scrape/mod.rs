@@ -31,8 +31,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-pub use snapshot::{normalise_url, Histogram, ModelQueue, Snapshot, TtftTarget};
-use window::{add_sums, History, Increase};
+pub use snapshot::{normalise_url, BurstHistogram, Histogram, ModelQueue, Snapshot, TtftTarget};
+use window::{History, Increase};
 
 use sluice_policy::profile::CapacityType;
 use sluice_policy::signals::{Arrivals, Latency, Queue, SecondSums, Signals, SHAPE_WINDOW_S};
@@ -189,14 +189,14 @@ pub struct Observation {
     pub gateway_models: BTreeMap<String, ModelQueue>,
     /// The prompt tokens per second the gateways saw over the shape window, per model
     /// (summed over gateways: with several, each sees its share of a burst).
-    pub prompt_bursts: BTreeMap<String, SecondSums>,
+    pub prompt_bursts: BTreeMap<String, BurstHistogram>,
 }
 
 impl Observation {
     /// The prompt tokens per second the gateways saw for `model` (as they label it: the
     /// served name), `None` when they export none.
     pub fn prompt_bursts_of(&self, model: &str) -> Option<SecondSums> {
-        self.prompt_bursts.get(model).cloned()
+        self.prompt_bursts.get(model).map(BurstHistogram::sums)
     }
 
     /// What the gateways have waiting or held for `model`.
@@ -379,15 +379,15 @@ impl Scraper {
     }
 
     /// The gateways' per-second prompt sums over the shape window, per model.
-    fn prompt_bursts(&self, now: f64) -> BTreeMap<String, SecondSums> {
-        let mut out: BTreeMap<String, SecondSums> = BTreeMap::new();
+    fn prompt_bursts(&self, now: f64) -> BTreeMap<String, BurstHistogram> {
+        let mut out: BTreeMap<String, BurstHistogram> = BTreeMap::new();
         let gateways = self
             .tracked
             .values()
             .filter(|t| t.target.role == Role::Gateway);
         for tr in gateways {
             for (model, sums) in tr.history.burst_increase(now, self.config.shape_window_s) {
-                add_sums(out.entry(model).or_default(), &sums);
+                out.entry(model).or_default().add(&sums);
             }
         }
         out

@@ -166,6 +166,44 @@ fn order_key(le: f64) -> u64 {
 /// Histogram buckets as they are parsed: `(bound, count)` by the bound's sort key.
 type Buckets = BTreeMap<u64, (f64, f64)>;
 
+/// A gateway's prompt tokens per second for one model: the histogram of the per-second sums
+/// and their sum (`sluice_gateway_prompt_tokens_per_second{model}`), cumulative as exported or
+/// an increase over a window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BurstHistogram {
+    pub hist: Histogram,
+    pub sum: f64,
+}
+
+impl BurstHistogram {
+    /// The increase from `earlier` to `self` (the whole of `self` after a restart, as
+    /// [`Histogram::increase_since`] decides).
+    pub fn increase_since(&self, earlier: &BurstHistogram) -> BurstHistogram {
+        let reset = self.hist.count() < earlier.hist.count();
+        BurstHistogram {
+            hist: self.hist.increase_since(&earlier.hist),
+            sum: if reset {
+                self.sum
+            } else {
+                (self.sum - earlier.sum).max(0.0)
+            },
+        }
+    }
+
+    pub fn add(&mut self, o: &BurstHistogram) {
+        self.hist.add(&o.hist);
+        self.sum += o.sum;
+    }
+
+    /// What the policy reads ([`SecondSums`]).
+    pub fn sums(&self) -> SecondSums {
+        SecondSums {
+            buckets: self.hist.buckets.clone(),
+            sum: self.sum,
+        }
+    }
+}
+
 /// The gateway's per-second prompt histograms as they are parsed, per model: buckets and the
 /// sum.
 #[derive(Default)]
@@ -188,13 +226,15 @@ impl Bursts {
         }
     }
 
-    fn finish(self) -> Option<BTreeMap<String, SecondSums>> {
+    fn finish(self) -> Option<BTreeMap<String, BurstHistogram>> {
         (!self.0.is_empty()).then(|| {
             self.0
                 .into_iter()
                 .map(|(model, (buckets, sum))| {
-                    let buckets = buckets.into_values().collect();
-                    (model, SecondSums { buckets, sum })
+                    let hist = Histogram {
+                        buckets: buckets.into_values().collect(),
+                    };
+                    (model, BurstHistogram { hist, sum })
                 })
                 .collect()
         })
@@ -263,7 +303,7 @@ pub struct Snapshot {
     pub gateway_replicas: Option<BTreeMap<String, bool>>,
     /// A routing gateway's prompt tokens per second with arrivals, per model
     /// (`sluice_gateway_prompt_tokens_per_second{model}`; cumulative, as exported).
-    pub prompt_bursts: Option<BTreeMap<String, SecondSums>>,
+    pub prompt_bursts: Option<BTreeMap<String, BurstHistogram>>,
 }
 
 impl Snapshot {

@@ -205,18 +205,18 @@ fn a_gateway_gives_each_model_its_prompt_tokens_per_second_over_the_shape_window
     // Over (0, 20]: 16 seconds of 1,000 and two of 50,000.
     let m = &o.prompt_bursts["m"];
     assert_eq!(
-        m.buckets,
+        m.hist.buckets,
         vec![(1024.0, 16.0), (65536.0, 18.0), (f64::INFINITY, 18.0)]
     );
     assert_eq!(m.sum, 116_000.0);
-    assert_eq!(o.prompt_bursts_of("m").as_ref(), Some(m));
+    assert_eq!(o.prompt_bursts_of("m"), Some(m.sums()));
     // The other model's series did not move: nothing arrived for it in the window.
     assert_eq!(o.prompt_bursts_of("other").map(|o| o.sum), Some(0.0));
     assert_eq!(o.prompt_bursts_of("nobody"), None);
     // The gateway restarts: its counts start again from zero and count whole.
     let o = at(&mut s, 30.0, bursts_text(3.0, 1.0));
     let m = &o.prompt_bursts["m"];
-    assert_eq!(m.buckets.last(), Some(&(f64::INFINITY, 9.0 + 4.0)));
+    assert_eq!(m.hist.buckets.last(), Some(&(f64::INFINITY, 9.0 + 4.0)));
     assert_eq!(m.sum, 8000.0 + 50_000.0 + 53_000.0);
 }
 

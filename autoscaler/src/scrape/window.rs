@@ -9,9 +9,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use sluice_policy::signals::{SecondSums, WindowShape};
+use sluice_policy::signals::WindowShape;
 
-use super::snapshot::{Histogram, Snapshot};
+use super::snapshot::{BurstHistogram, Histogram, Snapshot};
 
 /// Snapshots of one target, oldest first, each with the scraper's time in seconds.
 #[derive(Debug, Clone, Default)]
@@ -95,56 +95,21 @@ impl History {
 impl History {
     /// A gateway's per-second prompt sums over the window, per model: the increase of each
     /// bucket and of the sum, pairwise (a count that falls meaning a restart).
-    pub fn burst_increase(&self, now: f64, window_s: f64) -> BTreeMap<String, SecondSums> {
-        let mut out: BTreeMap<String, SecondSums> = BTreeMap::new();
+    pub fn burst_increase(&self, now: f64, window_s: f64) -> BTreeMap<String, BurstHistogram> {
+        let mut out: BTreeMap<String, BurstHistogram> = BTreeMap::new();
         let samples: Vec<&(f64, Snapshot)> = self.window(now, window_s).collect();
         for pair in samples.windows(2) {
             let (a, b) = (&pair[0].1, &pair[1].1);
             for (model, later) in b.prompt_bursts.iter().flatten() {
-                let earlier = a.prompt_bursts.as_ref().and_then(|m| m.get(model));
-                let step = match earlier {
-                    Some(e) if later.seconds() >= e.seconds() => sums_since(later, e),
-                    _ => later.clone(),
+                let step = match a.prompt_bursts.as_ref().and_then(|m| m.get(model)) {
+                    Some(earlier) => later.increase_since(earlier),
+                    None => later.clone(),
                 };
-                add_sums(out.entry(model.clone()).or_default(), &step);
+                out.entry(model.clone()).or_default().add(&step);
             }
         }
         out
     }
-}
-
-/// `later − earlier`, bucket by bucket (bounds matched exactly) and for the sum.
-fn sums_since(later: &SecondSums, earlier: &SecondSums) -> SecondSums {
-    let before = |le: f64| {
-        earlier
-            .buckets
-            .iter()
-            .find(|b| b.0 == le)
-            .map_or(0.0, |b| b.1)
-    };
-    SecondSums {
-        buckets: later
-            .buckets
-            .iter()
-            .map(|&(le, c)| (le, (c - before(le)).max(0.0)))
-            .collect(),
-        sum: (later.sum - earlier.sum).max(0.0),
-    }
-}
-
-/// Adds `other` into `acc` bucket by bucket (the gateway's bounds are fixed, so they match;
-/// a bound only one side has is kept in order).
-pub fn add_sums(acc: &mut SecondSums, other: &SecondSums) {
-    let mut buckets = std::mem::take(&mut acc.buckets);
-    for &(le, c) in &other.buckets {
-        match buckets.iter_mut().find(|b| b.0 == le) {
-            Some(b) => b.1 += c,
-            None => buckets.push((le, c)),
-        }
-    }
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    acc.buckets = buckets;
-    acc.sum += other.sum;
 }
 
 /// One step of a counter: its rise, or its whole value after a restart.

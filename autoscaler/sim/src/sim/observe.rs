@@ -395,7 +395,9 @@ mod tests {
         let at_12 = p.sums(12.5);
         assert_eq!(at_12.sum, 6300.0);
         assert_eq!(at_12.seconds(), 2.0);
-        assert_eq!(at_12.quantile(1.0), Some(8192.0), "the batch's second");
+        let seconds_to = |le: f64| at_12.buckets.iter().find(|b| b.0 == le).map(|b| b.1);
+        assert_eq!(seconds_to(5793.0), Some(1.0), "the 300-token second");
+        assert_eq!(seconds_to(8192.0), Some(2.0), "the batch's second");
         // At 14.5 the window holds seconds 4..=13: neither the old seconds nor the open one.
         let at_14 = p.sums(14.5);
         assert_eq!((at_14.sum, at_14.seconds()), (0.0, 0.0));
