@@ -21,7 +21,7 @@ use crate::forecast::Holt;
 use crate::headroom::Headroom;
 use crate::mix::{self, Offer};
 use crate::payback::{Payback, Verdict};
-use crate::profile::{CapacityType, Profile};
+use crate::profile::{CapacityType, Profile, Variant};
 use crate::signals::Signals;
 use crate::zero::{ZeroBudget, ZeroRule};
 
@@ -623,7 +623,7 @@ impl Sluice {
         planned: f64,
         d: &mut Decision,
     ) -> f64 {
-        let budget = (1.0 - self.config.ttft_attainment_goal).max(0.0) / 2.0;
+        let budget = self.half_error_budget();
         let floors = limits.iter().zip(caps).filter_map(|(l, c)| {
             let v = self.profile.variant(&l.variant).ok()?;
             (c.requests_per_s > 0.0).then(|| {
@@ -649,6 +649,17 @@ impl Sluice {
         floor.max(planned)
     }
 
+    /// The share of first tokens each prompt floor (the tail's, the bursts') may leave late:
+    /// half the SLO's error budget.
+    fn half_error_budget(&self) -> f64 {
+        (1.0 - self.config.ttft_attainment_goal).max(0.0) / 2.0
+    }
+
+    /// Prompt tokens one replica of `v` prefills within the TTFT target.
+    fn prefill_within_target(&self, v: &Variant) -> f64 {
+        v.perf.prefill_tokens_per_s * self.config.slo.ttft_p99_s
+    }
+
     /// What the bursts of the shape window ask ([`capacity::burst_tokens`], to half the SLO's
     /// error budget): the prompt tokens the fleet must prefill within the TTFT target, and
     /// that prefill as requests/s of the eligible variant that serves the most requests per
@@ -663,8 +674,7 @@ impl Sluice {
         w: &Workload,
     ) -> Option<BurstNeed> {
         let sums = s.arrivals.per_second.as_ref()?;
-        let t = self.config.slo.ttft_p99_s;
-        let budget = (1.0 - self.config.ttft_attainment_goal).max(0.0) / 2.0;
+        let budget = self.half_error_budget();
         // (prefill within the target, requests/s, price per hour) per eligible variant.
         let eligible: Vec<(f64, f64, f64)> = limits
             .iter()
@@ -673,7 +683,7 @@ impl Sluice {
             .filter_map(|(l, c)| {
                 let v = self.profile.variant(&l.variant).ok()?;
                 let price = v.replica_price_per_hour(CapacityType::OnDemand);
-                Some((v.perf.prefill_tokens_per_s * t, c.requests_per_s, price))
+                Some((self.prefill_within_target(v), c.requests_per_s, price))
             })
             .filter(|&(prefill, _, _)| prefill > 0.0)
             .collect();
@@ -702,11 +712,10 @@ impl Sluice {
         need: &BurstNeed,
         d: &mut Decision,
     ) {
-        let t = self.config.slo.ttft_p99_s;
         let prefill: Vec<f64> = offers
             .iter()
             .map(|o| match self.profile.variant(&o.variant) {
-                Ok(v) if o.requests_per_s > 0.0 => v.perf.prefill_tokens_per_s * t,
+                Ok(v) if o.requests_per_s > 0.0 => self.prefill_within_target(v),
                 _ => 0.0,
             })
             .collect();
