@@ -887,6 +887,30 @@ async fn fake_gateway() -> (String, Arc<Mutex<String>>) {
     (url, body)
 }
 
+/// A pool of one variant `v` (Deployment `l4` at one ready replica on `node-a`) whose
+/// `gatewayUrl` is a fake gateway; the gateway's `/metrics` text, to set.
+async fn gateway_harness(
+    v: Value,
+    gke: Option<Arc<dyn NodePoolProvider>>,
+) -> (Harness, Arc<Mutex<String>>) {
+    let fake = Fake::start().await;
+    fake.put(NODES, node("node-a", &[]));
+    fake.put(DEPLOYMENTS, deployment(NS, "l4", 1));
+    fake.sync_pods(NS, "l4", Some("node-a"));
+    let (gw, metrics) = fake_gateway().await;
+    let mut p = pool(json!([v]));
+    p["spec"]["signals"]["gatewayUrl"] = json!(gw);
+    fake.put(POOLS, p);
+    let source = Arc::new(FakeSource::default());
+    let ctx = context(&fake, source.clone(), false, gke);
+    let h = Harness {
+        controller: Controller::new(ctx, config()),
+        fake,
+        source,
+    };
+    (h, metrics)
+}
+
 /// Scale to zero and back, against the fake API server (a faithful in-process fake speaking
 /// the real Kubernetes wire protocol through a real `kube::Client`, see `fake_k8s`) and a fake
 /// gateway: a pool with every minReplicas 0 and a `gatewayUrl` keeps one replica while traffic
@@ -897,16 +921,8 @@ async fn fake_gateway() -> (String, Arc<Mutex<String>>) {
 /// (never set to 0 nodes by the controller).
 #[tokio::test]
 async fn scales_to_zero_when_idle_and_back_when_the_gateway_holds_requests() {
-    let fake = Fake::start().await;
-    fake.put(NODES, node("node-a", &[]));
-    fake.put(DEPLOYMENTS, deployment(NS, "l4", 1));
-    fake.sync_pods(NS, "l4", Some("node-a"));
-    let (gw, metrics) = fake_gateway().await;
     let mut v = variant("l4", "nvidia-l4", "on-demand", 0, 0, 4);
     v["nodePool"] = json!({"provider": "gke", "name": "l4-pool"});
-    let mut p = pool(json!([v]));
-    p["spec"]["signals"]["gatewayUrl"] = json!(gw);
-    fake.put(POOLS, p);
     let gke = FakeGke::start().await;
     let provider = Gke::new(GkeConfig {
         project: "p".into(),
@@ -916,13 +932,7 @@ async fn scales_to_zero_when_idle_and_back_when_the_gateway_holds_requests() {
         metadata_url: gke.url(),
     })
     .unwrap();
-    let source = Arc::new(FakeSource::default());
-    let ctx = context(&fake, source.clone(), false, Some(Arc::new(provider)));
-    let mut h = Harness {
-        controller: Controller::new(ctx, config()),
-        fake,
-        source,
-    };
+    let (mut h, metrics) = gateway_harness(v, Some(Arc::new(provider))).await;
     let idle_gateway = "sluice_gateway_queue_depth{model=\"llama-3-8b\",priority=\"0\"} 0\n\
                         sluice_gateway_queue_held{model=\"llama-3-8b\"} 0\n";
     *metrics.lock().unwrap() = idle_gateway.into();
@@ -1012,21 +1022,8 @@ fn bursts_exposition(steady: f64, bursts: f64) -> String {
 /// The first read has no increase yet (one snapshot), so it changes nothing.
 #[tokio::test]
 async fn a_gateways_prompt_bursts_hold_the_replicas_that_prefill_them_in_time() {
-    let fake = Fake::start().await;
-    fake.put(NODES, node("node-a", &[]));
-    fake.put(DEPLOYMENTS, deployment(NS, "l4", 1));
-    fake.sync_pods(NS, "l4", Some("node-a"));
-    let (gw, metrics) = fake_gateway().await;
-    let mut p = pool(json!([variant("l4", "nvidia-l4", "on-demand", 0, 1, 8)]));
-    p["spec"]["signals"]["gatewayUrl"] = json!(gw);
-    fake.put(POOLS, p);
-    let source = Arc::new(FakeSource::default());
-    let ctx = context(&fake, source.clone(), false, None);
-    let mut h = Harness {
-        controller: Controller::new(ctx, config()),
-        fake,
-        source,
-    };
+    let v = variant("l4", "nvidia-l4", "on-demand", 0, 1, 8);
+    let (mut h, metrics) = gateway_harness(v, None).await;
     h.source.set(Some(load(1.0, 0)));
     *metrics.lock().unwrap() = bursts_exposition(100.0, 0.0);
     assert_eq!(
