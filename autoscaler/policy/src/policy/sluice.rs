@@ -338,6 +338,8 @@ struct Planned {
     planned: f64,
     /// Still measuring the first full window of arrivals.
     warming: bool,
+    /// The load is rising: the trend is up and the forecast well above the observed rate.
+    rising: bool,
 }
 
 /// What the bursts within a second ask of the fleet (see [`Sluice::burst_need`]).
@@ -496,12 +498,13 @@ impl Sluice {
         let horizon = self.horizon_s();
         // A trend needs a full window of history before it means anything.
         let first = *self.first_seen_s.get_or_insert(t);
+        let full_window = t - first >= a.window_s;
         // Rates from before a full window was measured are not rates yet: the trend would
         // learn the window filling up.
-        if t - first >= a.window_s {
+        if full_window {
             self.holt.observe(t, a.requests_per_s);
         }
-        let forecast = if t - first >= a.window_s {
+        let forecast = if full_window {
             let cap = self.config.forecast_cap_ratio * a.requests_per_s;
             self.holt.forecast(horizon).unwrap_or(0.0).min(cap)
         } else {
@@ -518,13 +521,7 @@ impl Sluice {
                 ),
             );
         }
-        let learnt = self.learnt_headroom(
-            t,
-            a.requests_per_s,
-            base,
-            ref_capacity,
-            t - first >= a.window_s,
-        );
+        let learnt = self.learnt_headroom(t, a.requests_per_s, base, ref_capacity, full_window);
         if panic {
             base = base.max(a.short_requests_per_s);
         }
@@ -555,11 +552,15 @@ impl Sluice {
                 "idle past the scale-to-zero delay",
             );
         }
+        // A trend whose rise over the lead takes more than half the headroom is a ramp, not
+        // the noise of a windowed rate.
+        let rising_above = a.requests_per_s * (1.0 + self.config.headroom / 2.0);
         Planned {
             forecast,
             backlog,
             planned,
-            warming: t - first < a.window_s,
+            warming: !full_window,
+            rising: full_window && self.holt.trend() > 0.0 && forecast > rising_above,
         }
     }
 
@@ -754,9 +755,11 @@ impl Sluice {
 
     /// Stabilisation (HPA's, on the planned demand rather than per variant, so a switch of
     /// mix is never half held back): up at once, down only to the highest demand planned
-    /// within the window; in panic, not down at all; and not before a full window of arrivals
-    /// has been measured (taking over a running fleet, the first rates are not yet rates).
-    /// The demand the mix is sized for.
+    /// within the window; in panic, not down at all; not while the load is rising (a cut the
+    /// forecast expects to buy back within a start-up, where a lull inside a ramp would
+    /// release what the ramp needs a start-up later); and not before a full window of
+    /// arrivals has been measured (taking over a running fleet, the first rates are not yet
+    /// rates). The demand the mix is sized for.
     fn stabilise(
         &mut self,
         t: f64,
@@ -766,7 +769,7 @@ impl Sluice {
         d: &mut Decision,
     ) -> f64 {
         let planned = p.planned;
-        let held_now = if panic || p.warming {
+        let held_now = if panic || p.warming || p.rising {
             planned.max(current_capacity)
         } else {
             planned
@@ -797,6 +800,12 @@ impl Sluice {
                 ": panic, no scale-down".to_string()
             } else if p.warming {
                 ": still measuring the first window".to_string()
+            } else if p.rising && stable > held.max(planned) + 1e-9 {
+                format!(
+                    ": load rising (forecast {:.2} req/s in {:.0}s), no scale-down",
+                    p.forecast,
+                    self.horizon_s()
+                )
             } else {
                 format!(" for the {:.0}s scale-down window", self.payback.window_s())
             };

@@ -623,3 +623,40 @@ fn a_cut_bought_back_within_a_start_up_holds_the_next_lull_for_a_start_up() {
     let second = cut.unwrap();
     assert!(second >= 27, "cut at tick {second}, first at {first}");
 }
+
+#[test]
+fn no_scale_down_while_the_load_is_rising() {
+    let slo = Slo {
+        ttft_p99_s: 2.0,
+        tpot_p99_s: 0.1,
+    };
+    let fresh = || {
+        let limits = vec![VariantLimits::new(H100, 100)];
+        Sluice::new(profile(), SluiceConfig::new(slo, limits))
+    };
+    // Taking over four H100s at a flat 5 req/s: cut once the window has passed.
+    let (mut p, mut fleet) = (fresh(), 4);
+    let (_, cut) = run_h100(&mut p, 0.0, 40, 5.0, &mut fleet, 4);
+    assert!(cut.is_some_and(|c| c <= 26), "flat load cut at {cut:?}");
+    // The same fleet while the load climbs slowly (still needing fewer replicas): held.
+    let (mut p, mut fleet) = (fresh(), 4);
+    let mut rising = 0;
+    for i in 0..60 {
+        let t = f64::from(i) * 15.0;
+        let s = signals(
+            t,
+            5.0 + 0.05 * f64::from(i),
+            0,
+            &[(H100, CapacityType::OnDemand, fleet, 0)],
+        );
+        let d = p.decide(&s);
+        fleet = d.replicas_of(H100);
+        assert_eq!(fleet, 4, "tick {i}: {:?}", d.reasons);
+        rising += usize::from(d.reasons.iter().any(|r| r.detail.contains("load rising")));
+        assert!(d.demand.planned_requests_per_s < 16.0, "{:?}", d.demand);
+    }
+    assert!(rising > 20, "{rising} ticks held for the rise");
+    // Once the rate stops climbing and the trend decays, the window applies again.
+    let (_, cut) = run_h100(&mut p, 900.0, 80, 8.0, &mut fleet, 4);
+    assert!(cut.is_some(), "never cut after the rise");
+}
