@@ -4,9 +4,9 @@
 //! The families cover what a policy tuned on one trace has not seen: steady Poisson arrivals,
 //! gamma-distributed gaps with shape below one (bursts and lulls), a flash crowd (×10 for two
 //! minutes), a diurnal swing, code-like traffic (long prompts, short outputs), long-output chat,
-//! a mixture of these, sessions separated by long idle gaps (where a pool may go to zero), and
-//! a slow stream of very long, heavy-tailed prompts (where the tail, not the rate, sets the
-//! fleet).
+//! a mixture of these, sessions separated by long idle gaps (where a pool may go to zero), a
+//! slow stream of very long, heavy-tailed prompts (where the tail, not the rate, sets the
+//! fleet), and bursty code completion whose level drifts by multiples within a start-up.
 //! Each is generated from a seed, so the suite is the same every run.
 
 use std::path::{Path, PathBuf};
@@ -49,6 +49,10 @@ pub enum Family {
     /// 5k tokens, mean ~9k, a tail to 120k) and chat-length answers: a replica's prefill is
     /// mostly idle, but blocked for seconds by the longest prompts now and then.
     LongPrompts,
+    /// Code completion whose level drifts: gamma gaps (shape 0.3) under a rate that takes a
+    /// log-normal step (σ 0.55) every one to three minutes, held within 0.2–3× its base. Swings
+    /// of ×3 or more within one start-up, in either direction, that no trend sees coming.
+    CodeDrift,
 }
 
 /// [`Family::IdleGaps`]: a session's length and the idle gap after it, seconds.
@@ -56,7 +60,7 @@ pub const IDLE_SESSION_S: f64 = 300.0;
 pub const IDLE_GAP_S: f64 = 1200.0;
 
 impl Family {
-    pub const ALL: [Family; 9] = [
+    pub const ALL: [Family; 10] = [
         Family::Poisson,
         Family::GammaBursts,
         Family::FlashCrowd,
@@ -66,6 +70,7 @@ impl Family {
         Family::Mixture,
         Family::IdleGaps,
         Family::LongPrompts,
+        Family::CodeDrift,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +84,7 @@ impl Family {
             Family::Mixture => "mixture",
             Family::IdleGaps => "idle-gaps",
             Family::LongPrompts => "long-prompts",
+            Family::CodeDrift => "code-drift",
         }
     }
 }
@@ -180,6 +186,30 @@ fn with_shape(rng: &mut ChaCha8Rng, times: Vec<f64>, shape: Shape) -> Vec<Reques
         .collect()
 }
 
+/// Arrival times with gamma gaps of shape `k` under a level that random-walks: every one to
+/// three minutes it is multiplied by `e^(σZ)`, kept within `[lo, hi]` × `rate`.
+fn drifting_gaps(rng: &mut ChaCha8Rng, duration_s: f64, rate: f64, k: f64) -> Vec<f64> {
+    let (sigma, lo, hi) = (0.55, 0.2, 3.0);
+    let step = LogNormal::new(0.0, sigma).expect("valid");
+    let mut out = Vec::new();
+    let (mut from, mut level) = (0.0, 1.0);
+    while from < duration_s {
+        let to = (from + rng.random_range(60.0..180.0)).min(duration_s);
+        let g = Gamma::new(k, 1.0 / (k * rate * level)).expect("valid");
+        let mut t = from;
+        loop {
+            t += g.sample(rng);
+            if t >= to {
+                break;
+            }
+            out.push(t);
+        }
+        level = (level * step.sample(rng)).clamp(lo, hi);
+        from = to;
+    }
+    out
+}
+
 /// Requests of a family over `duration_s` seconds at a mean `rate` (requests/s, conversation
 /// shape; the other shapes are scaled to similar GPU load), sorted by arrival.
 pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Request> {
@@ -243,6 +273,10 @@ pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Re
             let swing = |t: f64| base * (1.0 - 0.6 * (2.0 * std::f64::consts::PI * t / d).cos());
             let t = poisson(&mut rng, d, 1.6 * base, swing);
             with_shape(&mut rng, t, LONG_PROMPT)
+        }
+        Family::CodeDrift => {
+            let t = drifting_gaps(&mut rng, d, 0.3 * rate, 0.3);
+            with_shape(&mut rng, t, CODE)
         }
     };
     out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
@@ -456,5 +490,16 @@ mod tests {
         assert!((7_000.0..11_000.0).contains(&m), "{m}");
         assert!(lp.iter().any(|r| r.prompt_tokens > 50_000));
         assert!((lp.len() as f64 / 3780.0 - 1.0).abs() < 0.1, "{}", lp.len());
+        // Code drift: code-sized prompts, and the busiest three minutes several times the
+        // quietest.
+        let cd = generate(Family::CodeDrift, 1, 3600.0, 15.0);
+        assert!(mean(&cd, |r| r.prompt_tokens) > 10.0 * mean(&cd, |r| r.output_tokens));
+        let per3: Vec<f64> = (0..20)
+            .map(|i| count(&cd, f64::from(i) * 180.0, f64::from(i + 1) * 180.0))
+            .collect();
+        let (lo, hi) = per3.iter().fold((f64::INFINITY, 0.0_f64), |(lo, hi), &c| {
+            (lo.min(c), hi.max(c))
+        });
+        assert!(hi > 3.0 * lo.max(1.0), "{lo} .. {hi}");
     }
 }

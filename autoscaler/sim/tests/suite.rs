@@ -1,4 +1,4 @@
-//! The policy over a small trace suite (seven synthetic families, 25 minutes each): its SLO over
+//! The policy over a small trace suite (eight synthetic families, 25 minutes each): its SLO over
 //! feasible requests and its cost over the oracle's, per family, held at what it reaches so a
 //! change that loses ground fails; and the oracle meets the goal, at no more than static peak
 //! where static peak meets it too.
@@ -31,6 +31,7 @@ fn sluice_holds_its_slo_and_cost_on_a_small_suite() {
             Family::CodeLike,
             Family::Mixture,
             Family::LongPrompts,
+            Family::CodeDrift,
         ],
         shared: Vec::new(),
         ..SuiteConfig::default()
@@ -56,6 +57,8 @@ fn sluice_holds_its_slo_and_cost_on_a_small_suite() {
     // The burst floor (prompt tokens per second): mixture 88.88 → 99.30 % at 1.61 → 1.38×
     // (its code bursts arrive within seconds), flash-crowd 1.94 → 2.06× (the crowd's seconds
     // hold the fleet for a shape window after it), the rest unchanged.
+    // code-drift (bursty code under a drifting level) came with no scale-down on a rise:
+    // 99.99 % at 1.26× (static peak 1.13×); on the 1 h suite it falls short (README).
     let held: &[(&str, f64, f64)] = &[
         ("poisson", 0.99, 1.4),
         ("gamma-bursts", 0.99, 1.75),
@@ -64,6 +67,7 @@ fn sluice_holds_its_slo_and_cost_on_a_small_suite() {
         ("code-like", 0.99, 2.05),
         ("mixture", 0.99, 1.45),
         ("long-prompts", 0.99, 1.45),
+        ("code-drift", 0.99, 1.3),
     ];
     for r in &results {
         let oracle = get(&r.summaries, "oracle");
