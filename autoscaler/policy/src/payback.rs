@@ -53,6 +53,13 @@ impl Payback {
         self.window_s
     }
 
+    /// A cut was bought back within its start-up lead `lead_s`: the window grows to that lead
+    /// (the rent-or-buy break-even). Called by [`Payback::observe`], and by the policy for a
+    /// cut another rule held back that would have been bought back.
+    pub fn bought_back(&mut self, lead_s: f64) {
+        self.window_s = self.window_s.max(self.base_s.max(lead_s));
+    }
+
     /// One tick at `t`: replicas per offer key before (`from`) and after (`to`) the tick's
     /// decision, and each key's start-up lead (`leads`, seconds from asking to serving).
     pub fn observe(&mut self, t: f64, from: &[u32], to: &[u32], leads: &[f64]) -> Verdict {
@@ -61,7 +68,7 @@ impl Payback {
         for (i, ((&was, &now), &lead_s)) in from.iter().zip(to).zip(leads).enumerate() {
             if let Some(cut) = self.cut_at[i] {
                 if now > was && t - cut < lead_s {
-                    self.window_s = self.window_s.max(self.base_s.max(lead_s));
+                    self.bought_back(lead_s);
                     self.cut_at[i] = None;
                     verdict = Verdict::BoughtBack {
                         after_s: t - cut,

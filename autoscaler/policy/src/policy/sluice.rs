@@ -137,6 +137,9 @@ pub struct Sluice {
     shape: Option<Workload>,
     /// Recent planned demand (requests/s) for the scale-down window.
     history: VecDeque<(f64, f64)>,
+    /// A cut the rising load held back and not yet judged: when, the demand the fleet less the
+    /// replica held serves, and that replica's start-up lead.
+    held_cut: Option<(f64, f64, f64)>,
     /// The scale-down window's length, grown by cuts bought back within a start-up.
     payback: Payback,
     /// Each offer key's start-up lead ([`plan::startup_times`]; the profile and limits are
@@ -163,6 +166,7 @@ impl Sluice {
             first_tick_s: None,
             variant_margin: HashMap::new(),
             history: VecDeque::new(),
+            held_cut: None,
             payback: Payback::new(config.scale_down_window_s),
             leads: plan::startup_times(&profile, &config.limits),
             profile,
@@ -340,6 +344,15 @@ struct Planned {
     warming: bool,
     /// The load is rising: the trend is up and the forecast well above the observed rate.
     rising: bool,
+}
+
+/// The demand stabilisation holds (see [`Sluice::stabilise`]).
+#[derive(Debug, Clone, Copy)]
+struct Stable {
+    /// The demand the mix is sized for.
+    demand: f64,
+    /// The same without the hold of a rising load: where it is lower, the rise held a cut back.
+    unheld_by_rise: f64,
 }
 
 /// What the bursts within a second ask of the fleet (see [`Sluice::burst_need`]).
@@ -767,7 +780,7 @@ impl Sluice {
         current_capacity: f64,
         panic: bool,
         d: &mut Decision,
-    ) -> f64 {
+    ) -> Stable {
         let planned = p.planned;
         let held_now = if panic || p.warming || p.rising {
             planned.max(current_capacity)
@@ -795,6 +808,11 @@ impl Sluice {
             .fold(0.0, f64::max)
             .min(current_capacity);
         let stable = planned.max(held).max(held_now);
+        let unheld = if panic || p.warming {
+            stable
+        } else {
+            planned.max(held)
+        };
         if stable > planned + 1e-9 && stable > 0.0 {
             let why = if panic {
                 ": panic, no scale-down".to_string()
@@ -815,7 +833,59 @@ impl Sluice {
                 format!("holding {stable:.2} req/s (planned {planned:.2}){why}"),
             );
         }
-        stable
+        Stable {
+            demand: stable,
+            unheld_by_rise: unheld,
+        }
+    }
+
+    /// A cut the rising load held back (see [`Sluice::stabilise`]) is judged as a cut: when,
+    /// within the start-up lead of the smallest replica it kept, the demand without that hold
+    /// is back above what the fleet less that replica serves, the cut would have been bought
+    /// back, and the scale-down window grows as for one (see [`Payback`]). Otherwise the
+    /// policy would not learn that this traffic's lulls are shorter than a start-up.
+    fn judge_held_cut(
+        &mut self,
+        t: f64,
+        (offers, current): (&[Offer], &[u32]),
+        capacity: f64,
+        held: Stable,
+        d: &mut Decision,
+    ) {
+        if let Some((at, level, lead_s)) = self.held_cut {
+            if t - at >= lead_s {
+                self.held_cut = None;
+            } else if held.unheld_by_rise > level + 1e-9 {
+                self.held_cut = None;
+                self.payback.bought_back(lead_s);
+                d.reason(
+                    ReasonKind::Stabilisation,
+                    None,
+                    format!(
+                        "a cut the rising load held back {:.0}s ago would have been bought \
+                         again: scale-down window now {:.0}s",
+                        t - at,
+                        self.payback.window_s()
+                    ),
+                );
+            }
+        }
+        if held.demand <= held.unheld_by_rise + 1e-9 {
+            return;
+        }
+        let smallest = offers
+            .iter()
+            .zip(current)
+            .zip(&self.leads)
+            .filter(|((o, &n), _)| n > 0 && o.requests_per_s > 0.0)
+            .map(|((o, _), &lead_s)| (o.requests_per_s, lead_s))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        if let Some((per_replica, lead_s)) = smallest {
+            let level = capacity - per_replica;
+            if level >= held.unheld_by_rise {
+                self.held_cut = Some((t, level, lead_s));
+            }
+        }
     }
 
     /// Whether the last cuts of the fleet paid back (see [`Payback`]): a variant bought again
@@ -1005,7 +1075,15 @@ impl Policy for Sluice {
             floor(l, idle)
         });
         let current_capacity = mix::evaluate(&offers, &current).requests_per_s;
-        let stable = self.stabilise(s.time_s, &p, current_capacity, panic, &mut d);
+        let held = self.stabilise(s.time_s, &p, current_capacity, panic, &mut d);
+        self.judge_held_cut(
+            s.time_s,
+            (&offers, &current),
+            current_capacity,
+            held,
+            &mut d,
+        );
+        let stable = held.demand;
         let stable = self.keep_warm_for_return(s, &limits, &caps, stable, &mut d);
         let mut counts = self.choose_counts(s, &limits, &offers, &current, stable, &mut d);
         if let Some(b) = &burst {

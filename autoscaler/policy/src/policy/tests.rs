@@ -660,3 +660,68 @@ fn no_scale_down_while_the_load_is_rising() {
     let (_, cut) = run_h100(&mut p, 900.0, 80, 8.0, &mut fleet, 4);
     assert!(cut.is_some(), "never cut after the rise");
 }
+
+#[test]
+fn a_cut_held_back_by_a_rise_and_needed_again_holds_the_next_lull_for_a_start_up() {
+    let slo = Slo {
+        ttft_p99_s: 2.0,
+        tpot_p99_s: 0.1,
+    };
+    let limits = vec![VariantLimits::new(H100, 100)];
+    let mut p = Sluice::new(profile(), SluiceConfig::new(slo, limits));
+    // Four H100s taken over while a slow rise holds them (see above)...
+    let mut fleet = 4;
+    for i in 0..60 {
+        let s = signals(
+            f64::from(i) * 15.0,
+            5.0 + 0.05 * f64::from(i),
+            0,
+            &[(H100, CapacityType::OnDemand, fleet, 0)],
+        );
+        fleet = p.decide(&s).replicas_of(H100);
+    }
+    assert_eq!(fleet, 4);
+    // ...then the demand is back above what three serve, within a start-up of the last
+    // held tick: the held cut would have been bought back.
+    let mut judged = false;
+    for i in 0..40 {
+        let s = signals(
+            900.0 + f64::from(i) * 15.0,
+            55.0,
+            0,
+            &[(H100, CapacityType::OnDemand, fleet, 0)],
+        );
+        let d = p.decide(&s);
+        judged |= d
+            .reasons
+            .iter()
+            .any(|r| r.detail.contains("would have been bought again"));
+        fleet = d.replicas_of(H100);
+    }
+    assert!(judged, "the held cut was not judged");
+    // The next lull is held for the H100's 420 s start-up, not the 300 s base window.
+    let mut windows = Vec::new();
+    for i in 0..10 {
+        let s = signals(
+            1500.0 + f64::from(i) * 15.0,
+            10.0,
+            0,
+            &[(H100, CapacityType::OnDemand, fleet, 0)],
+        );
+        let d = p.decide(&s);
+        windows.extend(
+            d.reasons
+                .iter()
+                .filter(|r| r.detail.contains("scale-down window"))
+                .map(|r| r.detail.clone()),
+        );
+        fleet = d.replicas_of(H100);
+    }
+    assert!(
+        !windows.is_empty()
+            && windows
+                .iter()
+                .all(|w| w.contains("the 420s scale-down window")),
+        "{windows:?}"
+    );
+}
