@@ -140,9 +140,11 @@ pub struct SignalSourceSpec {
     /// Query a Prometheus HTTP API at this URL instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus_url: Option<String>,
-    /// The routing gateway's base URL (`http://sluice-gateway.sluice:8080`), whose `/metrics`
-    /// say how many requests wait for this pool's model (`sluice_gateway_queue_depth` and
-    /// `sluice_gateway_queue_held` by `model`). With it the pool scales to zero: idle for the
+    /// The routing gateway's base URL (`http://sluice-gateway-pods.sluice.svc:8000`), whose
+    /// `/metrics` say how many requests wait for this pool's model (`sluice_gateway_queue_depth`
+    /// and `sluice_gateway_queue_held` by `model`). Every address its host resolves to is read
+    /// and summed: name a headless Service of the gateway pods, so that each pod is read (a
+    /// ClusterIP Service reaches one pod per read). With it the pool scales to zero: idle for the
     /// scale-down stabilisation window, its Deployments go to 0 (when every minReplicas is 0),
     /// and a request the gateway holds for the model brings one replica back at once.
     /// Without it nothing wakes a pool that is at zero replicas. Its
