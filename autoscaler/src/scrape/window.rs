@@ -90,9 +90,7 @@ impl History {
         out.arrivals = out.finished + last.1.in_system() - base_in_system;
         out
     }
-}
 
-impl History {
     /// A gateway's per-second prompt sums over the window, per model: the increase of each
     /// bucket and of the sum, pairwise (a count that falls meaning a restart).
     pub fn burst_increase(&self, now: f64, window_s: f64) -> BTreeMap<String, BurstHistogram> {

@@ -808,6 +808,7 @@ impl Sluice {
             .fold(0.0, f64::max)
             .min(current_capacity);
         let stable = planned.max(held).max(held_now);
+        // What the rise alone holds is what `stable` exceeds this by.
         let unheld = if panic || p.warming {
             stable
         } else {
@@ -818,7 +819,7 @@ impl Sluice {
                 ": panic, no scale-down".to_string()
             } else if p.warming {
                 ": still measuring the first window".to_string()
-            } else if p.rising && stable > held.max(planned) + 1e-9 {
+            } else if stable > unheld + 1e-9 {
                 format!(
                     ": load rising (forecast {:.2} req/s in {:.0}s), no scale-down",
                     p.forecast,

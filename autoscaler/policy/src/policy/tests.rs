@@ -574,6 +574,29 @@ fn batches_sent_within_a_second_keep_the_fleet_that_prefills_them_in_time() {
     );
 }
 
+/// The policy on H100s alone, at TTFT ≤ 2 s and TPOT ≤ 100 ms.
+fn h100_only() -> Sluice {
+    let slo = Slo {
+        ttft_p99_s: 2.0,
+        tpot_p99_s: 0.1,
+    };
+    let limits = vec![VariantLimits::new(H100, 100)];
+    Sluice::new(profile(), SluiceConfig::new(slo, limits))
+}
+
+/// One tick at `t` and `rate` of an H100-only policy whose `fleet` is ready; the fleet
+/// becomes the decision's, as if replicas were ready at once.
+fn tick_h100(p: &mut Sluice, t: f64, rate: f64, fleet: &mut u32) -> Decision {
+    let d = p.decide(&signals(
+        t,
+        rate,
+        0,
+        &[(H100, CapacityType::OnDemand, *fleet, 0)],
+    ));
+    *fleet = d.replicas_of(H100);
+    d
+}
+
 /// Runs `ticks` ticks at `rate` from `t`, applying each decision as if replicas were ready at
 /// once; returns the time after them and the first tick whose fleet is below `below`.
 fn run_h100(
@@ -586,13 +609,7 @@ fn run_h100(
 ) -> (f64, Option<u32>) {
     let mut first_cut = None;
     for i in 0..ticks {
-        let s = signals(
-            t + f64::from(i) * 15.0,
-            rate,
-            0,
-            &[(H100, CapacityType::OnDemand, *fleet, 0)],
-        );
-        *fleet = p.decide(&s).replicas_of(H100);
+        tick_h100(p, t + f64::from(i) * 15.0, rate, fleet);
         if *fleet < below && first_cut.is_none() {
             first_cut = Some(i);
         }
@@ -602,12 +619,7 @@ fn run_h100(
 
 #[test]
 fn a_cut_bought_back_within_a_start_up_holds_the_next_lull_for_a_start_up() {
-    let slo = Slo {
-        ttft_p99_s: 2.0,
-        tpot_p99_s: 0.1,
-    };
-    let limits = vec![VariantLimits::new(H100, 100)];
-    let mut p = Sluice::new(profile(), SluiceConfig::new(slo, limits));
+    let mut p = h100_only();
     let mut fleet = 0;
     let (t, _) = run_h100(&mut p, 0.0, 40, 40.0, &mut fleet, 0);
     let high = fleet;
@@ -626,31 +638,16 @@ fn a_cut_bought_back_within_a_start_up_holds_the_next_lull_for_a_start_up() {
 
 #[test]
 fn no_scale_down_while_the_load_is_rising() {
-    let slo = Slo {
-        ttft_p99_s: 2.0,
-        tpot_p99_s: 0.1,
-    };
-    let fresh = || {
-        let limits = vec![VariantLimits::new(H100, 100)];
-        Sluice::new(profile(), SluiceConfig::new(slo, limits))
-    };
     // Taking over four H100s at a flat 5 req/s: cut once the window has passed.
-    let (mut p, mut fleet) = (fresh(), 4);
+    let (mut p, mut fleet) = (h100_only(), 4);
     let (_, cut) = run_h100(&mut p, 0.0, 40, 5.0, &mut fleet, 4);
     assert!(cut.is_some_and(|c| c <= 26), "flat load cut at {cut:?}");
     // The same fleet while the load climbs slowly (still needing fewer replicas): held.
-    let (mut p, mut fleet) = (fresh(), 4);
+    let (mut p, mut fleet) = (h100_only(), 4);
     let mut rising = 0;
     for i in 0..60 {
-        let t = f64::from(i) * 15.0;
-        let s = signals(
-            t,
-            5.0 + 0.05 * f64::from(i),
-            0,
-            &[(H100, CapacityType::OnDemand, fleet, 0)],
-        );
-        let d = p.decide(&s);
-        fleet = d.replicas_of(H100);
+        let rate = 5.0 + 0.05 * f64::from(i);
+        let d = tick_h100(&mut p, f64::from(i) * 15.0, rate, &mut fleet);
         assert_eq!(fleet, 4, "tick {i}: {:?}", d.reasons);
         rising += usize::from(d.reasons.iter().any(|r| r.detail.contains("load rising")));
         assert!(d.demand.planned_requests_per_s < 16.0, "{:?}", d.demand);
@@ -663,59 +660,35 @@ fn no_scale_down_while_the_load_is_rising() {
 
 #[test]
 fn a_cut_held_back_by_a_rise_and_needed_again_holds_the_next_lull_for_a_start_up() {
-    let slo = Slo {
-        ttft_p99_s: 2.0,
-        tpot_p99_s: 0.1,
-    };
-    let limits = vec![VariantLimits::new(H100, 100)];
-    let mut p = Sluice::new(profile(), SluiceConfig::new(slo, limits));
+    let mut p = h100_only();
     // Four H100s taken over while a slow rise holds them (see above)...
     let mut fleet = 4;
     for i in 0..60 {
-        let s = signals(
-            f64::from(i) * 15.0,
-            5.0 + 0.05 * f64::from(i),
-            0,
-            &[(H100, CapacityType::OnDemand, fleet, 0)],
-        );
-        fleet = p.decide(&s).replicas_of(H100);
+        let rate = 5.0 + 0.05 * f64::from(i);
+        tick_h100(&mut p, f64::from(i) * 15.0, rate, &mut fleet);
     }
     assert_eq!(fleet, 4);
     // ...then the demand is back above what three serve, within a start-up of the last
     // held tick: the held cut would have been bought back.
     let mut judged = false;
     for i in 0..40 {
-        let s = signals(
-            900.0 + f64::from(i) * 15.0,
-            55.0,
-            0,
-            &[(H100, CapacityType::OnDemand, fleet, 0)],
-        );
-        let d = p.decide(&s);
+        let d = tick_h100(&mut p, 900.0 + f64::from(i) * 15.0, 55.0, &mut fleet);
         judged |= d
             .reasons
             .iter()
             .any(|r| r.detail.contains("would have been bought again"));
-        fleet = d.replicas_of(H100);
     }
     assert!(judged, "the held cut was not judged");
     // The next lull is held for the H100's 420 s start-up, not the 300 s base window.
     let mut windows = Vec::new();
     for i in 0..10 {
-        let s = signals(
-            1500.0 + f64::from(i) * 15.0,
-            10.0,
-            0,
-            &[(H100, CapacityType::OnDemand, fleet, 0)],
-        );
-        let d = p.decide(&s);
+        let d = tick_h100(&mut p, 1500.0 + f64::from(i) * 15.0, 10.0, &mut fleet);
         windows.extend(
             d.reasons
                 .iter()
                 .filter(|r| r.detail.contains("scale-down window"))
                 .map(|r| r.detail.clone()),
         );
-        fleet = d.replicas_of(H100);
     }
     assert!(
         !windows.is_empty()
