@@ -323,12 +323,14 @@ async fn start_remote<E: Endpoint>(
     let routing = req.routing(&prompt);
     let sampling = &checked.sampling;
     let generated = sampling.max_tokens.unwrap_or(0) * sampling.n * routing.prompts;
+    // The proxied prompt is not tokenised here: bytes / 4 estimates its tokens.
+    let prompt_tokens = routing.prompt_bytes.div_ceil(4);
     let ask = Ask {
         priority: checked.priority,
-        reserve_tokens: (routing.prompt_bytes.div_ceil(4) + generated) as u64,
+        reserve_tokens: (prompt_tokens + generated) as u64,
         // The answer is not parsed: the reservation stands as the request's cost.
         prompt_tokens: None,
-        burst_tokens: Some(routing.prompt_bytes.div_ceil(4) as u64),
+        burst_tokens: Some(prompt_tokens as u64),
     };
     gate(s, (tenant, req.model()), ask, scope).await?;
     let forward = Forward {
