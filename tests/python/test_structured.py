@@ -440,3 +440,35 @@ def test_formats_the_grammar_cannot_enforce_are_annotations(client):
     c = r.choices[0]
     assert c.finish_reason == "tool_calls", c.message
     check_call(c.message.tool_calls[0], [tool])
+
+
+# Schemas as people write them by hand: objects list their properties and say nothing of
+# other keys (JSON Schema then allows any).
+OPEN_OBJECTS = [
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "score": {"type": "number"}},
+     "required": ["ok"]},
+    {"$schema": "http://json-schema.org/draft-07/schema#",
+     "definitions": {"item": {"type": "object", "properties": {"sku": {"type": "string",
+                                                                      "maxLength": 8}}}},
+     "type": "object", "properties": {"order": {"$ref": "#/definitions/item"},
+                                      "rush": {"type": ["boolean", "null"]}}},
+]
+
+
+@pytest.mark.parametrize("i", range(len(OPEN_OBJECTS)))
+def test_objects_that_list_their_properties_get_no_invented_keys(client, i):
+    """An object that lists its `properties` is compiled closed (gateway/src/api/schema.rs):
+    the default model, free to add keys, writes invented ones until `max_tokens` cuts the JSON
+    off. Closed, it finishes, validates, and every key is one the schema lists."""
+    schema = OPEN_OBJECTS[i]
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Fill in an example."}],
+        response_format={"type": "json_schema", "json_schema": {"name": f"o{i}", "schema": schema}},
+        max_tokens=200, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "stop", c.message.content
+    out = json.loads(c.message.content)
+    jsonschema.validate(out, schema)
+    assert set(out) <= set(schema["properties"]), out
+    if isinstance(out.get("order"), dict):
+        assert set(out["order"]) <= {"sku"}, out

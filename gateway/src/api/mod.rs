@@ -10,6 +10,7 @@ pub mod internal;
 mod pipeline;
 pub mod proxy;
 mod resume;
+mod schema;
 pub mod scope;
 mod sse;
 mod state;

@@ -42,6 +42,7 @@ use serde_json::{json, Value};
 use sluice_engine::{Constraint, Grammar};
 use sluice_models::chat_template::{ChatMessage, FunctionCall, ToolCall};
 
+use crate::api::schema::enforceable;
 use crate::api::types::{FunctionOut, ToolCallDelta, ToolCallOut};
 use crate::backend::LocalBackend;
 use crate::error::ApiError;
@@ -153,51 +154,6 @@ pub fn response_format(rf: Option<&Value>) -> Result<Option<Grammar>, ApiError> 
             "response_format.type",
         )),
     }
-}
-
-/// The string `format`s the grammar enforces (llguidance's). JSON Schema treats `format` as an
-/// annotation unless a validator opts in, so any other format (OpenAPI's `byte`, `binary` or
-/// `password`, `uri-reference`, a vendor's own) is dropped before compiling rather than
-/// refusing the schema: the output is still held to everything else the schema says.
-const ENFORCED_FORMATS: &[&str] = &[
-    "date-time",
-    "time",
-    "date",
-    "duration",
-    "email",
-    "hostname",
-    "ipv4",
-    "ipv6",
-    "uuid",
-    "uri",
-];
-
-/// `schema` as the grammar compiles it: without the `format`s it cannot enforce. The values of
-/// `const`, `enum`, `default` and `examples` are data, not schemas, and stay as they are.
-fn enforceable(schema: &Value) -> Value {
-    fn strip(v: &mut Value) {
-        match v {
-            Value::Object(m) => {
-                let unenforced = m
-                    .get("format")
-                    .and_then(Value::as_str)
-                    .is_some_and(|f| !ENFORCED_FORMATS.contains(&f));
-                if unenforced {
-                    m.remove("format");
-                }
-                m.iter_mut()
-                    .filter(|(k, _)| {
-                        !matches!(k.as_str(), "const" | "enum" | "default" | "examples")
-                    })
-                    .for_each(|(_, child)| strip(child));
-            }
-            Value::Array(items) => items.iter_mut().for_each(strip),
-            _ => {}
-        }
-    }
-    let mut schema = schema.clone();
-    strip(&mut schema);
-    schema
 }
 
 /// A function name as OpenAI allows it: 1 to 64 of `a-z A-Z 0-9 _ -`.
@@ -767,28 +723,6 @@ mod tests {
         let (calls, rest) = read_all("<tool_", false);
         assert!(calls.is_empty());
         assert_eq!(rest, "<tool_");
-    }
-
-    #[test]
-    fn formats_the_grammar_cannot_enforce_are_annotations() {
-        let schema = json!({
-            "type": "object",
-            "properties": {
-                "secret": {"type": "string", "format": "password"},
-                "when": {"type": "string", "format": "date-time"},
-                "blob": {"type": "array", "items": {"type": "string", "format": "byte"}},
-                "format": {"type": "string", "format": "uuid"},
-                "fixed": {"const": {"format": "password"}, "default": {"format": "x"}},
-            },
-        });
-        let out = enforceable(&schema);
-        let p = &out["properties"];
-        assert!(p["secret"].get("format").is_none());
-        assert_eq!(p["when"]["format"], "date-time");
-        assert!(p["blob"]["items"].get("format").is_none());
-        assert_eq!(p["format"]["format"], "uuid");
-        assert_eq!(p["fixed"]["const"], json!({"format": "password"}));
-        assert_eq!(p["fixed"]["default"], json!({"format": "x"}));
     }
 
     #[test]
