@@ -589,35 +589,42 @@ impl Tokenizer {
     }
 
     /// Every id's bytes, with whether it is a special token (whose bytes are its text): what a
-    /// grammar matcher needs to know which tokens can continue a text. Byte-level vocabularies
-    /// are mapped back to bytes; others (SentencePiece-style `tokenizer.json`) decode each
-    /// token, reading `<0xNN>` entries as the byte.
+    /// grammar matcher needs to know which tokens can continue a text (see
+    /// [`Tokenizer::token_bytes`]).
     pub fn vocabulary_bytes(&self) -> Vec<(Vec<u8>, bool)> {
+        (0..self.vocab_size as u32)
+            .map(|id| self.token_bytes(id))
+            .collect()
+    }
+
+    /// The bytes one token stands for, with whether it is a special token (whose bytes are its
+    /// text). Unlike [`Tokenizer::token_to_piece`], a token holding part of a UTF-8 character
+    /// keeps its bytes (OpenAI's logprobs `bytes`, which a client joins across tokens).
+    /// Byte-level vocabularies are mapped back to bytes; others (SentencePiece-style
+    /// `tokenizer.json`) decode the entry, reading `<0xNN>` as the byte.
+    pub fn token_bytes(&self, id: u32) -> (Vec<u8>, bool) {
+        let added = self.parse_special.get_added_vocabulary();
+        if let Some(t) = added.get_added_tokens_decoder().get(&id) {
+            return (t.content.clone().into_bytes(), t.special);
+        }
+        let Some(entry) = self.parse_special.id_to_token(id) else {
+            return (Vec::new(), false);
+        };
         let byte_level = matches!(
             self.parse_special.get_decoder(),
             Some(tokenizers::DecoderWrapper::ByteLevel(_))
         );
-        let unbyte = byte_level.then(byte_level_chars);
-        let added = self.parse_special.get_added_tokens_decoder();
-        (0..self.vocab_size as u32)
-            .map(|id| {
-                if let Some(t) = added.get(&id) {
-                    return (t.content.clone().into_bytes(), t.special);
-                }
-                let Some(entry) = self.parse_special.id_to_token(id) else {
-                    return (Vec::new(), false);
-                };
-                let bytes = match &unbyte {
-                    Some(map) => entry
-                        .chars()
-                        .map(|c| map.get(&c).copied())
-                        .collect::<Option<Vec<u8>>>()
-                        .unwrap_or_else(|| entry.clone().into_bytes()),
-                    None => sentencepiece_bytes(&entry),
-                };
-                (bytes, false)
-            })
-            .collect()
+        let bytes = if byte_level {
+            let map = byte_level_chars();
+            entry
+                .chars()
+                .map(|c| map.get(&c).copied())
+                .collect::<Option<Vec<u8>>>()
+                .unwrap_or_else(|| entry.clone().into_bytes())
+        } else {
+            sentencepiece_bytes(&entry)
+        };
+        (bytes, false)
     }
 
     /// The vocabulary entry of `id` as stored (byte-level form, e.g. `"Ġthe"`).
@@ -676,21 +683,24 @@ impl Tokenizer {
 /// GPT-2's byte-level alphabet, reversed: the printable character each byte is stored as in a
 /// byte-level vocabulary → the byte. Printable Latin-1 bytes stand for themselves; the others
 /// (controls, space, DEL, NBSP, soft hyphen) take the characters from U+0100 on, in byte order.
-fn byte_level_chars() -> HashMap<char, u8> {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    let mut next = 0x100u32;
-    (0..=255u8)
-        .map(|b| {
-            let c = if printable(b) {
-                char::from(b)
-            } else {
-                let c = char::from_u32(next).expect("U+0100..U+0143 are characters");
-                next += 1;
-                c
-            };
-            (c, b)
-        })
-        .collect()
+fn byte_level_chars() -> &'static HashMap<char, u8> {
+    static MAP: std::sync::LazyLock<HashMap<char, u8>> = std::sync::LazyLock::new(|| {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let mut next = 0x100u32;
+        (0..=255u8)
+            .map(|b| {
+                let c = if printable(b) {
+                    char::from(b)
+                } else {
+                    let c = char::from_u32(next).expect("U+0100..U+0143 are characters");
+                    next += 1;
+                    c
+                };
+                (c, b)
+            })
+            .collect()
+    });
+    &MAP
 }
 
 /// A SentencePiece-style entry's bytes: `<0xNN>` is that byte, `▁` a space.
@@ -782,6 +792,26 @@ mod tests {
             ("tokenizer.ggml.merges".into(), strs(&merges)),
             ("tokenizer.ggml.eos_token_id".into(), Value::U32(0)),
         ])
+    }
+
+    #[test]
+    fn a_token_holding_part_of_a_character_keeps_its_bytes() {
+        // "é" is C3 A9 in UTF-8; in the byte-level alphabet each byte is its own token.
+        let mut md = tiny_metadata("smollm");
+        let Some(Value::Array(tokens)) = md.get_mut("tokenizer.ggml.tokens") else {
+            unreachable!("tiny_metadata lists tokens");
+        };
+        tokens.extend([Value::String("Ã".into()), Value::String("©".into())]);
+        let Some(Value::Array(types)) = md.get_mut("tokenizer.ggml.token_type") else {
+            unreachable!("tiny_metadata lists token types");
+        };
+        types.extend([Value::I32(1), Value::I32(1)]);
+        let tok = Tokenizer::from_gguf_metadata(&md).unwrap();
+        assert_eq!(tok.token_bytes(26), (vec![0xC3], false));
+        assert_eq!(tok.token_bytes(27), (vec![0xA9], false));
+        assert_eq!(tok.token_to_piece(26).unwrap(), "\u{FFFD}");
+        assert_eq!(tok.decode(&[26, 27], false).unwrap(), "é");
+        assert_eq!(tok.token_bytes(0), (b"<|end|>".to_vec(), true));
     }
 
     #[test]

@@ -127,6 +127,22 @@ def test_logprobs(client):
     assert "".join(lp.tokens) == r.choices[0].text
 
 
+
+def test_logprob_bytes_join_into_the_text(client):
+    """A token may hold part of a UTF-8 character (an emoji spans several): its `token` text
+    is then U+FFFD, and its `bytes` are the token's own bytes, which joined across tokens give
+    the answer, as OpenAI documents them."""
+    r = client.chat.completions.create(model=MODEL, max_tokens=24, temperature=0,
+                                       messages=[{"role": "user", "content": "Write three emoji."}],
+                                       logprobs=True, top_logprobs=2)
+    c = r.choices[0]
+    content = c.logprobs.content
+    assert any("\ufffd" in t.token for t in content), "the answer splits a character"
+    joined = b"".join(bytes(t.bytes) for t in content)
+    assert joined.decode("utf-8", "replace") == c.message.content
+    for t in content:
+        assert bytes(t.top_logprobs[0].bytes) == bytes(t.bytes)
+
 def test_n_two(client):
     r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16,
                                        temperature=1.0, seed=5, n=2)

@@ -439,7 +439,7 @@ fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprob]) -> ChatLogprobs {
             .map(|lp| {
                 let token = piece(tok, lp.token);
                 ChatTokenLogprob {
-                    bytes: token.as_bytes().to_vec(),
+                    bytes: tok.token_bytes(lp.token).0,
                     token,
                     logprob: lp.logprob,
                     top_logprobs: lp
@@ -448,7 +448,7 @@ fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprob]) -> ChatLogprobs {
                         .map(|&(id, l)| {
                             let t = piece(tok, id);
                             TopLogprobOut {
-                                bytes: t.as_bytes().to_vec(),
+                                bytes: tok.token_bytes(id).0,
                                 token: t,
                                 logprob: l,
                             }
