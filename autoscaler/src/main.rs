@@ -91,7 +91,8 @@ impl Common {
 
 #[derive(Args)]
 struct SimulateArgs {
-    /// Trace file: Azure LLM CSV (`.csv`) or Mooncake JSONL (`.jsonl`).
+    /// Trace file: a request CSV (`.csv`: the Azure LLM inference traces of 2023 or 2024, or
+    /// BurstGPT; columns found by their header) or Mooncake JSONL (`.jsonl`).
     #[arg(
         long,
         env = "SLUICE_AUTOSCALER_TRACE",

@@ -108,7 +108,8 @@ pub struct Args {
     /// `random` or `sharegpt:FILE`.
     #[arg(long, env = "SLUICE_LOADTEST_DATASET", default_value = "random")]
     pub dataset: String,
-    /// Replay a trace: Azure LLM CSV or Mooncake JSONL (detected by content).
+    /// Replay a trace: a request CSV (Azure LLM inference 2023/2024, BurstGPT) or Mooncake
+    /// JSONL (detected by content).
     #[arg(long, env = "SLUICE_LOADTEST_TRACE", conflicts_with_all = ["rate", "concurrency"])]
     pub trace: Option<PathBuf>,
     /// Trace time divisor: 2 replays twice as fast.

@@ -187,8 +187,9 @@ pub fn scale_tokens(n: u32, scale: f64) -> u32 {
     ((n as f64) * scale).round().max(1.0) as u32
 }
 
-/// Reads an Azure LLM inference trace CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`), lengths
-/// multiplied by `token_scale`.
+/// Reads a request trace CSV, lengths multiplied by `token_scale`: the Azure LLM inference
+/// traces' `TIMESTAMP,ContextTokens,GeneratedTokens` (2023 and 2024), or BurstGPT's
+/// `Timestamp,…,Request tokens,Response tokens,…` (columns found by name).
 pub fn azure_csv(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
     let text = read(path)?;
     let mut lines = text.lines().enumerate();
@@ -196,15 +197,25 @@ pub fn azure_csv(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
         .next()
         .ok_or_else(|| parse_err(path, 1, "empty file"))?;
     let cols: Vec<&str> = header.split(',').map(str::trim).collect();
-    let col = |name: &str| {
+    let col = |names: &[&str]| {
         cols.iter()
-            .position(|c| c.eq_ignore_ascii_case(name))
-            .ok_or_else(|| parse_err(path, 1, format!("no `{name}` column")))
+            .position(|c| names.iter().any(|n| c.eq_ignore_ascii_case(n)))
+            .ok_or_else(|| parse_err(path, 1, format!("no `{}` column", names[0])))
     };
     let (ct, cc, cg) = (
-        col("TIMESTAMP")?,
-        col("ContextTokens")?,
-        col("GeneratedTokens")?,
+        col(&["TIMESTAMP", "Timestamp"])?,
+        col(&[
+            "ContextTokens",
+            "Request tokens",
+            "input_length",
+            "prompt_tokens",
+        ])?,
+        col(&[
+            "GeneratedTokens",
+            "Response tokens",
+            "output_length",
+            "completion_tokens",
+        ])?,
     );
     let mut out = Vec::new();
     // Times are kept relative to the first row: epoch seconds in an f64 would lose the
@@ -226,8 +237,15 @@ pub fn azure_csv(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
         let t = (t.0 - s0) as f64 + (t.1 - f0);
         let num = |c: usize| -> Result<u32> {
             let v = get(c)?;
-            v.parse()
-                .map_err(|_| parse_err(path, i + 1, format!("bad token count `{v}`")))
+            v.parse::<u32>()
+                .ok()
+                .or_else(|| {
+                    v.parse::<f64>()
+                        .ok()
+                        .filter(|x| *x >= 0.0)
+                        .map(|x| x.round() as u32)
+                })
+                .ok_or_else(|| parse_err(path, i + 1, format!("bad token count `{v}`")))
         };
         out.push(Spec {
             input: Input::Synthetic {
@@ -241,34 +259,26 @@ pub fn azure_csv(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
     Ok(out)
 }
 
-/// `YYYY-MM-DD HH:MM:SS[.fraction]` (UTC) to whole seconds since the Unix epoch and the
-/// fraction. By hand, to keep a date crate out of the build for one format.
+/// A trace's time as whole seconds and the fraction: a number of seconds (BurstGPT), an
+/// RFC 3339 / ISO 8601 instant with its offset (`2024-05-10 00:00:00.009930+00:00`, the 2024
+/// Azure traces), or a civil date and time read as UTC (`2023-11-16 18:15:46.6805900`).
 pub fn parse_timestamp(s: &str) -> Option<(i64, f64)> {
-    let (date, time) = s.split_once([' ', 'T'])?;
-    let mut d = date.split('-');
-    let (y, m, day): (i64, i64, i64) = (
-        d.next()?.parse().ok()?,
-        d.next()?.parse().ok()?,
-        d.next()?.parse().ok()?,
-    );
-    let mut t = time.trim_end_matches('Z').split(':');
-    let (hh, mm): (i64, i64) = (t.next()?.parse().ok()?, t.next()?.parse().ok()?);
-    let sec = t.next()?;
-    let (whole, frac) = sec.split_once('.').unwrap_or((sec, "0"));
-    let ss: i64 = whole.parse().ok()?;
-    let frac: f64 = format!("0.{frac}").parse().ok()?;
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) {
-        return None;
+    if let Ok(secs) = s.parse::<f64>() {
+        return secs
+            .is_finite()
+            .then(|| (secs.floor() as i64, secs - secs.floor()));
     }
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some((days * 86_400 + hh * 3600 + mm * 60 + ss, frac))
+    let instant = s.parse::<jiff::Timestamp>().ok().or_else(|| {
+        let civil = s.parse::<jiff::civil::DateTime>().ok()?;
+        civil
+            .to_zoned(jiff::tz::TimeZone::UTC)
+            .ok()
+            .map(|z| z.timestamp())
+    })?;
+    let nanos = instant.as_nanosecond();
+    let whole = nanos.div_euclid(1_000_000_000);
+    let frac = nanos.rem_euclid(1_000_000_000) as f64 * 1e-9;
+    Some((whole as i64, frac))
 }
 
 #[derive(Deserialize)]
@@ -404,6 +414,31 @@ mod tests {
         assert_eq!(s, 1_700_158_546);
         assert!((f - 0.68059).abs() < 1e-12, "{f}");
         assert_eq!(parse_timestamp("2023-13-01 00:00:00"), None);
+        let (s, f) = parse_timestamp("2024-05-10 02:00:00.009930+02:00").unwrap();
+        assert_eq!(s, 1_715_299_200);
+        assert!((f - 0.00993).abs() < 1e-12, "{f}");
+        assert_eq!(parse_timestamp("7.25"), Some((7, 0.25)));
+    }
+
+    /// BurstGPT's columns (found by name, in its order, times in seconds) read as Azure's do.
+    #[test]
+    fn burstgpt_columns_are_found_by_name() {
+        let dir = std::env::temp_dir().join(format!("sluice-lt-burst-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("burst.csv");
+        std::fs::write(
+            &p,
+            "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n\
+             5,ChatGPT,472,18,490,Conversation log\n7.5,GPT-4,1087,1,1088,API log\n",
+        )
+        .unwrap();
+        let specs = azure_csv(&p, 1.0).unwrap();
+        let got: Vec<_> = specs
+            .iter()
+            .map(|s| (s.trace_time_s, s.output_len))
+            .collect();
+        assert_eq!(got, vec![(Some(0.0), 18), (Some(2.5), 1)]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

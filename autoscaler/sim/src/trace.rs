@@ -1,4 +1,4 @@
-//! Request traces: Azure LLM inference CSV and Mooncake JSONL, read into
+//! Request traces: request CSVs (Azure LLM inference 2023/2024, BurstGPT) and Mooncake JSONL,
 //! [`Request`]s, and rate scaling.
 
 use std::path::Path;
@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Format {
-    /// `TIMESTAMP,ContextTokens,GeneratedTokens` (Azure LLM inference trace 2023).
+    /// A request CSV, columns found by their header (see [`Columns`]): Azure LLM inference
+    /// `TIMESTAMP,ContextTokens,GeneratedTokens` (2023, 2024), BurstGPT.
     AzureCsv,
     /// `{"timestamp": ms, "input_length", "output_length", ...}` per line (Mooncake).
     MooncakeJsonl,
@@ -51,64 +52,133 @@ pub fn load(path: &Path) -> Result<Vec<Request>> {
     Ok(out)
 }
 
+/// The columns of a request CSV, found by header name (case and spacing aside): the Azure LLM
+/// inference traces' `TIMESTAMP,ContextTokens,GeneratedTokens` (2023 and 2024), BurstGPT's
+/// `Timestamp,…,Request tokens,Response tokens,…`, or the same names as Mooncake and the
+/// OpenAI usage fields (`timestamp`, `input_length`/`prompt_tokens`,
+/// `output_length`/`completion_tokens`). Without a header the first three columns are taken
+/// in the Azure order.
+struct Columns {
+    time: usize,
+    prompt: usize,
+    output: usize,
+}
+
+impl Columns {
+    const TIME: &'static [&'static str] = &["timestamp", "time", "arrivaltime"];
+    const PROMPT: &'static [&'static str] = &[
+        "contexttokens",
+        "requesttokens",
+        "inputlength",
+        "inputtokens",
+        "prompttokens",
+    ];
+    const OUTPUT: &'static [&'static str] = &[
+        "generatedtokens",
+        "responsetokens",
+        "outputlength",
+        "outputtokens",
+        "completiontokens",
+    ];
+
+    /// The columns a header line names; `Ok(None)` when the line is data, not a header.
+    fn from_header(line: &str) -> Result<Option<Columns>, String> {
+        let first = line.split(',').next().unwrap_or("").trim();
+        if parse_timestamp(first).is_some() {
+            return Ok(None);
+        }
+        let names: Vec<String> = line
+            .split(',')
+            .map(|c| {
+                c.chars()
+                    .filter(|ch| ch.is_alphanumeric())
+                    .flat_map(char::to_lowercase)
+                    .collect()
+            })
+            .collect();
+        let find = |wanted: &[&str], what: &str| {
+            names
+                .iter()
+                .position(|n| wanted.contains(&n.as_str()))
+                .ok_or_else(|| format!("no {what} column in the header (one of {wanted:?})"))
+        };
+        Ok(Some(Columns {
+            time: find(Self::TIME, "timestamp")?,
+            prompt: find(Self::PROMPT, "prompt tokens")?,
+            output: find(Self::OUTPUT, "output tokens")?,
+        }))
+    }
+}
+
 fn parse_azure(path: &Path, text: &str) -> Result<Vec<Request>> {
     let bad = |line: usize, message: String| Error::TraceLine {
         path: path.to_path_buf(),
         line,
         message,
     };
+    let mut cols = Columns {
+        time: 0,
+        prompt: 1,
+        output: 2,
+    };
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
-        if line.is_empty() || (i == 0 && line.starts_with("TIMESTAMP")) {
+        if line.is_empty() {
             continue;
         }
-        let mut f = line.split(',');
-        let (Some(ts), Some(p), Some(o)) = (f.next(), f.next(), f.next()) else {
-            return Err(bad(
-                i + 1,
-                "expected TIMESTAMP,ContextTokens,GeneratedTokens".into(),
-            ));
+        if i == 0 {
+            if let Some(header) = Columns::from_header(line).map_err(|m| bad(1, m))? {
+                cols = header;
+                continue;
+            }
+        }
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let field = |k: usize, what: &str| {
+            fields
+                .get(k)
+                .copied()
+                .ok_or_else(|| bad(i + 1, format!("no {what} (column {})", k + 1)))
         };
-        let arrival_s = parse_timestamp(ts.trim())
-            .ok_or_else(|| bad(i + 1, format!("bad timestamp {ts:?}")))?;
-        let prompt_tokens = p
-            .trim()
-            .parse()
-            .map_err(|_| bad(i + 1, format!("bad ContextTokens {p:?}")))?;
-        let output_tokens = o
-            .trim()
-            .parse()
-            .map_err(|_| bad(i + 1, format!("bad GeneratedTokens {o:?}")))?;
+        let ts = field(cols.time, "timestamp")?;
+        let arrival_s =
+            parse_timestamp(ts).ok_or_else(|| bad(i + 1, format!("bad timestamp {ts:?}")))?;
+        let count = |k: usize, what: &str| -> Result<u32> {
+            let v = field(k, what)?;
+            v.parse::<u32>()
+                .ok()
+                .or_else(|| {
+                    v.parse::<f64>()
+                        .ok()
+                        .filter(|x| *x >= 0.0)
+                        .map(|x| x.round() as u32)
+                })
+                .ok_or_else(|| bad(i + 1, format!("bad {what} {v:?}")))
+        };
         out.push(Request {
             arrival_s,
-            prompt_tokens,
-            output_tokens,
+            prompt_tokens: count(cols.prompt, "prompt tokens")?,
+            output_tokens: count(cols.output, "output tokens")?,
         });
     }
     Ok(out)
 }
 
-/// `YYYY-MM-DD HH:MM:SS[.fraction]` in UTC to seconds since the Unix epoch.
+/// A trace's time in seconds: a number of seconds (BurstGPT), an RFC 3339 / ISO 8601 instant
+/// with its offset (`2024-05-10 00:00:00.009930+00:00`), or a civil date and time read as
+/// UTC (`2023-11-16 18:15:46.6805900`, the 2023 Azure traces).
 fn parse_timestamp(s: &str) -> Option<f64> {
-    let (date, time) = s.split_once([' ', 'T'])?;
-    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let mut t = time.split(':');
-    let (h, mi, sec) = (
-        t.next()?.parse::<f64>().ok()?,
-        t.next()?.parse::<f64>().ok()?,
-        t.next()?.parse::<f64>().ok()?,
-    );
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days as f64 * 86_400.0 + h * 3600.0 + mi * 60.0 + sec)
+    if let Ok(secs) = s.parse::<f64>() {
+        return secs.is_finite().then_some(secs);
+    }
+    let instant = s.parse::<jiff::Timestamp>().ok().or_else(|| {
+        let civil = s.parse::<jiff::civil::DateTime>().ok()?;
+        civil
+            .to_zoned(jiff::tz::TimeZone::UTC)
+            .ok()
+            .map(|z| z.timestamp())
+    })?;
+    Some(instant.as_second() as f64 + f64::from(instant.subsec_nanosecond()) * 1e-9)
 }
 
 #[derive(Deserialize)]
@@ -203,6 +273,57 @@ mod tests {
         )
         .unwrap();
         assert!(load(&csv).unwrap_err().to_string().contains("line 2"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn instants_with_offsets_and_plain_seconds_parse() {
+        let utc = parse_timestamp("2024-05-10 00:00:00.009930+00:00").unwrap();
+        assert!((utc - 1_715_299_200.009_93).abs() < 1e-6, "{utc}");
+        let east = parse_timestamp("2024-05-10T02:00:00+02:00").unwrap();
+        assert!((east - 1_715_299_200.0).abs() < 1e-6, "{east}");
+        assert_eq!(
+            parse_timestamp("2024-05-10T00:00:00Z"),
+            Some(1_715_299_200.0)
+        );
+        assert_eq!(parse_timestamp("12.5"), Some(12.5));
+        assert_eq!(parse_timestamp("inf"), None);
+    }
+
+    /// The 2024 Azure traces (offsets on each time) and BurstGPT (seconds, columns by name,
+    /// another order) read as the 2023 format does.
+    #[test]
+    fn columns_are_found_by_their_header() {
+        let dir = std::env::temp_dir().join(format!("sluice-cols-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let read = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            load(&p).map(|r| {
+                r.iter()
+                    .map(|q| (q.arrival_s, q.prompt_tokens, q.output_tokens))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let azure24 = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+            2024-05-10 00:00:00.5+00:00,2048,20\n2024-05-10 00:00:02+00:00,100,7\n";
+        assert_eq!(
+            read("a24.csv", azure24).unwrap(),
+            vec![(0.0, 2048, 20), (1.5, 100, 7)]
+        );
+        let burst = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n\
+            5,ChatGPT,472,18,490,Conversation log\n7.25,GPT-4,1087,0,1087,API log\n";
+        assert_eq!(
+            read("burst.csv", burst).unwrap(),
+            vec![(0.0, 472, 18), (2.25, 1087, 0)]
+        );
+        let bare = "2023-11-16 18:15:46,10,2\n2023-11-16 18:15:50,20,3\n";
+        assert_eq!(
+            read("bare.csv", bare).unwrap(),
+            vec![(0.0, 10, 2), (4.0, 20, 3)]
+        );
+        let err = read("odd.csv", "when,prompt,completion\n1,2,3\n").unwrap_err();
+        assert!(err.to_string().contains("no timestamp column"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
