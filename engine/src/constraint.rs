@@ -29,6 +29,8 @@ pub enum Grammar {
     JsonSchema(Value),
     /// A Lark grammar in llguidance's dialect (`%json { … }` embeds a schema).
     Lark(String),
+    /// Text that this regular expression (Rust `regex` syntax) matches in full.
+    Regex(String),
 }
 
 /// Why a grammar does not compile: the schema or grammar is invalid, uses a feature that is
@@ -146,6 +148,7 @@ impl Vocabulary {
                 TopLevelGrammar::from_json_schema(schema)
             }
             Grammar::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
+            Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
         };
         let parser = self
             .factory

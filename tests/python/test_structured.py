@@ -4,6 +4,7 @@
 
 import enum
 import json
+import re
 import threading
 import time
 from typing import Annotated, List, Optional
@@ -472,3 +473,61 @@ def test_objects_that_list_their_properties_get_no_invented_keys(client, i):
     assert set(out) <= set(schema["properties"]), out
     if isinstance(out.get("order"), dict):
         assert set(out["order"]) <= {"sku"}, out
+
+
+def test_vllm_guided_fields_constrain_both_endpoints(client):
+    """Clients written for vLLM send its structured-output fields; each holds the answer
+    (gateway/src/api/guided.rs), on chat and on completions, streamed too."""
+    ask = [{"role": "user", "content": "Is the sky blue? Answer."}]
+    chat = lambda extra, **kw: client.chat.completions.create(
+        model=MODEL, messages=ask, max_tokens=40, temperature=1.0, extra_body=extra, **kw)
+    choices = ["yes", "no", "maybe (later)"]
+    r = chat({"guided_choice": choices}, n=4)
+    assert all(c.message.content in choices and c.finish_reason == "stop" for c in r.choices)
+    r = chat({"guided_regex": "[A-Z][a-z]{2,8} [0-9]{3}"})
+    assert re.fullmatch("[A-Z][a-z]{2,8} [0-9]{3}", r.choices[0].message.content)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 99}},
+              "required": ["n"]}
+    for v in (schema, json.dumps(schema)):
+        out = chat({"guided_json": v}).choices[0].message.content
+        jsonschema.validate(json.loads(out), schema)
+    grammar = 'start: "The sky is " COLOR "."\nCOLOR: "blue" | "grey"'
+    assert chat({"guided_grammar": grammar}).choices[0].message.content in (
+        "The sky is blue.", "The sky is grey.")
+    r = chat({"structured_outputs": {"choice": ["A", "B"]}})
+    assert r.choices[0].message.content in ("A", "B")
+    r = client.completions.create(model=MODEL, prompt="The answer is", max_tokens=20,
+                                  extra_body={"guided_choice": ["42", "forty-two"]})
+    assert r.choices[0].text in ("42", "forty-two")
+    r = client.completions.create(model=MODEL, prompt="A record:", max_tokens=60, temperature=0,
+                                  extra_body={"response_format": {
+                                      "type": "json_schema",
+                                      "json_schema": {"name": "r", "schema": schema}}})
+    jsonschema.validate(json.loads(r.choices[0].text), schema)
+    stream = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=10, n=2,
+                                            stream=True, extra_body={"guided_choice": choices})
+    texts = {}
+    for ev in stream:
+        for c in ev.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+    assert sorted(texts) == [0, 1] and all(t in choices for t in texts.values())
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"guided_choice": ["a"], "guided_regex": "b"}, "guided_choice"),
+    ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
+    ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"guided_grammar": "start: ???"}, "guided_grammar"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_whitespace_pattern": "\\s*", "guided_json": {}}, "guided_whitespace_pattern"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({"guided_regex": "[0-9]+", "tools": [WEATHER]}, "guided_regex"),
+])
+def test_vllm_guided_fields_400s_name_the_field(server, body, param):
+    """Never silently unconstrained: a bad or conflicting constraint is a 400 naming it."""
+    status, _, err = raw(server.url, "/v1/chat/completions", {
+        "model": MODEL, "messages": ASK, "max_tokens": 5, **body})
+    assert status == 400, err
+    assert_error_shape(err)
+    assert err["error"]["param"] == param, err

@@ -7,6 +7,7 @@ use sluice_engine::Grammar;
 use sluice_models::Model;
 
 use super::generate::{ChatRender, Render, TextRender};
+use super::guided::AnswerFormat;
 use super::tools::ToolChoice;
 use super::types::{ChatCompletionRequest, CompletionRequest, PromptSpec};
 use super::validate::{self, ChatPrompt, Checked, CHAT_PARAMS, COMPLETION_PARAMS};
@@ -115,8 +116,8 @@ impl Endpoint for CompletionRequest {
     const ROUTE: &'static str = "/v1/completions";
     const ID_PREFIX: &'static str = "cmpl-";
     const PARAMS: Params = COMPLETION_PARAMS;
-    /// The prompt stays in the request.
-    type Prompt = ();
+    /// The prompt stays in the request; what the checks leave is the answer's format.
+    type Prompt = Option<AnswerFormat>;
     type Render = TextRender;
 
     fn model(&self) -> &str {
@@ -127,15 +128,19 @@ impl Endpoint for CompletionRequest {
         tracing::info!(request_id, prompt = ?self.prompt, "prompt");
     }
 
-    fn check(&self, vocab: Option<usize>) -> Result<(Checked, ()), ApiError> {
-        Ok((validate::completion_checked(self, vocab)?, ()))
+    fn check(&self, vocab: Option<usize>) -> Result<(Checked, Self::Prompt), ApiError> {
+        validate::completion_checked(self, vocab)
     }
 
-    fn encode(&self, _: (), model: &Model) -> Result<Vec<Vec<u32>>, ApiError> {
+    fn encode(&self, _: Self::Prompt, model: &Model) -> Result<Vec<Vec<u32>>, ApiError> {
         validate::completion_prompts(self, model)
     }
 
-    fn routing(&self, _: &()) -> Routing {
+    fn grammar(format: &Self::Prompt) -> Option<(Grammar, &'static str)> {
+        format.clone().map(|f| (f.grammar, f.param))
+    }
+
+    fn routing(&self, _: &Self::Prompt) -> Routing {
         let first = |bytes: Option<Vec<u8>>| bytes.unwrap_or_default();
         let (affinity, prompt_bytes, prompts) = match &self.prompt {
             PromptSpec::Text(t) => (t.as_bytes().to_vec(), t.len(), 1),

@@ -6,6 +6,7 @@ mod body;
 mod endpoint;
 mod gate;
 pub mod generate;
+mod guided;
 pub mod internal;
 mod pipeline;
 pub mod proxy;

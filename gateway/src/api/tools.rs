@@ -42,6 +42,7 @@ use serde_json::{json, Value};
 use sluice_engine::{Constraint, Grammar};
 use sluice_models::chat_template::{ChatMessage, FunctionCall, ToolCall};
 
+use crate::api::guided::AnswerFormat;
 use crate::api::schema::enforceable;
 use crate::api::types::{FunctionOut, ToolCallDelta, ToolCallOut};
 use crate::backend::LocalBackend;
@@ -99,11 +100,15 @@ impl Output {
         Self::answer(None)
     }
 
-    /// An answer without calls: held to `format` (the `response_format`'s grammar) if any.
-    pub fn answer(format: Option<Grammar>) -> Self {
+    /// An answer without calls: held to `format` (`response_format` or a vLLM field) if any.
+    pub fn answer(format: Option<AnswerFormat>) -> Self {
+        let (grammar, param) = match format {
+            Some(f) => (Some(f.grammar), f.param),
+            None => (None, "response_format"),
+        };
         Self {
-            grammar: format,
-            param: "response_format",
+            grammar,
+            param,
             tool_calls: false,
         }
     }
@@ -315,7 +320,7 @@ impl ToolSet {
     /// The output's grammar and how it is read: calls only (`required`, named), an answer
     /// or calls (`auto`; the answer is text, or JSON for `format`, the `response_format`),
     /// or the answer alone (`none`).
-    pub fn output(&self, format: Option<&Grammar>) -> Output {
+    pub fn output(&self, format: Option<&AnswerFormat>) -> Output {
         let tools: Vec<&Tool> = match &self.choice {
             ToolChoice::None => return Output::answer(format.cloned()),
             ToolChoice::Named(n) => self.tools.iter().filter(|t| &t.name == n).collect(),
@@ -332,7 +337,10 @@ impl ToolSet {
             "call"
         };
         let start = if self.choice == ToolChoice::Auto {
-            format!("start: calls | answer\n{}", auto_answer(format))
+            format!(
+                "start: calls | answer\n{}",
+                auto_answer(format.map(|f| &f.grammar))
+            )
         } else {
             "start: calls\n".to_string()
         };
@@ -734,7 +742,10 @@ mod tests {
         };
         assert!(g.contains("start: calls | answer\nanswer: TEXT\n"), "{g}");
         assert!(g.contains("~/<tool_call>\\n(?s:.*)/"), "{g}");
-        let format = Grammar::JsonSchema(json!({"type": "object"}));
+        let format = AnswerFormat {
+            grammar: Grammar::JsonSchema(json!({"type": "object"})),
+            param: "response_format",
+        };
         let o = set.output(Some(&format));
         let Some(Grammar::Lark(g)) = o.grammar else {
             panic!("a grammar");
@@ -755,7 +766,7 @@ mod tests {
         let none = tool_set(Some(&tools), Some(&json!("none")), None)
             .unwrap()
             .unwrap();
-        assert_eq!(none.output(Some(&format)).grammar, Some(format));
+        assert_eq!(none.output(Some(&format)).grammar, Some(format.grammar));
     }
 
     #[test]

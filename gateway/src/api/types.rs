@@ -69,6 +69,30 @@ macro_rules! with_sampling_fields {
             pub stop_token_ids: Option<Vec<i64>>,
             /// Extension (vLLM): leave special tokens out of the text (default true).
             pub skip_special_tokens: Option<bool>,
+            /// Extension (vLLM): the output is JSON valid against this schema (an object or
+            /// a string holding one).
+            #[schema(value_type = Option<Object>)]
+            pub guided_json: Option<Value>,
+            /// Extension (vLLM): the output matches this regular expression in full.
+            #[schema(value_type = Option<String>)]
+            pub guided_regex: Option<Value>,
+            /// Extension (vLLM): the output is exactly one of these strings.
+            #[schema(value_type = Option<Vec<String>>)]
+            pub guided_choice: Option<Value>,
+            /// Extension (vLLM): the output follows this grammar (llguidance's Lark dialect).
+            #[schema(value_type = Option<String>)]
+            pub guided_grammar: Option<Value>,
+            /// Extension (vLLM): which guided-decoding library; sluice has one (llguidance),
+            /// so any value is accepted and changes nothing.
+            #[schema(value_type = Option<String>)]
+            pub guided_decoding_backend: Option<Value>,
+            /// Extension (vLLM): JSON whitespace; refused (sluice writes JSON compactly).
+            #[schema(value_type = Option<String>)]
+            pub guided_whitespace_pattern: Option<Value>,
+            /// Extension (vLLM ≥ 0.10): `{"json" | "regex" | "choice" | "grammar" |
+            /// "json_object": …}`, the same constraints in one object.
+            #[schema(value_type = Option<Object>)]
+            pub structured_outputs: Option<Value>,
         }
 
         impl $name {
@@ -94,6 +118,18 @@ macro_rules! with_sampling_fields {
                     priority: self.priority,
                     stop_token_ids: self.stop_token_ids.clone(),
                     skip_special_tokens: self.skip_special_tokens,
+                }
+            }
+
+            /// vLLM's structured-output fields, for [`crate::api::guided`].
+            pub fn guided_fields(&self) -> GuidedFields<'_> {
+                GuidedFields {
+                    json: self.guided_json.as_ref(),
+                    regex: self.guided_regex.as_ref(),
+                    choice: self.guided_choice.as_ref(),
+                    grammar: self.guided_grammar.as_ref(),
+                    whitespace_pattern: self.guided_whitespace_pattern.as_ref(),
+                    structured_outputs: self.structured_outputs.as_ref(),
                 }
             }
         }
@@ -122,6 +158,17 @@ pub struct SamplingFields {
     pub priority: Option<i64>,
     pub stop_token_ids: Option<Vec<i64>>,
     pub skip_special_tokens: Option<bool>,
+}
+
+/// vLLM's structured-output fields of either request, as parsed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GuidedFields<'a> {
+    pub json: Option<&'a Value>,
+    pub regex: Option<&'a Value>,
+    pub choice: Option<&'a Value>,
+    pub grammar: Option<&'a Value>,
+    pub whitespace_pattern: Option<&'a Value>,
+    pub structured_outputs: Option<&'a Value>,
 }
 
 /// A chat message's content: a string or text parts.
@@ -208,6 +255,10 @@ with_sampling_fields! {
         pub best_of: Option<i64>,
         #[schema(value_type = Option<String>)]
         pub suffix: Option<Value>,
+        /// `text`, `json_object`, or `json_schema` (`{"name", "schema", "strict"}`), as on
+        /// chat (vLLM takes it here too).
+        #[schema(value_type = Option<Object>)]
+        pub response_format: Option<Value>,
     }
 }
 

@@ -4,11 +4,12 @@
 //! [`Params`] turns into the OpenAI parameter.
 
 use serde_json::Value;
-use sluice_engine::{SamplingParams, MAX_N};
+use sluice_engine::{Grammar, SamplingParams, MAX_N};
 use sluice_models::chat_template::{encode_chat, ChatMessage};
 use sluice_models::{Model, ModelError};
 
-use crate::api::tools::{self, Output, ToolSet};
+use crate::api::guided::{self, AnswerFormat};
+use crate::api::tools::{self, Output, ToolChoice, ToolSet};
 use crate::api::types::{
     ChatCompletionRequest, ChatMessageIn, CompletionRequest, MessageContent, PromptSpec,
     SamplingFields, StopSpec,
@@ -165,7 +166,7 @@ fn present(v: &Option<Value>) -> bool {
     !matches!(v, None | Some(Value::Null))
 }
 
-fn unsupported(field: &str, what: &str) -> ApiError {
+pub(crate) fn unsupported(field: &str, what: &str) -> ApiError {
     ApiError::BadRequest {
         message: format!("'{field}' is not supported by this server: {what}"),
         param: Some(field.to_string()),
@@ -316,10 +317,26 @@ pub fn chat_prompt(
 
 /// What the output must be: with tools, what `tool_choice` allows (calls, or an answer in
 /// the `response_format`: see `tools`); without, the `response_format`, else text.
+/// `auto` embeds an answer format only as JSON: a regular expression or grammar from vLLM's
+/// fields cannot be told apart from a call, so it is refused beside `auto`.
 fn chat_output(req: &ChatCompletionRequest, tools: Option<&ToolSet>) -> Result<Output, ApiError> {
-    let format = tools::response_format(req.response_format.as_ref())?;
+    let format = guided::answer_format(req.response_format.as_ref(), req.guided_fields())?;
     Ok(match tools {
-        Some(set) => set.output(format.as_ref()),
+        Some(set) => {
+            if let Some(f) = format.as_ref().filter(|f| {
+                set.choice == ToolChoice::Auto && !matches!(f.grammar, Grammar::JsonSchema(_))
+            }) {
+                return Err(ApiError::bad(
+                    format!(
+                        "'{}' cannot be combined with tools under tool_choice 'auto': only a \
+                         JSON format can be told apart from a call",
+                        f.param
+                    ),
+                    f.param,
+                ));
+            }
+            set.output(format.as_ref())
+        }
         None => Output::answer(format),
     })
 }
@@ -400,11 +417,12 @@ pub fn completion_prompts(
 }
 
 /// Every check of a completion request that needs no tokenizer: its fields, and the prompt's
-/// shape (not empty, not too many, token ids in the vocabulary when it is known).
+/// shape (not empty, not too many, token ids in the vocabulary when it is known); with the
+/// format the text is held to, if any.
 pub fn completion_checked(
     req: &CompletionRequest,
     vocab: Option<usize>,
-) -> Result<Checked, ApiError> {
+) -> Result<(Checked, Option<AnswerFormat>), ApiError> {
     if present(&req.suffix) {
         return Err(unsupported("suffix", "no fill-in-the-middle"));
     }
@@ -427,6 +445,7 @@ pub fn completion_checked(
     let mut sampling = sampling(&f, vocab, max)?;
     sampling.logprobs = req.logprobs.map(|k| count(k, "logprobs")).transpose()?;
     let checked = checked(&f, sampling, vocab, COMPLETION_PARAMS)?;
+    let format = guided::answer_format(req.response_format.as_ref(), req.guided_fields())?;
     let (prompts, empty) = match &req.prompt {
         // Whether a text prompt is empty depends on the tokenizer (a BOS token may be added):
         // the local path checks the ids, a replica checks its own.
@@ -463,5 +482,5 @@ pub fn completion_checked(
             "prompt",
         ));
     }
-    Ok(checked)
+    Ok((checked, format))
 }
