@@ -77,6 +77,9 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// Strings that end the choice; the text is cut before the match.
     pub stop: Vec<String>,
+    /// Keep the stop string that ended the choice at the end of its text (vLLM's
+    /// `include_stop_str_in_output`).
+    pub include_stop_str: bool,
     /// Leave special tokens out of the text.
     pub skip_special_tokens: bool,
     /// A grammar every choice's output must match (compiled with
@@ -104,6 +107,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
+            include_stop_str: false,
             skip_special_tokens: true,
             constraint: None,
         }

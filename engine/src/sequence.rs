@@ -91,7 +91,7 @@ impl Seq {
         let p = &req.params;
         let sampler = SamplerState::new(p.seed, index + req.choice_base, &tokens[..req.prompt_len]);
         let detok = Detokenizer::new(p.skip_special_tokens);
-        let stop = StopMatcher::new(p.stop.clone());
+        let stop = StopMatcher::new(p.stop.clone(), p.include_stop_str);
         let forks_left = if index == 0 { p.n - 1 } else { 0 };
         let matcher = p.constraint.as_ref().map(|c| c.start());
         Self {

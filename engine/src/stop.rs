@@ -1,10 +1,12 @@
-//! Stop strings matched on the streamed text. The matched string is never emitted, and while
-//! the end of the text could still be the start of a stop string, those characters are held
-//! back (released if the next text rules the match out).
+//! Stop strings matched on the streamed text. The matched string is not emitted unless asked
+//! for (`include`), and while the end of the text could still be the start of a stop string,
+//! those characters are held back (released if the next text rules the match out).
 
 #[derive(Debug)]
 pub(crate) struct StopMatcher {
     stops: Vec<String>,
+    /// Emit the matched stop string as the text's end.
+    include: bool,
     pending: String,
 }
 
@@ -16,9 +18,10 @@ pub(crate) struct Matched {
 }
 
 impl StopMatcher {
-    pub fn new(stops: Vec<String>) -> Self {
+    pub fn new(stops: Vec<String>, include: bool) -> Self {
         Self {
             stops,
+            include,
             pending: String::new(),
         }
     }
@@ -40,7 +43,8 @@ impl StopMatcher {
             .min_by(|a, b| a.0.cmp(&b.0).then(b.1.len().cmp(&a.1.len())));
         if let Some((at, s)) = hit {
             let stop = Some(s.clone());
-            self.pending.truncate(at);
+            self.pending
+                .truncate(if self.include { at + s.len() } else { at });
             return Matched {
                 emit: std::mem::take(&mut self.pending),
                 stop,
@@ -76,7 +80,7 @@ mod tests {
     use super::*;
 
     fn run(stops: &[&str], pieces: &[&str]) -> (String, Option<String>) {
-        let mut m = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect());
+        let mut m = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect(), false);
         let mut out = String::new();
         for p in pieces {
             let r = m.push(p);
@@ -99,7 +103,7 @@ mod tests {
 
     #[test]
     fn a_partial_match_is_held_then_released() {
-        let mut m = StopMatcher::new(vec!["STOP".into()]);
+        let mut m = StopMatcher::new(vec!["STOP".into()], false);
         assert_eq!(m.push("go ST").emit, "go ");
         assert_eq!(m.push("AY").emit, "STAY");
         assert_eq!(run(&["STOP"], &["x ST"]), ("x ST".to_string(), None));
@@ -116,6 +120,14 @@ mod tests {
             run(&["é!"], &["café", "!"]),
             ("caf".to_string(), Some("é!".to_string()))
         );
+    }
+
+    #[test]
+    fn an_included_stop_ends_the_text_and_nothing_after_it_is_emitted() {
+        let mut m = StopMatcher::new(vec!["END".into(), "ab".into()], true);
+        assert_eq!(m.push("x E").emit, "x ");
+        let r = m.push("ND tail");
+        assert_eq!((r.emit.as_str(), r.stop.as_deref()), ("END", Some("END")));
     }
 
     #[test]

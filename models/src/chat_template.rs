@@ -135,17 +135,26 @@ fn guard_json(v: &serde_json::Value, guard: &impl Fn(&str) -> String) -> serde_j
 /// the prompt: the template's own markers are special tokens, while every text that came
 /// from the caller (message content, names, tool calls' arguments, tool definitions) is
 /// encoded as plain text, so that no message can forge a turn marker.
+/// `kwargs` are extra template variables (vLLM's `chat_template_kwargs`, such as
+/// `enable_thinking`), caller text too.
 pub fn encode_chat(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[ChatMessage],
     tools: Option<&serde_json::Value>,
     add_generation_prompt: bool,
+    kwargs: Option<&serde_json::Value>,
 ) -> Result<Vec<u32>> {
     let guard = |s: &str| tokenizer.guard_text(s).into_owned();
     let guarded: Vec<ChatMessage> = messages.iter().map(|m| m.guarded(&guard)).collect();
     let tools = tools.map(|t| guard_json(t, &guard));
-    let rendered = template.render_with_tools(&guarded, tools.as_ref(), add_generation_prompt)?;
+    let kwargs = kwargs.map(|k| guard_json(k, &guard));
+    let rendered = template.render_with_tools(
+        &guarded,
+        tools.as_ref(),
+        add_generation_prompt,
+        kwargs.as_ref(),
+    )?;
     tokenizer.encode_chat(&rendered)
 }
 
@@ -243,7 +252,7 @@ impl ChatTemplate {
     /// Renders `messages`; with `add_generation_prompt` the prompt ends with the opening of an
     /// assistant turn. See [`ChatTemplate::render_with_tools`].
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        self.render_with_tools(messages, None, add_generation_prompt)
+        self.render_with_tools(messages, None, add_generation_prompt, None)
     }
 
     /// Whether the template reads the `tools` variable (tool definitions); a template that
@@ -261,7 +270,7 @@ impl ChatTemplate {
     }
 
     /// Renders `messages` with `tools` (a list of OpenAI tool definitions) as the template's
-    /// `tools` variable, undefined when `None`.
+    /// `tools` variable, undefined when `None`, and `kwargs`' keys as further variables.
     ///
     /// Limits: at most `FUEL_BASE + FUEL_PER_MESSAGE × messages` template instructions, and at
     /// most `OUTPUT_BASE_LIMIT + OUTPUT_PER_INPUT_BYTE × (bytes of roles and contents)` bytes of
@@ -272,12 +281,14 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
+        kwargs: Option<&serde_json::Value>,
     ) -> Result<String> {
         let input_bytes: usize = messages
             .iter()
             .map(|m| m.role.len() + m.content.len() + tool_call_bytes(m))
             .sum::<usize>()
-            + tools.map_or(0, |t| t.to_string().len());
+            + tools.map_or(0, |t| t.to_string().len())
+            + kwargs.map_or(0, |k| k.to_string().len());
         let fuel = FUEL_BASE.saturating_add(FUEL_PER_MESSAGE.saturating_mul(messages.len() as u64));
         let limit =
             OUTPUT_BASE_LIMIT.saturating_add(OUTPUT_PER_INPUT_BYTE.saturating_mul(input_bytes));
@@ -289,12 +300,14 @@ impl ChatTemplate {
         let template = env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| ModelError::Template(describe(&e)))?;
+        // The template's own variables win over a keyword argument of the same name.
         let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
             tools => tools.map(Value::from_serialize),
+            ..kwargs.map(Value::from_serialize).unwrap_or_default()
         };
         let mut out = CappedWriter {
             buf: Vec::new(),
@@ -647,6 +660,17 @@ mod tests {
             out,
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
         );
+    }
+
+    #[test]
+    fn keyword_arguments_are_variables_the_template_own_ones_win() {
+        let src = "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}{{ messages[0].content }}{% if add_generation_prompt %}>{% endif %}";
+        let t = tpl(src).unwrap();
+        let m = [ChatMessage::new("user", "Hi")];
+        let kw = serde_json::json!({"enable_thinking": false, "add_generation_prompt": false});
+        let out = t.render_with_tools(&m, None, true, Some(&kw)).unwrap();
+        assert_eq!(out, "/no_think Hi>");
+        assert_eq!(t.render_with_tools(&m, None, true, None).unwrap(), "Hi>");
     }
 
     #[test]

@@ -103,6 +103,55 @@ def test_stop_strings_cut_the_text(client):
     assert s == r.choices[0].text
 
 
+def test_vllm_rendering_and_stop_extensions(client, server):
+    """vLLM's `include_stop_str_in_output` keeps the stop string; `add_generation_prompt:
+    false` leaves the assistant turn unopened (the prompt is shorter by exactly what /tokenize
+    says); `chat_template_kwargs` reach the template (the default one reads none)."""
+    prompt = "Count: one, two, three, four,"
+    full = client.completions.create(model=MODEL, prompt=prompt, max_tokens=30,
+                                     temperature=0).choices[0].text
+    stop = [w for w in full.split() if len(w) > 3][0]
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, temperature=0,
+                                  stop=[stop], extra_body={"include_stop_str_in_output": True})
+    assert r.choices[0].text == full[: full.index(stop) + len(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    counts = {}
+    for gen in (True, False):
+        _, _, t = raw(server.url, "/tokenize", {"model": MODEL, "messages": MESSAGES,
+                                                "add_generation_prompt": gen})
+        r = client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2, temperature=0,
+            extra_body={"add_generation_prompt": gen,
+                        "chat_template_kwargs": {"enable_thinking": False}})
+        assert r.usage.prompt_tokens == t["count"]
+        counts[gen] = t["count"]
+    assert counts[True] > counts[False]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"bad_words": ["the"]}, "bad_words"),
+    ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+    ({"use_beam_search": True}, "use_beam_search"),
+    ({"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
+    ({"echo": True}, "echo"),
+    ({"chat_template": "{{ messages }}"}, "chat_template"),
+    ({"continue_final_message": True}, "continue_final_message"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
+])
+def test_unimplemented_vllm_fields_are_refused_by_name(server, body, param):
+    """A vLLM extension sluice does not implement is a 400 naming it, never silently ignored;
+    sent at the value that asks for nothing, it is accepted."""
+    req = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2}
+    status, _, b = raw(server.url, "/v1/chat/completions", {**req, **body})
+    assert status == 400 and b["error"]["param"] == param, b
+    quiet = {"use_beam_search": False, "bad_words": [], "length_penalty": 1.0, "echo": False,
+             "modalities": ["text"], "continue_final_message": False, "prompt_logprobs": None}
+    status, _, b = raw(server.url, "/v1/chat/completions", {**req, **quiet})
+    assert status == 200, b
+
+
 def test_seed_reproducibility(client):
     args = dict(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=1.0, seed=1234)
     a = client.chat.completions.create(**args).choices[0].message.content

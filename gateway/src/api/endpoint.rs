@@ -80,7 +80,8 @@ impl Endpoint for ChatCompletionRequest {
             model,
             &prompt.messages,
             tools,
-            true,
+            prompt.add_generation_prompt,
+            prompt.template_kwargs.as_ref(),
         )?])
     }
 

@@ -132,7 +132,13 @@ pub(super) async fn tokenize(
             .map_err(|_| ApiError::Internal)?,
         (None, Some(msgs)) => {
             let m = validate::chat_messages(msgs)?;
-            validate::chat_prompt(model, &m, None, req.add_generation_prompt.unwrap_or(true))?
+            validate::chat_prompt(
+                model,
+                &m,
+                None,
+                req.add_generation_prompt.unwrap_or(true),
+                None,
+            )?
         }
         _ => {
             return Err(ApiError::bad(

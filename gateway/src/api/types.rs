@@ -93,6 +93,24 @@ macro_rules! with_sampling_fields {
             /// "json_object": …}`, the same constraints in one object.
             #[schema(value_type = Option<Object>)]
             pub structured_outputs: Option<Value>,
+            /// Extension (vLLM): keep the stop string that ended a choice in its text.
+            pub include_stop_str_in_output: Option<bool>,
+            /// vLLM extensions sluice does not implement, refused by name unless sent at their
+            /// default (see `validate::refuse_unimplemented`).
+            #[schema(value_type = Option<Object>)]
+            pub prompt_logprobs: Option<Value>,
+            #[schema(value_type = Option<Object>)]
+            pub bad_words: Option<Value>,
+            #[schema(value_type = Option<Object>)]
+            pub allowed_token_ids: Option<Value>,
+            #[schema(value_type = Option<Object>)]
+            pub return_tokens_as_token_ids: Option<Value>,
+            #[schema(value_type = Option<Object>)]
+            pub use_beam_search: Option<Value>,
+            #[schema(value_type = Option<Object>)]
+            pub length_penalty: Option<Value>,
+            #[schema(value_type = Option<Object>)]
+            pub truncate_prompt_tokens: Option<Value>,
         }
 
         impl $name {
@@ -118,7 +136,22 @@ macro_rules! with_sampling_fields {
                     priority: self.priority,
                     stop_token_ids: self.stop_token_ids.clone(),
                     skip_special_tokens: self.skip_special_tokens,
+                    include_stop_str_in_output: self.include_stop_str_in_output,
                 }
+            }
+
+            /// vLLM's extensions sluice does not implement, with their names, for
+            /// `validate::refuse_unimplemented`.
+            pub fn unimplemented_fields(&self) -> [(&'static str, Option<&Value>); 7] {
+                [
+                    ("prompt_logprobs", self.prompt_logprobs.as_ref()),
+                    ("bad_words", self.bad_words.as_ref()),
+                    ("allowed_token_ids", self.allowed_token_ids.as_ref()),
+                    ("return_tokens_as_token_ids", self.return_tokens_as_token_ids.as_ref()),
+                    ("use_beam_search", self.use_beam_search.as_ref()),
+                    ("length_penalty", self.length_penalty.as_ref()),
+                    ("truncate_prompt_tokens", self.truncate_prompt_tokens.as_ref()),
+                ]
             }
 
             /// vLLM's structured-output fields, for [`crate::api::guided`].
@@ -158,6 +191,7 @@ pub struct SamplingFields {
     pub priority: Option<i64>,
     pub stop_token_ids: Option<Vec<i64>>,
     pub skip_special_tokens: Option<bool>,
+    pub include_stop_str_in_output: Option<bool>,
 }
 
 /// vLLM's structured-output fields of either request, as parsed.
@@ -231,6 +265,24 @@ with_sampling_fields! {
         pub prediction: Option<Value>,
         #[schema(value_type = Option<Object>)]
         pub web_search_options: Option<Value>,
+        /// Extension (vLLM): end the prompt with the assistant's turn opened (default true).
+        pub add_generation_prompt: Option<bool>,
+        /// Extension (vLLM): further variables for the chat template (`enable_thinking`, …).
+        #[schema(value_type = Option<Object>)]
+        pub chat_template_kwargs: Option<Value>,
+        /// Output modalities: only `["text"]`.
+        #[schema(value_type = Option<Vec<String>>)]
+        pub modalities: Option<Value>,
+        /// vLLM extensions sluice does not implement, refused by name unless sent at their
+        /// default.
+        #[schema(value_type = Option<Object>)]
+        pub continue_final_message: Option<Value>,
+        #[schema(value_type = Option<Object>)]
+        pub echo: Option<Value>,
+        #[schema(value_type = Option<Object>)]
+        pub chat_template: Option<Value>,
+        #[schema(value_type = Option<Object>)]
+        pub documents: Option<Value>,
     }
 }
 

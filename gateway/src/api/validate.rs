@@ -120,6 +120,7 @@ fn sampling(
         stop_token_ids,
         stop,
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+        include_stop_str: f.include_stop_str_in_output.unwrap_or(false),
         constraint: None,
     })
 }
@@ -164,6 +165,28 @@ fn priority(f: &SamplingFields) -> Result<i32, ApiError> {
 
 fn present(v: &Option<Value>) -> bool {
     !matches!(v, None | Some(Value::Null))
+}
+
+/// vLLM extensions sluice does not implement: refused by name (never silently ignored, which
+/// would answer something other than what was asked), unless sent at the value that asks for
+/// nothing (`false`, `[]`, a `length_penalty` of 1, which only beam search reads, the text
+/// modality alone).
+fn refuse_unimplemented<'a>(
+    fields: impl IntoIterator<Item = (&'static str, Option<&'a Value>)>,
+) -> Result<(), ApiError> {
+    for (field, v) in fields {
+        let asks_nothing = match v {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => true,
+            Some(Value::Array(a)) if field == "modalities" => a == &[Value::from("text")],
+            Some(Value::Array(a)) => a.is_empty() && field == "bad_words",
+            Some(Value::Number(n)) => field == "length_penalty" && n.as_f64() == Some(1.0),
+            Some(_) => false,
+        };
+        if !asks_nothing {
+            return Err(unsupported(field, "not implemented"));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn unsupported(field: &str, what: &str) -> ApiError {
@@ -258,13 +281,16 @@ fn message_text(i: usize, m: &ChatMessageIn) -> Result<String, ApiError> {
     })
 }
 
-/// A chat request's prompt as the checks leave it: its messages, its tools, and what its
-/// output must be.
+/// A chat request's prompt as the checks leave it: its messages, its tools, what its output
+/// must be, and how the template renders it.
 #[derive(Debug, Clone)]
 pub struct ChatPrompt {
     pub messages: Vec<ChatMessage>,
     pub tools: Option<ToolSet>,
     pub output: Output,
+    pub add_generation_prompt: bool,
+    /// `chat_template_kwargs`: further template variables (an object).
+    pub template_kwargs: Option<Value>,
 }
 
 /// Renders and tokenises chat messages with the model's template: the template's markers are
@@ -276,6 +302,7 @@ pub fn chat_prompt(
     messages: &[ChatMessage],
     tools: Option<&ToolSet>,
     add_generation_prompt: bool,
+    template_kwargs: Option<&Value>,
 ) -> Result<Vec<u32>, ApiError> {
     let template = model.chat_template().ok_or_else(|| {
         ApiError::bad(
@@ -302,6 +329,7 @@ pub fn chat_prompt(
         &messages,
         defs,
         add_generation_prompt,
+        template_kwargs,
     )
     .map_err(|e| match e {
         ModelError::Template(e) => ApiError::bad(
@@ -363,6 +391,23 @@ pub fn chat_checked(
             return Err(unsupported(field, "not implemented"));
         }
     }
+    refuse_unimplemented(req.unimplemented_fields().into_iter().chain([
+        (
+            "continue_final_message",
+            req.continue_final_message.as_ref(),
+        ),
+        ("echo", req.echo.as_ref()),
+        ("chat_template", req.chat_template.as_ref()),
+        ("documents", req.documents.as_ref()),
+        ("modalities", req.modalities.as_ref()),
+    ]))?;
+    let template_kwargs = req.chat_template_kwargs.clone().filter(|v| !v.is_null());
+    if template_kwargs.as_ref().is_some_and(|v| !v.is_object()) {
+        return Err(ApiError::bad(
+            "'chat_template_kwargs' must be an object",
+            "chat_template_kwargs",
+        ));
+    }
     let output = chat_output(req, tools.as_ref())?;
     let f = req.sampling_fields();
     let max = req.max_completion_tokens.or(f.max_tokens);
@@ -382,6 +427,8 @@ pub fn chat_checked(
         messages: chat_messages(&req.messages)?,
         tools,
         output,
+        add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+        template_kwargs,
     };
     Ok((checked, prompt))
 }
@@ -429,6 +476,7 @@ pub fn completion_checked(
     if req.echo.unwrap_or(false) {
         return Err(unsupported("echo", "the prompt is not returned"));
     }
+    refuse_unimplemented(req.unimplemented_fields())?;
     let f = req.sampling_fields();
     if let Some(b) = req.best_of {
         if b != f.n.unwrap_or(1) {
