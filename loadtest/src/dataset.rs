@@ -1,6 +1,6 @@
 //! What each request asks for: prompt (as a recipe, rendered to text by [`crate::prompt`]) and
-//! output length, plus, for trace replay, when it is due. Parsing of ShareGPT JSON, the Azure LLM
-//! trace CSV and the Mooncake JSONL trace lives here; nothing here talks to a server.
+//! output length, plus, for trace replay, when it is due. ShareGPT JSON is parsed here, request
+//! traces by [`sluice_traces`]; nothing here talks to a server.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -187,151 +187,52 @@ pub fn scale_tokens(n: u32, scale: f64) -> u32 {
     ((n as f64) * scale).round().max(1.0) as u32
 }
 
-/// Reads a request trace CSV, lengths multiplied by `token_scale`: the Azure LLM inference
-/// traces' `TIMESTAMP,ContextTokens,GeneratedTokens` (2023 and 2024), or BurstGPT's
-/// `Timestamp,…,Request tokens,Response tokens,…` (columns found by name).
-pub fn azure_csv(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
+/// Reads a trace ([`sluice_traces`]: the Azure LLM inference CSVs of 2023 and 2024, BurstGPT,
+/// Mooncake JSON lines), lengths multiplied by `token_scale`, times in seconds from the first
+/// row. Mooncake's prompt blocks are kept, scaled too (`512 × token_scale` tokens each), so the
+/// sharing pattern holds at the smaller size; other prompts are synthetic, seeded by their row.
+pub fn trace_specs(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
     let text = read(path)?;
-    let mut lines = text.lines().enumerate();
-    let (_, header) = lines
-        .next()
-        .ok_or_else(|| parse_err(path, 1, "empty file"))?;
-    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
-    let col = |names: &[&str]| {
-        cols.iter()
-            .position(|c| names.iter().any(|n| c.eq_ignore_ascii_case(n)))
-            .ok_or_else(|| parse_err(path, 1, format!("no `{}` column", names[0])))
-    };
-    let (ct, cc, cg) = (
-        col(&["TIMESTAMP", "Timestamp"])?,
-        col(&[
-            "ContextTokens",
-            "Request tokens",
-            "input_length",
-            "prompt_tokens",
-        ])?,
-        col(&[
-            "GeneratedTokens",
-            "Response tokens",
-            "output_length",
-            "completion_tokens",
-        ])?,
-    );
-    let mut out = Vec::new();
-    // Times are kept relative to the first row: epoch seconds in an f64 would lose the
-    // sub-microsecond digits the trace has.
-    let mut t0: Option<(i64, f64)> = None;
-    for (i, line) in lines {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        let get = |c: usize| {
-            f.get(c)
-                .copied()
-                .ok_or_else(|| parse_err(path, i + 1, "short row"))
-        };
-        let t = parse_timestamp(get(ct)?)
-            .ok_or_else(|| parse_err(path, i + 1, format!("bad TIMESTAMP `{}`", f[ct])))?;
-        let (s0, f0) = *t0.get_or_insert(t);
-        let t = (t.0 - s0) as f64 + (t.1 - f0);
-        let num = |c: usize| -> Result<u32> {
-            let v = get(c)?;
-            v.parse::<u32>()
-                .ok()
-                .or_else(|| {
-                    v.parse::<f64>()
-                        .ok()
-                        .filter(|x| *x >= 0.0)
-                        .map(|x| x.round() as u32)
-                })
-                .ok_or_else(|| parse_err(path, i + 1, format!("bad token count `{v}`")))
-        };
-        out.push(Spec {
-            input: Input::Synthetic {
-                tokens: scale_tokens(num(cc)?, token_scale),
-                seed: splitmix(i as u64),
-            },
-            output_len: scale_tokens(num(cg)?, token_scale),
-            trace_time_s: Some(t),
-        });
-    }
-    Ok(out)
-}
-
-/// A trace's time as whole seconds and the fraction: a number of seconds (BurstGPT), an
-/// RFC 3339 / ISO 8601 instant with its offset (`2024-05-10 00:00:00.009930+00:00`, the 2024
-/// Azure traces), or a civil date and time read as UTC (`2023-11-16 18:15:46.6805900`).
-pub fn parse_timestamp(s: &str) -> Option<(i64, f64)> {
-    if let Ok(secs) = s.parse::<f64>() {
-        return secs
-            .is_finite()
-            .then(|| (secs.floor() as i64, secs - secs.floor()));
-    }
-    let instant = s.parse::<jiff::Timestamp>().ok().or_else(|| {
-        let civil = s.parse::<jiff::civil::DateTime>().ok()?;
-        civil
-            .to_zoned(jiff::tz::TimeZone::UTC)
-            .ok()
-            .map(|z| z.timestamp())
-    })?;
-    let nanos = instant.as_nanosecond();
-    let whole = nanos.div_euclid(1_000_000_000);
-    let frac = nanos.rem_euclid(1_000_000_000) as f64 * 1e-9;
-    Some((whole as i64, frac))
-}
-
-#[derive(Deserialize)]
-struct MooncakeRow {
-    timestamp: f64,
-    input_length: u32,
-    output_length: u32,
-    #[serde(default)]
-    hash_ids: Vec<u64>,
-}
-
-/// Reads a Mooncake trace (JSON lines; `timestamp` in ms). Token scaling shrinks the blocks too
-/// (`512 × token_scale` tokens each), so the sharing pattern is kept at the smaller size.
-pub fn mooncake_jsonl(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
-    let text = read(path)?;
+    let rows =
+        sluice_traces::read(&text).map_err(|e| parse_err(path, e.line, e.message.clone()))?;
     let block_tokens = scale_tokens(MOONCAKE_BLOCK_TOKENS, token_scale);
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let row: MooncakeRow =
-            serde_json::from_str(line).map_err(|e| parse_err(path, i + 1, e.to_string()))?;
-        let tokens = scale_tokens(row.input_length, token_scale);
-        let input = if row.hash_ids.is_empty() {
-            Input::Synthetic {
-                tokens,
-                seed: splitmix(i as u64),
+    let Some(t0) = rows.first().map(|r| r.at) else {
+        return Ok(Vec::new());
+    };
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            let tokens = scale_tokens(row.prompt_tokens, token_scale);
+            let input = if row.hash_ids.is_empty() {
+                Input::Synthetic {
+                    tokens,
+                    seed: splitmix(row.line as u64 - 1),
+                }
+            } else {
+                Input::Blocks {
+                    ids: row.hash_ids.into(),
+                    tokens,
+                    block_tokens,
+                }
+            };
+            Spec {
+                input,
+                output_len: scale_tokens(row.output_tokens, token_scale),
+                trace_time_s: Some(row.at.seconds_since(t0)),
             }
-        } else {
-            Input::Blocks {
-                ids: row.hash_ids.into(),
-                tokens,
-                block_tokens,
-            }
-        };
-        out.push(Spec {
-            input,
-            output_len: scale_tokens(row.output_length, token_scale),
-            trace_time_s: Some(row.timestamp / 1000.0),
-        });
-    }
-    Ok(out)
+        })
+        .collect())
 }
 
-/// Reads a trace, choosing the format by content: JSON lines start with `{`, else Azure CSV.
+/// Reads a trace, its format told by content: JSON lines start with `{`, else a CSV.
 pub fn trace(path: &Path, token_scale: f64) -> Result<Dataset> {
     let first = read(path)?.chars().find(|c| !c.is_whitespace());
-    let (specs, kind) = if first == Some('{') {
-        (mooncake_jsonl(path, token_scale)?, "mooncake trace")
+    let kind = if first == Some('{') {
+        "mooncake trace"
     } else {
-        (azure_csv(path, token_scale)?, "azure trace")
+        "csv trace"
     };
+    let specs = trace_specs(path, token_scale)?;
     Ok(Dataset::List {
         specs,
         origin: format!("{kind} {}", path.display()),
@@ -407,19 +308,6 @@ mod tests {
     /// The shared sample traces, beside the repository (`../shared/data/traces`).
     const TRACES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/traces");
 
-    #[test]
-    fn timestamps_parse_to_epoch_seconds() {
-        assert_eq!(parse_timestamp("1970-01-01 00:00:01"), Some((1, 0.0)));
-        let (s, f) = parse_timestamp("2023-11-16 18:15:46.6805900").unwrap();
-        assert_eq!(s, 1_700_158_546);
-        assert!((f - 0.68059).abs() < 1e-12, "{f}");
-        assert_eq!(parse_timestamp("2023-13-01 00:00:00"), None);
-        let (s, f) = parse_timestamp("2024-05-10 02:00:00.009930+02:00").unwrap();
-        assert_eq!(s, 1_715_299_200);
-        assert!((f - 0.00993).abs() < 1e-12, "{f}");
-        assert_eq!(parse_timestamp("7.25"), Some((7, 0.25)));
-    }
-
     /// BurstGPT's columns (found by name, in its order, times in seconds) read as Azure's do.
     #[test]
     fn burstgpt_columns_are_found_by_name() {
@@ -432,7 +320,7 @@ mod tests {
              5,ChatGPT,472,18,490,Conversation log\n7.5,GPT-4,1087,1,1088,API log\n",
         )
         .unwrap();
-        let specs = azure_csv(&p, 1.0).unwrap();
+        let specs = trace_specs(&p, 1.0).unwrap();
         let got: Vec<_> = specs
             .iter()
             .map(|s| (s.trace_time_s, s.output_len))
@@ -478,7 +366,7 @@ mod tests {
     #[test]
     fn azure_sample_parses() {
         let specs =
-            azure_csv(Path::new(&format!("{TRACES}/azure-llm-2023-conv.csv")), 1.0).unwrap();
+            trace_specs(Path::new(&format!("{TRACES}/azure-llm-2023-conv.csv")), 1.0).unwrap();
         // 19,366 data rows after the header (the README's count is `wc -l`, which misses the last
         // line: the file has no final newline).
         assert_eq!(specs.len(), 19_366);
@@ -501,7 +389,7 @@ mod tests {
     #[test]
     fn mooncake_sample_parses_with_shared_blocks() {
         let path = format!("{TRACES}/mooncake-synthetic.jsonl");
-        let specs = mooncake_jsonl(Path::new(&path), 0.25).unwrap();
+        let specs = trace_specs(Path::new(&path), 0.25).unwrap();
         assert_eq!(specs.len(), 3_993);
         let Input::Blocks {
             ids,
@@ -533,7 +421,7 @@ mod tests {
         .unwrap();
         assert!(d.describe().starts_with("mooncake trace"));
         let d = trace(Path::new(&format!("{TRACES}/azure-llm-2023-conv.csv")), 1.0).unwrap();
-        assert!(d.describe().starts_with("azure trace"));
+        assert!(d.describe().starts_with("csv trace"));
     }
 
     #[test]

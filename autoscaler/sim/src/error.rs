@@ -24,14 +24,6 @@ pub enum Error {
         line: usize,
         message: String,
     },
-    /// A Mooncake JSONL line is not valid JSON of the expected shape.
-    #[error("{path}, line {line}: not a Mooncake trace record")]
-    TraceJson {
-        path: PathBuf,
-        line: usize,
-        #[source]
-        source: serde_json::Error,
-    },
     /// The trace holds no request.
     #[error("trace {0} holds no request")]
     EmptyTrace(PathBuf),
