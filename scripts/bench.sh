@@ -11,8 +11,22 @@ peer_args=()
 if [ -x "$py" ] && [ -f "$peers/llamacpp_bench.py" ]; then
   out="$(mktemp)"
   echo "measuring the peer: $peers/llamacpp_bench.py (2 threads)"
-  "$py" "$peers/llamacpp_bench.py" "$model" 2 | tee "$out"
-  peer_args=(--peer "$out")
+  rc=0
+  "$py" "$peers/llamacpp_bench.py" "$model" 2 >"$out" || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    cat "$out"
+    peer_args=(--peer "$out")
+  else
+    # A peer that cannot run leaves sluice's figures without ratios; it does not stop the bench.
+    echo "the peer failed (exit $rc): sluice figures only"
+    if [ "$rc" -eq 132 ]; then
+      # SIGILL: a native llama.cpp build uses instructions the CPU advertises but this host
+      # does not allow (AMX in some VMs).
+      echo "illegal instruction: rebuild the peer without native tuning, e.g." \
+        "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON'" \
+        "pip install --no-cache-dir --force-reinstall llama-cpp-python==0.3.36"
+    fi
+  fi
 else
   echo "peer venv $py not found: sluice figures only (see $peers/llamacpp_bench.py to install it)"
 fi
