@@ -177,7 +177,9 @@ impl Replica {
         let dt = now - self.last_s;
         if dt > 0.0 {
             if !self.decoding.is_empty() {
-                self.v += dt / self.step_s;
+                // At least one step of `v`'s own precision: hours into a long trace `v` is
+                // large, and a time step of one ulp could otherwise leave it where it was.
+                self.v = (self.v + dt / self.step_s).max(self.v.next_up());
             }
             if let Some(head) = self.prefill.front_mut() {
                 let done = dt * self.prefill_per_s;
@@ -188,7 +190,9 @@ impl Replica {
         self.last_s = now;
     }
 
-    /// When the next prefill or decode completes, if anything is running.
+    /// When the next prefill or decode completes, if anything is running: always after the
+    /// last event, by at least the time's own precision (a remainder below it would otherwise
+    /// schedule the same instant again and again).
     pub fn next_event(&self) -> Option<f64> {
         let prefill = self
             .prefill
@@ -198,10 +202,11 @@ impl Replica {
             .decoding
             .peek()
             .map(|Reverse((end, _))| self.last_s + (end.0 - self.v).max(0.0) * self.step_s);
-        match (prefill, decode) {
+        let next = match (prefill, decode) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        }
+        };
+        next.map(|t| t.max(self.last_s.next_up()))
     }
 
     /// Admits a request at `now`.
@@ -248,8 +253,10 @@ impl Replica {
                     .push(Reverse((Ord64(self.v + f64::from(rest)), idx)));
             }
         }
+        // Done within a billionth of a token, or within `v`'s own precision once it is large.
+        let slack = 1e-9_f64.max(self.v.abs() * 4.0 * f64::EPSILON);
         while let Some(&Reverse((end, idx))) = self.decoding.peek() {
-            if end.0 > self.v + 1e-9 {
+            if end.0 > self.v + slack {
                 break;
             }
             self.decoding.pop();
@@ -269,5 +276,49 @@ impl Replica {
         self.prefill_tokens = 0.0;
         self.phase = Phase::Gone;
         (requeue, lost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_policy::profile::Profile;
+
+    use super::*;
+
+    /// Days into a trace the clock's and the token counter's precision are coarser than the
+    /// completion slack: an event must still move time and finish what is due, never
+    /// reschedule the same instant forever (a 24-hour trace hung the simulator this way).
+    #[test]
+    fn late_in_a_long_trace_every_event_makes_progress() {
+        let profile = Profile::load("llama-3-8b").unwrap();
+        let h100 = profile.variant("nvidia-h100-80gb").unwrap();
+        let start = 7.0 * 86_400.0;
+        let mut r = Replica::new(0, 0, h100, start, start);
+        r.phase = Phase::Ready;
+        let reqs: Vec<Request> = (0..4)
+            .map(|i| Request {
+                arrival_s: start,
+                prompt_tokens: 100 + i,
+                output_tokens: 3 + i,
+            })
+            .collect();
+        // Weeks of decoding behind it: `v`'s own precision is well above a billionth.
+        r.v = 3.0e7 + 0.3;
+        for (i, q) in reqs.iter().enumerate() {
+            r.admit(start, i as u32, q);
+        }
+        let (mut finished, mut events) = (0, 0);
+        let mut out = Vec::new();
+        while let Some(t) = r.next_event() {
+            assert!(t > r.last_s, "event at {t} not after {}", r.last_s);
+            r.complete(t, &reqs, &mut out);
+            finished = out
+                .iter()
+                .filter(|p| matches!(p, Progress::Finished { .. }))
+                .count();
+            events += 1;
+            assert!(events < 10_000, "no progress: {finished} of 4 finished");
+        }
+        assert_eq!(finished, 4);
     }
 }
