@@ -18,12 +18,13 @@
 //! - `guided_decoding_backend` is accepted and changes nothing (llguidance is the one
 //!   library); `guided_whitespace_pattern` is refused (JSON is written compactly).
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use sluice_engine::Grammar;
 
 use super::schema::enforceable;
 use super::tools;
 use super::types::GuidedFields;
+use super::validate::unsupported;
 use crate::error::ApiError;
 
 /// The grammar an answer is held to, with the request field its errors name.
@@ -168,7 +169,9 @@ fn structured_outputs(v: &Value) -> Result<AnswerFormat, ApiError> {
                 }
             },
             "disable_any_whitespace" | "disable_additional_properties" | "disable_fallback" => {
-                flag(m, k)?;
+                if !val.is_boolean() {
+                    return Err(ApiError::bad(format!("'{P}.{k}' must be a boolean"), P));
+                }
                 continue;
             }
             other => return Err(unsupported(P, &format!("'{other}' is not implemented"))),
@@ -186,18 +189,6 @@ fn structured_outputs(v: &Value) -> Result<AnswerFormat, ApiError> {
             P,
         )),
     }
-}
-
-fn flag(m: &Map<String, Value>, k: &str) -> Result<(), ApiError> {
-    const P: &str = "structured_outputs";
-    match m.get(k) {
-        Some(Value::Bool(_)) => Ok(()),
-        _ => Err(ApiError::bad(format!("'{P}.{k}' must be a boolean"), P)),
-    }
-}
-
-fn unsupported(field: &str, what: &str) -> ApiError {
-    super::validate::unsupported(field, what)
 }
 
 #[cfg(test)]

@@ -307,22 +307,33 @@ fn compact_schema(schema: &Value) -> Value {
 }
 
 /// The answer `auto` allows besides calls: any text that does not open with the call
-/// marker, or JSON for the response format's schema.
-fn auto_answer(format: Option<&Grammar>) -> String {
-    match format {
-        Some(Grammar::JsonSchema(s)) => format!("answer: %json {}\n", compact_schema(s)),
-        // Every non-empty text but those opening with the marker (which are calls).
-        _ => "answer: TEXT\nTEXT: /(?s:.+)/ & ~/<tool_call>\\n(?s:.*)/\n".to_string(),
+/// marker, or JSON for the answer format's schema. Another format (a regular expression or a
+/// grammar from vLLM's fields) could match a call's text, so it is refused here.
+fn auto_answer(format: Option<&AnswerFormat>) -> Result<String, ApiError> {
+    match format.map(|f| (&f.grammar, f.param)) {
+        None => {
+            // Every non-empty text but those opening with the marker (which are calls).
+            Ok("answer: TEXT\nTEXT: /(?s:.+)/ & ~/<tool_call>\\n(?s:.*)/\n".to_string())
+        }
+        Some((Grammar::JsonSchema(s), _)) => Ok(format!("answer: %json {}\n", compact_schema(s))),
+        Some((_, param)) => Err(bad(
+            format!(
+                "'{param}' cannot be combined with tools under tool_choice 'auto': only a \
+                 JSON format can be told apart from a call"
+            ),
+            param,
+        )),
     }
 }
 
 impl ToolSet {
     /// The output's grammar and how it is read: calls only (`required`, named), an answer
     /// or calls (`auto`; the answer is text, or JSON for `format`, the `response_format`),
-    /// or the answer alone (`none`).
-    pub fn output(&self, format: Option<&AnswerFormat>) -> Output {
+    /// or the answer alone (`none`). Under `auto` the format must be JSON (see
+    /// [`auto_answer`]).
+    pub fn output(&self, format: Option<&AnswerFormat>) -> Result<Output, ApiError> {
         let tools: Vec<&Tool> = match &self.choice {
-            ToolChoice::None => return Output::answer(format.cloned()),
+            ToolChoice::None => return Ok(Output::answer(format.cloned())),
             ToolChoice::Named(n) => self.tools.iter().filter(|t| &t.name == n).collect(),
             _ => self.tools.iter().collect(),
         };
@@ -337,21 +348,18 @@ impl ToolSet {
             "call"
         };
         let start = if self.choice == ToolChoice::Auto {
-            format!(
-                "start: calls | answer\n{}",
-                auto_answer(format.map(|f| &f.grammar))
-            )
+            format!("start: calls | answer\n{}", auto_answer(format)?)
         } else {
             "start: calls\n".to_string()
         };
         let lark = format!(
             "{start}calls: {calls}\ncall: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"\n"
         );
-        Output {
+        Ok(Output {
             grammar: Some(Grammar::Lark(lark)),
             param: "tools",
             tool_calls: true,
-        }
+        })
     }
 
     /// The definitions for a template that reads `tools` (none for `tool_choice: none`).
@@ -737,7 +745,7 @@ mod tests {
     fn auto_grammars_allow_text_or_the_response_format() {
         let tools = json!([{"type": "function", "function": {"name": "f"}}]);
         let set = tool_set(Some(&tools), None, None).unwrap().unwrap();
-        let Some(Grammar::Lark(g)) = set.output(None).grammar else {
+        let Some(Grammar::Lark(g)) = set.output(None).unwrap().grammar else {
             panic!("a grammar");
         };
         assert!(g.contains("start: calls | answer\nanswer: TEXT\n"), "{g}");
@@ -746,7 +754,7 @@ mod tests {
             grammar: Grammar::JsonSchema(json!({"type": "object"})),
             param: "response_format",
         };
-        let o = set.output(Some(&format));
+        let o = set.output(Some(&format)).unwrap();
         let Some(Grammar::Lark(g)) = o.grammar else {
             panic!("a grammar");
         };
@@ -756,7 +764,7 @@ mod tests {
         let required = tool_set(Some(&tools), Some(&json!("required")), None)
             .unwrap()
             .unwrap();
-        let Some(Grammar::Lark(g)) = required.output(Some(&format)).grammar else {
+        let Some(Grammar::Lark(g)) = required.output(Some(&format)).unwrap().grammar else {
             panic!("a grammar");
         };
         assert!(
@@ -766,7 +774,21 @@ mod tests {
         let none = tool_set(Some(&tools), Some(&json!("none")), None)
             .unwrap()
             .unwrap();
-        assert_eq!(none.output(Some(&format)).grammar, Some(format.grammar));
+        assert_eq!(
+            none.output(Some(&format)).unwrap().grammar,
+            Some(format.grammar)
+        );
+        // A regular expression could match a call's text: refused under `auto`, naming its
+        // field; `none` takes it as the answer's format.
+        let regex = AnswerFormat {
+            grammar: Grammar::Regex("[0-9]+".into()),
+            param: "guided_regex",
+        };
+        let Err(ApiError::BadRequest { param, .. }) = set.output(Some(&regex)) else {
+            panic!("a 400");
+        };
+        assert_eq!(param.as_deref(), Some("guided_regex"));
+        assert!(none.output(Some(&regex)).is_ok());
     }
 
     #[test]
@@ -782,14 +804,14 @@ mod tests {
         let set = tool_set(Some(&tools), Some(&json!("required")), Some(false))
             .unwrap()
             .unwrap();
-        let Some(Grammar::Lark(g)) = set.output(None).grammar else {
+        let Some(Grammar::Lark(g)) = set.output(None).unwrap().grammar else {
             panic!("a grammar");
         };
         assert!(g.starts_with("start: calls\ncalls: call\n"), "{g}");
         let none = tool_set(Some(&tools), Some(&json!("none")), None)
             .unwrap()
             .unwrap();
-        assert!(none.output(None).grammar.is_none() && none.template_tools().is_none());
+        assert!(none.output(None).unwrap().grammar.is_none() && none.template_tools().is_none());
     }
 
     #[test]

@@ -4,12 +4,12 @@
 //! [`Params`] turns into the OpenAI parameter.
 
 use serde_json::Value;
-use sluice_engine::{Grammar, SamplingParams, MAX_N};
+use sluice_engine::{SamplingParams, MAX_N};
 use sluice_models::chat_template::{encode_chat, ChatMessage};
 use sluice_models::{Model, ModelError};
 
 use crate::api::guided::{self, AnswerFormat};
-use crate::api::tools::{self, Output, ToolChoice, ToolSet};
+use crate::api::tools::{self, Output, ToolSet};
 use crate::api::types::{
     ChatCompletionRequest, ChatMessageIn, CompletionRequest, MessageContent, PromptSpec,
     SamplingFields, StopSpec,
@@ -344,29 +344,14 @@ pub fn chat_prompt(
 }
 
 /// What the output must be: with tools, what `tool_choice` allows (calls, or an answer in
-/// the `response_format`: see `tools`); without, the `response_format`, else text.
-/// `auto` embeds an answer format only as JSON: a regular expression or grammar from vLLM's
-/// fields cannot be told apart from a call, so it is refused beside `auto`.
+/// the answer format: see `tools`); without, the answer format (`response_format` or a vLLM
+/// field), else text.
 fn chat_output(req: &ChatCompletionRequest, tools: Option<&ToolSet>) -> Result<Output, ApiError> {
     let format = guided::answer_format(req.response_format.as_ref(), req.guided_fields())?;
-    Ok(match tools {
-        Some(set) => {
-            if let Some(f) = format.as_ref().filter(|f| {
-                set.choice == ToolChoice::Auto && !matches!(f.grammar, Grammar::JsonSchema(_))
-            }) {
-                return Err(ApiError::bad(
-                    format!(
-                        "'{}' cannot be combined with tools under tool_choice 'auto': only a \
-                         JSON format can be told apart from a call",
-                        f.param
-                    ),
-                    f.param,
-                ));
-            }
-            set.output(format.as_ref())
-        }
-        None => Output::answer(format),
-    })
+    match tools {
+        Some(set) => set.output(format.as_ref()),
+        None => Ok(Output::answer(format)),
+    }
 }
 
 /// Every check of a chat request that needs no tokenizer, and its messages in the template's
