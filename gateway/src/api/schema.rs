@@ -156,7 +156,13 @@ fn visit(
         let at = format!("{pointer}/{}", escape(k));
         match (k.as_str(), child) {
             ("items" | "prefixItems" | "allOf" | "anyOf" | "oneOf", Value::Array(a)) => {
-                let open = k == "allOf" || (k != "items" && k != "prefixItems" && has_properties);
+                // allOf intersects its members; an object's anyOf/oneOf branches add to its
+                // own properties; tuple items stand alone.
+                let open = match k.as_str() {
+                    "allOf" => true,
+                    "anyOf" | "oneOf" => has_properties,
+                    _ => false,
+                };
                 for (i, s) in a.iter().enumerate() {
                     visit(s, format!("{at}/{i}"), open, open_def, f);
                 }
@@ -183,7 +189,7 @@ fn closable(m: &Map<String, Value>) -> bool {
     let Some(Value::Object(props)) = m.get("properties") else {
         return false;
     };
-    let combines = [
+    let open_or_combined = [
         "additionalProperties",
         "patternProperties",
         "unevaluatedProperties",
@@ -208,7 +214,7 @@ fn closable(m: &Map<String, Value>) -> bool {
         .get("minProperties")
         .and_then(Value::as_u64)
         .is_none_or(|n| n <= props.len() as u64);
-    !combines && required_listed && min_listed
+    !open_or_combined && required_listed && min_listed
 }
 
 /// The JSON pointers of the root's definitions that `refs` name, following definitions that
