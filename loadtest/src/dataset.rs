@@ -191,10 +191,9 @@ pub fn scale_tokens(n: u32, scale: f64) -> u32 {
 /// Mooncake JSON lines), lengths multiplied by `token_scale`, times in seconds from the first
 /// row. Mooncake's prompt blocks are kept, scaled too (`512 × token_scale` tokens each), so the
 /// sharing pattern holds at the smaller size; other prompts are synthetic, seeded by their row.
-pub fn trace_specs(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
-    let text = read(path)?;
-    let rows =
-        sluice_traces::read(&text).map_err(|e| parse_err(path, e.line, e.message.clone()))?;
+/// `text` is the file at `path`.
+fn trace_specs(path: &Path, text: &str, token_scale: f64) -> Result<Vec<Spec>> {
+    let rows = sluice_traces::read(text).map_err(|e| parse_err(path, e.line, e.message.clone()))?;
     let block_tokens = scale_tokens(MOONCAKE_BLOCK_TOKENS, token_scale);
     let Some(t0) = rows.first().map(|r| r.at) else {
         return Ok(Vec::new());
@@ -224,18 +223,16 @@ pub fn trace_specs(path: &Path, token_scale: f64) -> Result<Vec<Spec>> {
         .collect())
 }
 
-/// Reads a trace, its format told by content: JSON lines start with `{`, else a CSV.
+/// Reads a trace (see [`trace_specs`]), its format told by content.
 pub fn trace(path: &Path, token_scale: f64) -> Result<Dataset> {
-    let first = read(path)?.chars().find(|c| !c.is_whitespace());
-    let kind = if first == Some('{') {
-        "mooncake trace"
-    } else {
-        "csv trace"
-    };
-    let specs = trace_specs(path, token_scale)?;
+    let text = read(path)?;
     Ok(Dataset::List {
-        specs,
-        origin: format!("{kind} {}", path.display()),
+        specs: trace_specs(path, &text, token_scale)?,
+        origin: format!(
+            "{} {}",
+            sluice_traces::Format::of(&text).name(),
+            path.display()
+        ),
     })
 }
 
@@ -320,7 +317,7 @@ mod tests {
              5,ChatGPT,472,18,490,Conversation log\n7.5,GPT-4,1087,1,1088,API log\n",
         )
         .unwrap();
-        let specs = trace_specs(&p, 1.0).unwrap();
+        let specs = trace_specs(&p, &read(&p).unwrap(), 1.0).unwrap();
         let got: Vec<_> = specs
             .iter()
             .map(|s| (s.trace_time_s, s.output_len))
@@ -365,8 +362,8 @@ mod tests {
 
     #[test]
     fn azure_sample_parses() {
-        let specs =
-            trace_specs(Path::new(&format!("{TRACES}/azure-llm-2023-conv.csv")), 1.0).unwrap();
+        let path = format!("{TRACES}/azure-llm-2023-conv.csv");
+        let specs = trace_specs(Path::new(&path), &read(Path::new(&path)).unwrap(), 1.0).unwrap();
         // 19,366 data rows after the header (the README's count is `wc -l`, which misses the last
         // line: the file has no final newline).
         assert_eq!(specs.len(), 19_366);
@@ -389,7 +386,7 @@ mod tests {
     #[test]
     fn mooncake_sample_parses_with_shared_blocks() {
         let path = format!("{TRACES}/mooncake-synthetic.jsonl");
-        let specs = trace_specs(Path::new(&path), 0.25).unwrap();
+        let specs = trace_specs(Path::new(&path), &read(Path::new(&path)).unwrap(), 0.25).unwrap();
         assert_eq!(specs.len(), 3_993);
         let Input::Blocks {
             ids,

@@ -9,7 +9,7 @@
 //! - **JSON lines** (Mooncake): `{"timestamp": ms, "input_length", "output_length",
 //!   "hash_ids"?}`.
 //!
-//! [`read`] tells the two apart by content: JSON lines open with `{`.
+//! [`read`] tells the two apart by content ([`Format::of`]): JSON lines open with `{`.
 
 use serde::Deserialize;
 
@@ -72,12 +72,36 @@ fn bad(line: usize, message: impl Into<String>) -> TraceError {
     }
 }
 
-/// Reads a trace, CSV or JSON lines by its content, in file order.
+/// A trace's format, told by its content: JSON lines open with `{`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Csv,
+    MooncakeJsonl,
+}
+
+impl Format {
+    pub fn of(text: &str) -> Format {
+        if text.trim_start().starts_with('{') {
+            Format::MooncakeJsonl
+        } else {
+            Format::Csv
+        }
+    }
+
+    /// The format's name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Csv => "csv trace",
+            Format::MooncakeJsonl => "mooncake trace",
+        }
+    }
+}
+
+/// Reads a trace, CSV or JSON lines by its content ([`Format::of`]), in file order.
 pub fn read(text: &str) -> Result<Vec<Row>> {
-    if text.trim_start().starts_with('{') {
-        read_jsonl(text)
-    } else {
-        read_csv(text)
+    match Format::of(text) {
+        Format::MooncakeJsonl => read_jsonl(text),
+        Format::Csv => read_csv(text),
     }
 }
 
