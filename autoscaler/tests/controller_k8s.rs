@@ -4,11 +4,13 @@
 //! on the controller's clock, so windows and back-offs are exercised without waiting; only the
 //! leader-failover test runs the real loop (with a one-second Lease).
 
+mod fake_gateway;
 mod fake_k8s;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fake_gateway::fake_gateway;
 use fake_k8s::*;
 use futures_util::future::BoxFuture;
 use serde_json::{json, Value};
@@ -868,23 +870,6 @@ async fn scraped_signals_from_endpointslice_pods() {
         stale["message"].as_str().unwrap().contains("HTTP 500"),
         "{stale}"
     );
-}
-
-/// A fake routing gateway: `/metrics` answers whatever the test sets.
-async fn fake_gateway() -> (String, Arc<Mutex<String>>) {
-    let body = Arc::new(Mutex::new(String::new()));
-    let served = body.clone();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let b = served.lock().unwrap().clone();
-            async move { b }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, body)
 }
 
 /// A pool of one variant `v` (Deployment `l4` at one ready replica on `node-a`) whose

@@ -169,26 +169,19 @@ impl Default for GatewayQueue {
 }
 
 #[cfg(test)]
+#[path = "../../tests/fake_gateway/mod.rs"]
+mod fake_gateway;
+
+#[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
 
-    /// A fake gateway pod on loopback whose `/metrics` answers the text set.
+    /// A fake gateway pod on loopback: its `/metrics` URL and the text it answers, to set.
     async fn pod() -> (String, Arc<Mutex<String>>) {
-        let body = Arc::new(Mutex::new(String::new()));
-        let served = body.clone();
-        let app = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let b = served.lock().unwrap().clone();
-                async move { b }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/metrics", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        (url, body)
+        let (base, text) = super::fake_gateway::fake_gateway().await;
+        (format!("{base}/metrics"), text)
     }
 
     /// `waiting` queued for model `m`, and `seconds` seconds of 1,000 prompt tokens so far.
