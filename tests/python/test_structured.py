@@ -150,16 +150,23 @@ CORPUS = [
 ]
 
 
-@pytest.mark.parametrize("i", range(len(CORPUS)))
-def test_schema_corpus_outputs_validate(client, i):
-    schema = CORPUS[i]
+def finished_answer(client, schema, name, ask, max_tokens):
+    """The greedy answer held to `schema`: it must finish (not be cut by `max_tokens`) and
+    validate; returned parsed."""
     r = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Fill in the form."}],
-        response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema}},
-        max_tokens=160, temperature=0)
+        model=MODEL, messages=[{"role": "user", "content": ask}],
+        response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema}},
+        max_tokens=max_tokens, temperature=0)
     c = r.choices[0]
     assert c.finish_reason == "stop", c.message.content
-    jsonschema.validate(json.loads(c.message.content), schema)
+    out = json.loads(c.message.content)
+    jsonschema.validate(out, schema)
+    return out
+
+
+@pytest.mark.parametrize("i", range(len(CORPUS)))
+def test_schema_corpus_outputs_validate(client, i):
+    finished_answer(client, CORPUS[i], f"s{i}", "Fill in the form.", 160)
 
 
 def check_call(call, tools):
@@ -462,14 +469,7 @@ def test_objects_that_list_their_properties_get_no_invented_keys(client, i):
     the default model, free to add keys, writes invented ones until `max_tokens` cuts the JSON
     off. Closed, it finishes, validates, and every key is one the schema lists."""
     schema = OPEN_OBJECTS[i]
-    r = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Fill in an example."}],
-        response_format={"type": "json_schema", "json_schema": {"name": f"o{i}", "schema": schema}},
-        max_tokens=200, temperature=0)
-    c = r.choices[0]
-    assert c.finish_reason == "stop", c.message.content
-    out = json.loads(c.message.content)
-    jsonschema.validate(out, schema)
+    out = finished_answer(client, schema, f"o{i}", "Fill in an example.", 200)
     assert set(out) <= set(schema["properties"]), out
     if isinstance(out.get("order"), dict):
         assert set(out["order"]) <= {"sku"}, out
