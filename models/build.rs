@@ -1,7 +1,7 @@
-//! With the `cuda` feature, compiles the paged-attention kernel (src/candle/paged.cu) to PTX
-//! with nvcc (`$NVCC`, else `$CUDA_HOME/bin/nvcc`, else `nvcc` on the PATH). The PTX targets a
-//! low virtual architecture, so the driver JIT-compiles it for any GPU from Ampere on (L4's
-//! sm_89, H100/H200's sm_90). Without the feature it does nothing.
+//! With the `cuda` feature, compiles the CUDA kernels (src/candle/*.cu: paged attention, the KV
+//! write, the fused norm and SwiGLU) to PTX with nvcc (`$NVCC`, else `$CUDA_HOME/bin/nvcc`,
+//! else `nvcc` on the PATH). The PTX targets a low virtual architecture, so the driver JIT-compiles it for any GPU from
+//! Ampere on (L4's sm_89, H100/H200's sm_90). Without the feature it does nothing.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -9,9 +9,14 @@ use std::process::Command;
 /// The virtual architecture the PTX is written for.
 const ARCH: &str = "compute_80";
 
+/// The kernels, by file stem under src/candle: each becomes `$OUT_DIR/<stem>.ptx`.
+const KERNELS: [&str; 3] = ["paged", "kv", "fused"];
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=src/candle/paged.cu");
+    for k in KERNELS {
+        println!("cargo:rerun-if-changed=src/candle/{k}.cu");
+    }
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
@@ -21,22 +26,24 @@ fn main() {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("CUDA_HOME").map(|h| PathBuf::from(h).join("bin/nvcc")))
         .unwrap_or_else(|| PathBuf::from("nvcc"));
-    let out =
-        PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("paged.ptx");
-    let status = Command::new(&nvcc)
-        .args(["--ptx", &format!("-arch={ARCH}"), "-O3", "-o"])
-        .arg(&out)
-        .arg("src/candle/paged.cu")
-        .status()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run {} (the cuda feature needs nvcc): {e}",
-                nvcc.display()
-            )
-        });
-    assert!(
-        status.success(),
-        "{} failed on src/candle/paged.cu: {status}",
-        nvcc.display()
-    );
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    for k in KERNELS {
+        let src = format!("src/candle/{k}.cu");
+        let status = Command::new(&nvcc)
+            .args(["--ptx", &format!("-arch={ARCH}"), "-O3", "-o"])
+            .arg(out_dir.join(format!("{k}.ptx")))
+            .arg(&src)
+            .status()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {} (the cuda feature needs nvcc): {e}",
+                    nvcc.display()
+                )
+            });
+        assert!(
+            status.success(),
+            "{} failed on {src}: {status}",
+            nvcc.display()
+        );
+    }
 }

@@ -49,8 +49,8 @@ pub(crate) struct StepPlan {
     pub tokens: Tensor,
     /// `[n]` positions.
     pub positions: Tensor,
-    /// `[n, kv_width]`: each token's KV slot, repeated across the row (a scatter's index).
-    pub write_index: Tensor,
+    /// `[n]`: each token's KV pool slot.
+    pub slots: Tensor,
     /// `[rows]`: the token rows whose logits the step returns.
     pub logit_rows: Tensor,
     /// How many rows that is.
@@ -127,14 +127,13 @@ impl StepPlan {
         let slot = |table: &[u32], pos: usize| {
             table[pos / block_size] * block_size as u32 + (pos % block_size) as u32
         };
-        let (mut tokens, mut positions, mut write_index) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut tokens, mut positions, mut slots) = (Vec::new(), Vec::new(), Vec::new());
         for s in &batch.seqs {
             for (j, &t) in s.tokens.iter().enumerate() {
                 let pos = s.start_pos + j;
                 tokens.push(t);
                 positions.push(pos as u32);
-                let sl = slot(&s.block_table, pos);
-                write_index.extend(std::iter::repeat_n(sl, config.kv_width()));
+                slots.push(slot(&s.block_table, pos));
             }
         }
         let n = tokens.len();
@@ -165,7 +164,7 @@ impl StepPlan {
         Ok(Self {
             tokens: u32s(tokens)?,
             positions: u32s(positions)?,
-            write_index: Tensor::from_vec(write_index, (n, config.kv_width()), device)?,
+            slots: u32s(slots)?,
             num_logit_rows: rows.len(),
             logit_rows: Tensor::from_vec(rows.clone(), rows.len(), device)?,
             paged,

@@ -1,9 +1,19 @@
 //! The candle backend's block pool: per layer, one f16 tensor of keys and one of values on the
 //! device, `[num_blocks · block_size, kv_heads · head_dim]`, a row per slot (slot
-//! `block · block_size + pos % block_size`).
+//! `block · block_size + pos % block_size`), and the op that writes a step's keys and values
+//! into it.
+//!
+//! The write is one in-place op per pool ([`KvWrite`]): it reads the step's K (or V) columns
+//! straight out of the fused QKV product, applies RoPE to keys, rounds to f16 and stores each
+//! token's row in its slot. As separate candle ops that was seven launches per layer (two
+//! copies out of the product, RoPE, two conversions, two scatters); on a GPU a decode step is
+//! launch-bound, so it is two. The CPU implementation computes exactly what those ops did, and
+//! is what the tests run; the CUDA one is `kv.cu` (PTX from `build.rs` under `cuda`).
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Storage, Tensor};
+use half::f16;
 
+use super::fused::rotate;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::pool_elements;
@@ -12,6 +22,16 @@ use crate::kv::pool_elements;
 #[derive(Debug)]
 pub struct DeviceKv {
     layers: Vec<(Tensor, Tensor)>,
+}
+
+/// Where a step's keys and values come from and go to, shared by every layer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepRows<'a> {
+    /// `[n]` u32: each token's pool slot.
+    pub slots: &'a Tensor,
+    /// `[n, head_dim / 2]` f32 each: each token's RoPE rotation.
+    pub cos: &'a Tensor,
+    pub sin: &'a Tensor,
 }
 
 impl DeviceKv {
@@ -40,12 +60,25 @@ impl DeviceKv {
         Ok(Self { layers })
     }
 
-    /// Writes the step's keys and values (`[n, kv_width]` f32 each) into the slots `index`
-    /// names (`[n, kv_width]` u32, every element of a row the row's slot): one scatter each.
-    pub(crate) fn write(&self, layer: usize, index: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
+    /// Writes the step's keys (RoPE applied) and values into their slots, reading them from
+    /// `qkv` (`[n, (heads + 2·kv_heads) · head_dim]` f32: queries, keys, values).
+    pub(crate) fn write(
+        &self,
+        layer: usize,
+        qkv: &Tensor,
+        rows: StepRows<'_>,
+        config: &LlamaConfig,
+    ) -> Result<()> {
         let (kp, vp) = &self.layers[layer];
-        kp.scatter_set(index, &k.to_dtype(DType::F16)?, 0)?;
-        vp.scatter_set(index, &v.to_dtype(DType::F16)?, 0)?;
+        let keys = config.head_count * config.head_dim;
+        let op = |column: usize, rope: bool| KvWrite {
+            rows,
+            column,
+            rope,
+            head_dim: config.head_dim,
+        };
+        kp.inplace_op2(qkv, &op(keys, true))?;
+        vp.inplace_op2(qkv, &op(keys + config.kv_width(), false))?;
         Ok(())
     }
 
@@ -53,5 +86,273 @@ impl DeviceKv {
     pub(crate) fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
         let (k, v) = &self.layers[layer];
         (k, v)
+    }
+}
+
+/// The op: `pool.inplace_op2(qkv, op)` stores `qkv[:, column .. column + kv_width]` (rotated
+/// when `rope`) as f16 in each token's slot of `pool` (`[slots, kv_width]`).
+#[derive(Debug, Clone, Copy)]
+struct KvWrite<'a> {
+    rows: StepRows<'a>,
+    column: usize,
+    rope: bool,
+    head_dim: usize,
+}
+
+/// What the op checked: the step's tokens, the pool's slots and widths.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    n: usize,
+    slots: usize,
+    kv_width: usize,
+    /// Elements per row of `qkv`.
+    stride: usize,
+}
+
+impl KvWrite<'_> {
+    fn check(&self, pool: &Layout, src: &Layout) -> candle_core::Result<Dims> {
+        let (slots, kv_width) = pool.shape().dims2()?;
+        let (n, stride) = src.shape().dims2()?;
+        let hd = self.head_dim;
+        let half = hd / 2;
+        let ok = pool.is_contiguous()
+            && pool.start_offset() == 0
+            && src.is_contiguous()
+            && hd.is_multiple_of(2)
+            && kv_width.is_multiple_of(hd)
+            && self.column + kv_width <= stride
+            && self.rows.slots.dims() == [n]
+            && self.rows.cos.dims() == [n, half]
+            && self.rows.sin.dims() == [n, half];
+        if !ok {
+            candle_core::bail!(
+                "kv write: pool {:?}, qkv {:?} from column {}, slots {:?}, rope {:?}: shapes \
+                 do not match (head_dim {hd})",
+                pool.dims(),
+                src.dims(),
+                self.column,
+                self.rows.slots.dims(),
+                self.rows.cos.dims()
+            );
+        }
+        Ok(Dims {
+            n,
+            slots,
+            kv_width,
+            stride,
+        })
+    }
+}
+
+/// The contiguous slice of a tensor on the CPU.
+fn host_slice<T: candle_core::WithDType>(
+    t: &Tensor,
+    f: impl FnOnce(&[T]) -> candle_core::Result<()>,
+) -> candle_core::Result<()> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        candle_core::bail!("kv write: an input is not on the CPU");
+    };
+    match layout.contiguous_offsets() {
+        Some((start, end)) => f(&cpu.as_slice::<T>()?[start..end]),
+        None => candle_core::bail!("kv write: inputs must be contiguous"),
+    }
+}
+
+impl InplaceOp2 for KvWrite<'_> {
+    fn name(&self) -> &'static str {
+        "kv-write"
+    }
+
+    fn cpu_fwd(
+        &self,
+        pool: &mut CpuStorage,
+        pl: &Layout,
+        src: &CpuStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<()> {
+        let d = self.check(pl, sl)?;
+        let CpuStorage::F16(pool) = pool else {
+            candle_core::bail!("kv write: the pool is not f16");
+        };
+        let src = &src.as_slice::<f32>()?[sl.start_offset()..];
+        host_slice::<u32>(self.rows.slots, |slots| {
+            host_slice::<f32>(self.rows.cos, |cos| {
+                host_slice::<f32>(self.rows.sin, |sin| {
+                    for (r, &slot) in slots.iter().take(d.n).enumerate() {
+                        let slot = slot as usize;
+                        if slot >= d.slots {
+                            candle_core::bail!("kv write: slot {slot} is out of the pool");
+                        }
+                        let from = &src[r * d.stride + self.column..][..d.kv_width];
+                        let to = &mut pool[slot * d.kv_width..][..d.kv_width];
+                        let half = self.head_dim / 2;
+                        let rot = (&cos[r * half..][..half], &sin[r * half..][..half]);
+                        self.row(from, to, rot);
+                    }
+                    Ok(())
+                })
+            })
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        pool: &mut candle_core::CudaStorage,
+        pl: &Layout,
+        src: &candle_core::CudaStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<()> {
+        let d = self.check(pl, sl)?;
+        cuda::write(self, d, pool, (src, sl))
+    }
+}
+
+impl KvWrite<'_> {
+    /// One token: `from` (f32, `kv_width`) rotated pairwise by `(cos, sin)` when `rope`, as
+    /// GGUF's interleaved RoPE does, into `to` (f16).
+    fn row(&self, from: &[f32], to: &mut [f16], (cos, sin): (&[f32], &[f32])) {
+        if !self.rope {
+            to.iter_mut()
+                .zip(from)
+                .for_each(|(t, &x)| *t = f16::from_f32(x));
+            return;
+        }
+        for (head_in, head_out) in from
+            .chunks_exact(self.head_dim)
+            .zip(to.chunks_exact_mut(self.head_dim))
+        {
+            for (i, (x, y)) in head_in
+                .chunks_exact(2)
+                .zip(head_out.chunks_exact_mut(2))
+                .enumerate()
+            {
+                let (y0, y1) = rotate(x[0], x[1], cos[i], sin[i]);
+                (y[0], y[1]) = (f16::from_f32(y0), f16::from_f32(y1));
+            }
+        }
+    }
+}
+
+// Launching a kernel is an FFI call (the crate's other unsafe code is the CPU kernels').
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod cuda {
+    //! The CUDA launch: one thread per (token, pair of columns).
+
+    use candle_core::cuda::cudarc::driver::PushKernelArg;
+    use candle_core::cuda::WrapErr;
+    use candle_core::{CudaStorage, Layout};
+    use half::f16;
+
+    use super::{Dims, KvWrite};
+    use crate::candle::launch::{held, per_item, view};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kv.ptx"));
+
+    pub(super) fn write(
+        op: &KvWrite<'_>,
+        d: Dims,
+        pool: &mut CudaStorage,
+        (src, sl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<()> {
+        let pairs = d.n * d.kv_width / 2;
+        if pairs == 0 {
+            return Ok(());
+        }
+        let dev = pool.device.clone();
+        let func = dev.get_or_load_custom_func("kv_write_f16", "sluice_kv", PTX)?;
+        let srcv = view::<f32>(src, sl)?;
+        let ints = [
+            d.n as i32,
+            d.stride as i32,
+            op.column as i32,
+            d.kv_width as i32,
+            op.head_dim as i32,
+            i32::from(op.rope),
+        ];
+        let name = "kv write";
+        held::<u32, _>(op.rows.slots, name, |slots| {
+            held::<f32, _>(op.rows.cos, name, |cos| {
+                held::<f32, _>(op.rows.sin, name, |sin| {
+                    let mut b = func.builder();
+                    b.arg(pool.as_cuda_slice_mut::<f16>()?);
+                    b.arg(&srcv);
+                    b.arg(&cos);
+                    b.arg(&sin);
+                    b.arg(&slots);
+                    for i in &ints {
+                        b.arg(i);
+                    }
+                    // SAFETY: the arguments match kv.cu's signature; `check` matched every
+                    // shape, and the slots come from block tables the KV store validated.
+                    unsafe { b.launch(per_item(pairs)) }.w()?;
+                    Ok(())
+                })
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor};
+
+    use super::{DeviceKv, StepRows};
+    use crate::candle::paged_tests::config;
+
+    /// The fused write stores what RoPE, the f16 conversion and a scatter stored.
+    #[test]
+    fn the_write_stores_rotated_keys_and_values_in_their_slots() {
+        let dev = Device::Cpu;
+        let config = config(4, 2, 8);
+        let (heads, kv_w, hd) = (4, config.kv_width(), 8);
+        let kv = DeviceKv::new(&config, 4, 4, &dev).unwrap();
+        let n = 3;
+        let qkv = Tensor::randn(0f32, 1.0, (n, heads * hd + 2 * kv_w), &dev).unwrap();
+        let angles = Tensor::randn(0f32, 1.0, (n, hd / 2), &dev).unwrap();
+        let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
+        let slots = Tensor::new(&[5u32, 0, 13], &dev).unwrap();
+        let rows = StepRows {
+            slots: &slots,
+            cos: &cos,
+            sin: &sin,
+        };
+        kv.write(0, &qkv, rows, &config).unwrap();
+
+        let k = qkv
+            .narrow(1, heads * hd, kv_w)
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        let k = k.reshape((n, kv_w / hd, 1, hd)).unwrap();
+        let (c3, s3) = (
+            cos.reshape((n, 1, ())).unwrap(),
+            sin.reshape((n, 1, ())).unwrap(),
+        );
+        let k = candle_nn::rotary_emb::rope_i(&k, &c3, &s3).unwrap();
+        let k = k.reshape((n, kv_w)).unwrap().to_dtype(DType::F16).unwrap();
+        let v = qkv.narrow(1, heads * hd + kv_w, kv_w).unwrap();
+        let v = v.to_dtype(DType::F16).unwrap();
+        let (kp, vp) = kv.layer(0);
+        let as_f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
+        let (kp, vp, k, v) = (as_f32(kp), as_f32(vp), as_f32(&k), as_f32(&v));
+        for (r, slot) in [5usize, 0, 13].into_iter().enumerate() {
+            assert_eq!(kp[slot], k[r], "key row {r}");
+            assert_eq!(vp[slot], v[r], "value row {r}");
+        }
+        let untouched = kp[1].iter().chain(&vp[1]).all(|&x| x == 0.0);
+        assert!(untouched, "other slots stay as they were");
+
+        let far = Tensor::new(&[5u32, 0, 16], &dev).unwrap();
+        let rows = StepRows {
+            slots: &far,
+            ..rows
+        };
+        assert!(
+            kv.write(0, &qkv, rows, &config).is_err(),
+            "a slot past the pool is refused"
+        );
     }
 }

@@ -11,7 +11,10 @@
 //! which rows take which path).
 
 mod attention;
+mod fused;
 mod kv;
+#[cfg(feature = "cuda")]
+mod launch;
 mod linear;
 mod paged;
 #[cfg(test)]
@@ -27,6 +30,7 @@ use candle_nn::ops::rms_norm;
 
 pub use attention::{AttentionPath, PAGED_MAX_CHUNK};
 pub use kv::DeviceKv;
+use kv::StepRows;
 
 use crate::batch::StepBatch;
 use crate::config::LlamaConfig;
@@ -35,6 +39,7 @@ use crate::kernels::rope::RopeTable;
 use crate::kv::KvStore;
 use crate::weights::WeightSource;
 use attention::StepPlan;
+use fused::{add_rms_norm, rotate_queries, swiglu};
 use linear::{read_matrix, Linear, Place, Weight};
 use profile::{Clock, Phase, Profiler};
 
@@ -56,6 +61,29 @@ struct Layer {
     /// `[gate; up]` stacked.
     wgate_up: Linear,
     wdown: Linear,
+}
+
+/// A step's RoPE rotations: each token's row of the tables, `[n, head_dim / 2]`.
+#[derive(Debug)]
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    fn at(cos: &Tensor, sin: &Tensor, positions: &Tensor) -> Result<Self> {
+        Ok(Self {
+            cos: cos.index_select(positions, 0)?,
+            sin: sin.index_select(positions, 0)?,
+        })
+    }
+
+    /// The queries of `qkv` rotated, as `[n, heads, head_dim]`. (Keys are rotated as the pool
+    /// stores them, see [`DeviceKv::write`].)
+    fn queries(&self, qkv: &Tensor, c: &LlamaConfig) -> Result<Tensor> {
+        let tables = (&self.cos, &self.sin);
+        Ok(rotate_queries(qkv, tables, c.head_count, c.head_dim)?)
+    }
 }
 
 /// A Llama network on a candle device. Immutable: per-step state lives in the caller's
@@ -230,74 +258,70 @@ impl CandleLlama {
             Embedding::Quant(q) => q.embedding(&plan.tokens)?,
             Embedding::Dense(t) => t.index_select(&plan.tokens, 0)?.to_dtype(DType::F32)?,
         };
-        let n = batch.num_tokens();
-        let rope = (
-            self.cos
-                .index_select(&plan.positions, 0)?
-                .reshape((n, 1, ()))?,
-            self.sin
-                .index_select(&plan.positions, 0)?
-                .reshape((n, 1, ()))?,
-        );
+        let rope = Rope::at(&self.cos, &self.sin, &plan.positions)?;
+        // Each layer hands the next its residual stream and that stream normed with the next
+        // norm's weights (the last layer's: the output norm), fused with the residual add.
+        let mut h = rms_norm(&x, self.attn_norm(0), c.rms_norm_eps)?;
         clock.mark(Phase::Embed)?;
         for (li, layer) in self.layers.iter().enumerate() {
-            x = self.layer(li, layer, &x, (&plan, pool), &rope, &mut clock)?;
+            (x, h) = self.layer((li, layer), (&x, &h), (&plan, pool), &rope, &mut clock)?;
         }
         if plan.num_logit_rows == 0 {
             return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu)?);
         }
-        // Only the rows that need logits go through the final norm and the vocabulary product.
-        let rows = x.index_select(&plan.logit_rows, 0)?;
-        let normed = rms_norm(&rows, &self.output_norm, c.rms_norm_eps)?;
+        // Only the rows that need logits go through the vocabulary product.
+        let normed = h.index_select(&plan.logit_rows, 0)?;
         let logits = self.head.forward(&normed)?;
         let logits = logits.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
         clock.mark(Phase::Logits)?;
         Ok(logits)
     }
 
-    /// One transformer block: `x` `[n, d]` in, the next `x` out.
+    /// The norm before layer `li`'s attention; past the last layer, the output norm.
+    fn attn_norm(&self, li: usize) -> &Tensor {
+        self.layers
+            .get(li)
+            .map_or(&self.output_norm, |l| &l.attn_norm)
+    }
+
+    /// One transformer block: the residual stream `x` `[n, d]` and `h`, `x` normed for this
+    /// block's attention, in; the next stream and it normed for what follows out.
     fn layer(
         &self,
-        li: usize,
-        layer: &Layer,
-        x: &Tensor,
+        (li, layer): (usize, &Layer),
+        (x, h): (&Tensor, &Tensor),
         (plan, pool): (&StepPlan, &DeviceKv),
-        (cos, sin): &(Tensor, Tensor),
+        rope: &Rope,
         clock: &mut Clock<'_>,
-    ) -> Result<Tensor> {
+    ) -> Result<(Tensor, Tensor)> {
         let c = &self.config;
-        let (heads, kv_heads, hd, kv_w) = (c.head_count, c.head_count_kv, c.head_dim, c.kv_width());
-        let n = x.dim(0)?;
-        let h = rms_norm(x, &layer.attn_norm, c.rms_norm_eps)?;
-        clock.mark(Phase::Norm)?;
-        let qkv = layer.wqkv.forward(&h)?;
+        let eps = c.rms_norm_eps;
+        let qkv = layer.wqkv.forward(h)?;
         clock.mark(Phase::Qkv)?;
-        // RoPE with each token as its own batch entry, so every token takes its own position.
-        let rope = |t: Tensor, nh: usize| -> Result<Tensor> {
-            let t = t.contiguous()?.reshape((n, nh, 1, hd))?;
-            Ok(candle_nn::rotary_emb::rope_i(&t, cos, sin)?.reshape((n, nh, hd))?)
-        };
-        let q = rope(qkv.narrow(1, 0, heads * hd)?, heads)?;
-        let k = rope(qkv.narrow(1, heads * hd, kv_w)?, kv_heads)?;
-        let v = qkv.narrow(1, heads * hd + kv_w, kv_w)?.contiguous()?;
+        let q = rope.queries(&qkv, c)?;
         clock.mark(Phase::Rope)?;
-        pool.write(li, &plan.write_index, &k.reshape((n, kv_w))?, &v)?;
+        let rows = StepRows {
+            slots: &plan.slots,
+            cos: &rope.cos,
+            sin: &rope.sin,
+        };
+        pool.write(li, &qkv, rows, c)?;
         clock.mark(Phase::KvWrite)?;
         let attn = attention::attend(&q, pool.layer(li), plan, c)?;
         clock.mark(Phase::Attention)?;
-        let x = (x + layer.wo.forward(&attn)?)?;
+        let out = layer.wo.forward(&attn)?;
         clock.mark(Phase::Wo)?;
-        let h = rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps)?;
+        let (x, h) = add_rms_norm(x, &out, &layer.ffn_norm, eps)?;
         clock.mark(Phase::Norm)?;
         let gate_up = layer.wgate_up.forward(&h)?;
         clock.mark(Phase::GateUp)?;
-        let ff = c.feed_forward_length;
-        let act =
-            (candle_nn::ops::silu(&gate_up.narrow(1, 0, ff)?)? * gate_up.narrow(1, ff, ff)?)?;
+        let act = swiglu(&gate_up)?;
         clock.mark(Phase::Act)?;
-        let x = (x + layer.wdown.forward(&act)?)?;
+        let down = layer.wdown.forward(&act)?;
         clock.mark(Phase::Down)?;
-        Ok(x)
+        let next = add_rms_norm(&x, &down, self.attn_norm(li + 1), eps)?;
+        clock.mark(Phase::Norm)?;
+        Ok(next)
     }
 }
 

@@ -358,24 +358,17 @@ pub(crate) fn supported(device: &Device, heads: usize, kv_heads: usize, head_dim
 mod cuda {
     //! The CUDA launch: one thread block per (row, KV head), `THREADS` threads.
 
-    use candle_core::cuda::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
-    use candle_core::cuda::{CudaDType, WrapErr};
-    use candle_core::{CudaStorage, Layout, Shape, Storage};
+    use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda::WrapErr;
+    use candle_core::{CudaStorage, Layout, Shape};
     use half::f16;
 
     use super::{kernel_supports, PagedAttention, THREADS};
+    use crate::candle::launch::{held, view};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged.ptx"));
     /// Context positions per tile; must match `TILE` in paged.cu.
     const TILE: usize = 64;
-
-    /// The part of a contiguous storage that `layout` starts at.
-    fn view<'a, T: CudaDType>(
-        s: &'a CudaStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<CudaView<'a, T>> {
-        Ok(s.as_cuda_slice::<T>()?.slice(layout.start_offset()..))
-    }
 
     pub(super) fn forward(
         op: &PagedAttention,
@@ -388,13 +381,8 @@ mod cuda {
             candle_core::bail!("paged attention: no kernel for group {group} × head_dim {hd}");
         }
         let dev = &q.device;
-        let (meta_storage, meta_layout) = op.meta.storage_and_layout();
-        let Storage::Cuda(meta) = &*meta_storage else {
-            candle_core::bail!("paged attention: the metadata is not on the GPU");
-        };
         let qv = view::<f32>(q, ql)?;
         let (kv, vv) = (view::<f16>(k, kl)?, view::<f16>(v, vl)?);
-        let mv = view::<u32>(meta, meta_layout)?;
         // SAFETY: every element is written by the kernel below (rows > 0 in any plan).
         let mut out = unsafe { dev.alloc::<f32>(op.rows * op.heads * hd) }?;
         let func = dev.get_or_load_custom_func("paged_attention_f16", "sluice_paged", PTX)?;
@@ -412,7 +400,7 @@ mod cuda {
             op.block_size as i32,
         ];
         let scale = super::scale(hd);
-        {
+        held::<u32, _>(&op.meta, "paged attention", |mv| {
             let mut b = func.builder();
             b.arg(&mut out);
             b.arg(&qv);
@@ -427,7 +415,8 @@ mod cuda {
             // is within the tensors: the plan builds the metadata from a batch the KV store
             // validated.
             unsafe { b.launch(cfg) }.w()?;
-        }
+            Ok(())
+        })?;
         let out = CudaStorage::wrap_cuda_slice(out, dev.clone());
         Ok((out, op.out_shape()))
     }

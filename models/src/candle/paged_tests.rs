@@ -12,7 +12,8 @@ use crate::logits::max_abs_diff;
 const BLOCK: usize = 16;
 const BLOCKS: usize = 40;
 
-fn config(heads: usize, kv_heads: usize, head_dim: usize) -> LlamaConfig {
+/// A one-layer config of this attention shape (the other tests of the pool use it too).
+pub(super) fn config(heads: usize, kv_heads: usize, head_dim: usize) -> LlamaConfig {
     LlamaConfig {
         architecture: "llama".into(),
         name: "paged-test".into(),

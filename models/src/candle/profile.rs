@@ -18,26 +18,27 @@ use crate::error::Result;
 pub(crate) enum Phase {
     /// The step's plan: positions, slots and gather indices uploaded to the device.
     Plan,
-    /// Embedding lookup and the step's RoPE rows.
+    /// Embedding lookup, the step's RoPE rows and the first layer's norm.
     Embed,
-    /// Both RMS norms of each layer.
+    /// Both residual adds of each layer, each fused with the RMS norm after it.
     Norm,
     /// The fused Q/K/V product.
     Qkv,
+    /// The queries rotated out of the product.
     Rope,
-    /// New keys and values written into their pool slots.
+    /// New keys (rotated) and values written into their pool slots.
     KvWrite,
-    /// Gathering each sequence's context from the pool, scores, softmax, values.
+    /// Each row's attention over its context in the pool (paged or gathered).
     Attention,
-    /// The output projection and its residual add.
+    /// The output projection.
     Wo,
     /// The fused gate/up product.
     GateUp,
     /// SiLU(gate) × up.
     Act,
-    /// The down projection and its residual add.
+    /// The down projection.
     Down,
-    /// The final norm, the vocabulary product and the copy to the host.
+    /// The logit rows picked, the vocabulary product and the copy to the host.
     Logits,
 }
 

@@ -1,0 +1,476 @@
+//! A layer's element-wise steps fused into one op each: the residual add with the RMS norm that
+//! follows it ([`AddRmsNorm`]), SwiGLU over the stacked gate and up products ([`SwiGlu`]) and
+//! RoPE on the queries read straight out of the QKV product ([`RotateQueries`]; the keys are
+//! rotated as the pool stores them, see `kv.rs`).
+//!
+//! As separate candle ops these were two launches each; on a GPU a decode step is
+//! launch-bound, so every launch a layer saves is saved thirty-odd times a token. The CPU
+//! implementations compute exactly what candle's ops computed (same operations, same order),
+//! and are what the tests run; the CUDA ones are `fused.cu` (PTX from `build.rs` under `cuda`).
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+/// `x + delta` and its RMS norm scaled by `weight`: `apply_op3(x, delta, weight)` gives
+/// `[2, n, d]`, the sum then the normed sum (see [`add_rms_norm`]).
+#[derive(Debug, Clone, Copy)]
+struct AddRmsNorm {
+    eps: f32,
+}
+
+/// SwiGLU: `apply_op1(gate_up)` (`[n, 2·ff]`, gate columns then up columns) gives
+/// `silu(gate) · up`, `[n, ff]`.
+#[derive(Debug, Clone, Copy)]
+struct SwiGlu;
+
+/// GGUF's interleaved RoPE: `apply_op1(qkv)` rotates each head's pairs `(2i, 2i + 1)` of the
+/// first `heads · head_dim` columns of `qkv` (`[n, ≥ heads · head_dim]`) by the token's angle
+/// (`cos`, `sin`: `[n, head_dim / 2]`), giving `[n, heads, head_dim]`.
+#[derive(Debug, Clone, Copy)]
+struct RotateQueries<'a> {
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    heads: usize,
+    head_dim: usize,
+}
+
+/// A pair `(x0, x1)` rotated by the angle whose cosine and sine are `(c, s)`, in the order of
+/// operations candle's `rope_i` uses (one owner of the rule: the KV write uses it too).
+#[inline]
+pub(crate) fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
+    (x0 * c - x1 * s, x0 * s + x1 * c)
+}
+
+/// The queries of `qkv` (`[n, ≥ heads · head_dim]` f32, queries first) rotated by each token's
+/// angle, as `[n, heads, head_dim]`.
+pub(crate) fn rotate_queries(
+    qkv: &Tensor,
+    (cos, sin): (&Tensor, &Tensor),
+    heads: usize,
+    head_dim: usize,
+) -> candle_core::Result<Tensor> {
+    qkv.apply_op1_no_bwd(&RotateQueries {
+        cos,
+        sin,
+        heads,
+        head_dim,
+    })
+}
+
+/// The residual stream after adding `delta` to `x` (`[n, d]` f32 each), and that stream RMS
+/// normed with `weight` (`[d]`): the next block's input and the stream it adds to.
+pub(crate) fn add_rms_norm(
+    x: &Tensor,
+    delta: &Tensor,
+    weight: &Tensor,
+    eps: f32,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let both = x.apply_op3_no_bwd(delta, weight, &AddRmsNorm { eps })?;
+    Ok((both.get(0)?, both.get(1)?))
+}
+
+/// `silu(gate) · up` over `gate_up` (`[n, 2·ff]` f32).
+pub(crate) fn swiglu(gate_up: &Tensor) -> candle_core::Result<Tensor> {
+    gate_up.apply_op1_no_bwd(&SwiGlu)
+}
+
+/// The contiguous f32 slice of a CPU storage that `layout` covers.
+fn f32s<'a>(s: &'a CpuStorage, layout: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&s.as_slice::<f32>()?[start..end]),
+        None => candle_core::bail!("{op}: inputs must be contiguous"),
+    }
+}
+
+impl AddRmsNorm {
+    /// `(n, d)` from the three layouts, which must agree.
+    fn dims(x: &Layout, delta: &Layout, w: &Layout) -> candle_core::Result<(usize, usize)> {
+        let (n, d) = x.shape().dims2()?;
+        if delta.dims() != [n, d] || w.dims() != [d] {
+            candle_core::bail!(
+                "add-rms-norm: x {:?}, delta {:?}, weight {:?} do not match",
+                x.dims(),
+                delta.dims(),
+                w.dims()
+            );
+        }
+        Ok((n, d))
+    }
+
+    /// One row: `sum = x + delta`, `normed = sum / rms(sum) · w`, as candle's `rms_norm` does.
+    fn row(&self, (x, delta, w): (&[f32], &[f32], &[f32]), sum: &mut [f32], normed: &mut [f32]) {
+        for ((s, &a), &b) in sum.iter_mut().zip(x).zip(delta) {
+            *s = a + b;
+        }
+        let sum2 = sum.iter().map(|&v| v * v).sum::<f32>();
+        let m = (sum2 / sum.len() as f32 + self.eps).sqrt();
+        for ((o, &s), &a) in normed.iter_mut().zip(sum.iter()).zip(w) {
+            *o = s / m * a;
+        }
+    }
+}
+
+impl CustomOp3 for AddRmsNorm {
+    fn name(&self) -> &'static str {
+        "add-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        xl: &Layout,
+        delta: &CpuStorage,
+        dl: &Layout,
+        w: &CpuStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, d) = Self::dims(xl, dl, wl)?;
+        let name = self.name();
+        let (x, delta, w) = (
+            f32s(x, xl, name)?,
+            f32s(delta, dl, name)?,
+            f32s(w, wl, name)?,
+        );
+        let mut out = vec![0f32; 2 * n * d];
+        let (sums, normed) = out.split_at_mut(n * d);
+        sums.par_chunks_mut(d.max(1))
+            .zip(normed.par_chunks_mut(d.max(1)))
+            .enumerate()
+            .for_each(|(r, (s, o))| {
+                let rows = (&x[r * d..][..d], &delta[r * d..][..d], w);
+                self.row(rows, s, o);
+            });
+        Ok((CpuStorage::F32(out), Shape::from((2, n, d))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        xl: &Layout,
+        delta: &candle_core::CudaStorage,
+        dl: &Layout,
+        w: &candle_core::CudaStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let (n, d) = Self::dims(xl, dl, wl)?;
+        for l in [xl, dl, wl] {
+            if !l.is_contiguous() {
+                candle_core::bail!("add-rms-norm: inputs must be contiguous");
+            }
+        }
+        let out = cuda::add_rms_norm(self.eps, (n, d), [(x, xl), (delta, dl), (w, wl)])?;
+        Ok((out, Shape::from((2, n, d))))
+    }
+}
+
+impl SwiGlu {
+    fn dims(l: &Layout) -> candle_core::Result<(usize, usize)> {
+        let (n, two_ff) = l.shape().dims2()?;
+        if !two_ff.is_multiple_of(2) {
+            candle_core::bail!("swiglu: {} columns are not gate and up halves", two_ff);
+        }
+        Ok((n, two_ff / 2))
+    }
+}
+
+impl CustomOp1 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "swiglu"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, ff) = Self::dims(l)?;
+        let x = f32s(s, l, self.name())?;
+        let mut out = vec![0f32; n * ff];
+        out.par_chunks_mut(ff.max(1))
+            .zip(x.par_chunks(2 * ff.max(1)))
+            .for_each(|(o, row)| {
+                let (gate, up) = row.split_at(ff);
+                for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
+                    // candle's silu, then the product.
+                    *o = g / ((-g).exp() + 1.0) * u;
+                }
+            });
+        Ok((CpuStorage::F32(out), Shape::from((n, ff))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let (n, ff) = Self::dims(l)?;
+        if !l.is_contiguous() {
+            candle_core::bail!("swiglu: the input must be contiguous");
+        }
+        let out = cuda::swiglu((n, ff), (s, l))?;
+        Ok((out, Shape::from((n, ff))))
+    }
+}
+
+impl RotateQueries<'_> {
+    /// `(n, columns per row)` of `qkv`, checked against the rotation tables.
+    fn dims(&self, l: &Layout) -> candle_core::Result<(usize, usize)> {
+        let (n, stride) = l.shape().dims2()?;
+        let half = self.head_dim / 2;
+        let ok = self.head_dim.is_multiple_of(2)
+            && self.heads * self.head_dim <= stride
+            && self.cos.dims() == [n, half]
+            && self.sin.dims() == [n, half];
+        if !ok {
+            candle_core::bail!(
+                "rotate-queries: qkv {:?}, tables {:?}, {} heads of {}: shapes do not match",
+                l.dims(),
+                self.cos.dims(),
+                self.heads,
+                self.head_dim
+            );
+        }
+        Ok((n, stride))
+    }
+
+    fn out_shape(&self, n: usize) -> Shape {
+        Shape::from((n, self.heads, self.head_dim))
+    }
+}
+
+/// A CPU tensor's contiguous f32 values.
+fn host_f32s<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        candle_core::bail!("rotate-queries: a table is not on the CPU");
+    };
+    Ok(f(f32s(cpu, layout, "rotate-queries")?))
+}
+
+impl CustomOp1 for RotateQueries<'_> {
+    fn name(&self) -> &'static str {
+        "rotate-queries"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, stride) = self.dims(l)?;
+        let qkv = f32s(s, l, self.name())?;
+        let (width, half) = (self.heads * self.head_dim, self.head_dim / 2);
+        let mut out = vec![0f32; n * width];
+        host_f32s(self.cos, |cos| {
+            host_f32s(self.sin, |sin| {
+                for (r, o) in out.chunks_exact_mut(width).enumerate() {
+                    let (c, s) = (&cos[r * half..][..half], &sin[r * half..][..half]);
+                    let head_rows = qkv[r * stride..][..width].chunks_exact(self.head_dim);
+                    for (x, y) in head_rows.zip(o.chunks_exact_mut(self.head_dim)) {
+                        let pairs = x.chunks_exact(2).zip(y.chunks_exact_mut(2));
+                        for ((x, y), (&c, &s)) in pairs.zip(c.iter().zip(s)) {
+                            (y[0], y[1]) = rotate(x[0], x[1], c, s);
+                        }
+                    }
+                }
+            })
+        })??;
+        Ok((CpuStorage::F32(out), self.out_shape(n)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let (n, stride) = self.dims(l)?;
+        if !l.is_contiguous() {
+            candle_core::bail!("rotate-queries: qkv must be contiguous");
+        }
+        let out = cuda::rotate_queries(self, (n, stride), (s, l))?;
+        Ok((out, self.out_shape(n)))
+    }
+}
+
+// Launching a kernel is an FFI call (the crate's other unsafe code is the CPU kernels').
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod cuda {
+    //! The CUDA launches: a thread block per row for the norm, a thread per pair for the
+    //! rotation, a thread per output for SwiGLU.
+
+    use candle_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+    use candle_core::cuda::WrapErr;
+    use candle_core::{CudaDevice, CudaStorage, Layout};
+
+    use crate::candle::launch::{held, per_item, view, THREADS};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
+
+    /// An uninitialised output of `len` f32s, for a kernel that writes all of it.
+    fn output(dev: &CudaDevice, len: usize) -> candle_core::Result<CudaSlice<f32>> {
+        // SAFETY: every caller launches a kernel that writes each of the `len` elements.
+        Ok(unsafe { dev.alloc::<f32>(len) }?)
+    }
+
+    pub(super) fn add_rms_norm(
+        eps: f32,
+        (n, d): (usize, usize),
+        [(x, xl), (delta, dl), (w, wl)]: [(&CudaStorage, &Layout); 3],
+    ) -> candle_core::Result<CudaStorage> {
+        let dev = x.device.clone();
+        // Each row's block writes its sum and normed columns.
+        let mut out = output(&dev, 2 * n * d)?;
+        let func = dev.get_or_load_custom_func("add_rms_norm_f32", "sluice_fused", PTX)?;
+        if n > 0 {
+            // A block per row; fused.cu reduces over exactly `THREADS` threads.
+            let cfg = LaunchConfig {
+                grid_dim: (n as u32, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (xv, dv, wv) = (
+                view::<f32>(x, xl)?,
+                view::<f32>(delta, dl)?,
+                view::<f32>(w, wl)?,
+            );
+            let (n, d) = (n as i32, d as i32);
+            let mut b = func.builder();
+            b.arg(&mut out);
+            b.arg(&xv);
+            b.arg(&dv);
+            b.arg(&wv);
+            b.arg(&n);
+            b.arg(&d);
+            b.arg(&eps);
+            // SAFETY: the arguments match fused.cu's signature; the shapes were checked.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev))
+    }
+
+    pub(super) fn rotate_queries(
+        op: &super::RotateQueries<'_>,
+        (n, stride): (usize, usize),
+        (s, l): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<CudaStorage> {
+        let dev = s.device.clone();
+        let pairs = n * op.heads * op.head_dim / 2;
+        // A thread per pair.
+        let mut out = output(&dev, 2 * pairs)?;
+        let func = dev.get_or_load_custom_func("rotate_queries_f32", "sluice_fused", PTX)?;
+        if pairs > 0 {
+            let sv = view::<f32>(s, l)?;
+            let ints = [n as i32, stride as i32, op.heads as i32, op.head_dim as i32];
+            held::<f32, _>(op.cos, "rotate-queries", |cos| {
+                held::<f32, _>(op.sin, "rotate-queries", |sin| {
+                    let mut b = func.builder();
+                    b.arg(&mut out);
+                    b.arg(&sv);
+                    b.arg(&cos);
+                    b.arg(&sin);
+                    for i in &ints {
+                        b.arg(i);
+                    }
+                    // SAFETY: the arguments match fused.cu's signature; the shapes were checked.
+                    unsafe { b.launch(per_item(pairs)) }.w()?;
+                    Ok(())
+                })
+            })?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev))
+    }
+
+    pub(super) fn swiglu(
+        (n, ff): (usize, usize),
+        (s, l): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<CudaStorage> {
+        let dev = s.device.clone();
+        let total = n * ff;
+        // A thread per output.
+        let mut out = output(&dev, total)?;
+        let func = dev.get_or_load_custom_func("swiglu_f32", "sluice_fused", PTX)?;
+        if total > 0 {
+            let sv = view::<f32>(s, l)?;
+            let (n, ff) = (n as i32, ff as i32);
+            let mut b = func.builder();
+            b.arg(&mut out);
+            b.arg(&sv);
+            b.arg(&n);
+            b.arg(&ff);
+            // SAFETY: the arguments match fused.cu's signature; the shape was checked.
+            unsafe { b.launch(per_item(total)) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::{add_rms_norm, rotate_queries, swiglu};
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    #[test]
+    fn add_rms_norm_is_the_add_then_candles_norm() {
+        let dev = Device::Cpu;
+        // More than 32 rows takes candle's parallel path, fewer its serial one.
+        for n in [1, 5, 40] {
+            let x = Tensor::randn(0f32, 1.0, (n, 96), &dev).unwrap();
+            let delta = Tensor::randn(0f32, 0.5, (n, 96), &dev).unwrap();
+            let w = Tensor::randn(1f32, 0.1, 96, &dev).unwrap();
+            let (sum, normed) = add_rms_norm(&x, &delta, &w, 1e-5).unwrap();
+            let want = (&x + &delta).unwrap();
+            assert_eq!(max_diff(&sum, &want), 0.0);
+            let want = candle_nn::ops::rms_norm(&want, &w, 1e-5).unwrap();
+            assert!(max_diff(&normed, &want) <= 1e-6, "{n} rows");
+            assert_eq!(normed.dims(), [n, 96]);
+        }
+        let bad = Tensor::zeros((2, 8), candle_core::DType::F32, &dev).unwrap();
+        let w = Tensor::ones(7, candle_core::DType::F32, &dev).unwrap();
+        assert!(add_rms_norm(&bad, &bad, &w, 1e-5).is_err());
+    }
+
+    #[test]
+    fn rotated_queries_are_candles_rope_of_the_query_columns() {
+        let dev = Device::Cpu;
+        let (n, heads, hd) = (3, 4, 8);
+        let qkv = Tensor::randn(0f32, 1.0, (n, heads * hd + 2 * 2 * hd), &dev).unwrap();
+        let angles = Tensor::randn(0f32, 1.0, (n, hd / 2), &dev).unwrap();
+        let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
+        let got = rotate_queries(&qkv, (&cos, &sin), heads, hd).unwrap();
+        let q = qkv.narrow(1, 0, heads * hd).unwrap().contiguous().unwrap();
+        let q = q.reshape((n, heads, 1, hd)).unwrap();
+        let (c3, s3) = (
+            cos.reshape((n, 1, ())).unwrap(),
+            sin.reshape((n, 1, ())).unwrap(),
+        );
+        let want = candle_nn::rotary_emb::rope_i(&q, &c3, &s3).unwrap();
+        assert_eq!(got.dims(), [n, heads, hd]);
+        assert_eq!(max_diff(&got, &want.reshape((n, heads, hd)).unwrap()), 0.0);
+        let short = angles.narrow(0, 0, 2).unwrap();
+        assert!(rotate_queries(&qkv, (&short, &short), heads, hd).is_err());
+    }
+
+    #[test]
+    fn swiglu_is_silu_of_the_gate_times_up() {
+        let dev = Device::Cpu;
+        let gate_up = Tensor::randn(0f32, 2.0, (3, 2 * 48), &dev).unwrap();
+        let want = (candle_nn::ops::silu(&gate_up.narrow(1, 0, 48).unwrap()).unwrap()
+            * gate_up.narrow(1, 48, 48).unwrap())
+        .unwrap();
+        let got = swiglu(&gate_up).unwrap();
+        assert_eq!(got.dims(), [3, 48]);
+        assert!(max_diff(&got, &want) <= 1e-6);
+        let odd = Tensor::zeros((2, 7), candle_core::DType::F32, &dev).unwrap();
+        assert!(swiglu(&odd).is_err());
+    }
+}
