@@ -357,14 +357,22 @@ fn oracle(scn: &Scenario, requests: &[Request]) -> (Built, String) {
             f.attainment * 100.0,
             f.replays
         )
-    } else {
+    } else if f.at_limits {
         format!(
-            "oracle: no schedule within --max-replicas {} found meeting {:.0} % (best {:.2} %, \
-             {} replays)",
+            "oracle: no schedule within --max-replicas {} meets {:.0} % (at those limits where it \
+             misses: {:.2} %, {} replays)",
             scn.max_replicas_per_variant,
             scn.goal * 100.0,
             f.attainment * 100.0,
             f.replays
+        )
+    } else {
+        format!(
+            "oracle: the search found no schedule meeting {:.0} % within its {} replays (best \
+             {:.2} %); more replicas than it tried may",
+            scn.goal * 100.0,
+            f.replays,
+            f.attainment * 100.0
         )
     };
     ((Box::new(f.schedule), f.initial), note)
