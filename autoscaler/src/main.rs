@@ -125,7 +125,7 @@ struct SimulateArgs {
     suite_duration: f64,
     #[command(flatten)]
     common: Common,
-    /// Multiply the trace's arrival rate (copies shifted by up to 60 s; below 1 thins it).
+    /// Multiply the trace's arrival rate (copies shifted by up to ±30 s; below 1 thins it).
     #[arg(long, env = "SLUICE_AUTOSCALER_RATE_SCALE", default_value_t = 4.0)]
     rate_scale: f64,
     /// Policies to compare, comma-separated.

@@ -46,8 +46,8 @@ pub const COPY_SPREAD_S: f64 = 60.0;
 /// Multiplies the arrival rate by `scale` while keeping the trace's duration and its
 /// minute-scale shape: each request becomes ⌊scale⌋ copies, plus one more with probability
 /// `scale − ⌊scale⌋` (so a scale below one thins the trace); copies after the first are shifted
-/// by a uniform 0–60 s, so they do not arrive in lockstep. Seeded: the same seed, the same
-/// trace.
+/// by a uniform ±30 s, so they do not arrive in lockstep, and mirrored at the trace's ends.
+/// Seeded: the same seed, the same trace.
 pub fn scale(requests: &[Request], scale: f64, seed: u64) -> Vec<Request> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let whole = scale.floor() as u32;
@@ -57,15 +57,24 @@ pub fn scale(requests: &[Request], scale: f64, seed: u64) -> Vec<Request> {
     for r in requests {
         let n = whole + u32::from(frac > 0.0 && rng.random::<f64>() < frac);
         for k in 0..n {
-            let shift = if k == 0 {
-                0.0
+            // Copies after the first land within half the spread either side of the original;
+            // one that would fall outside the trace is mirrored back into it, which keeps the
+            // rate of a steady trace even up to both ends (clamped to the end, the last
+            // minute's copies piled up there as a burst the trace lacks).
+            let arrival_s = if k == 0 {
+                r.arrival_s
             } else {
-                rng.random::<f64>() * COPY_SPREAD_S
+                let t = r.arrival_s + (rng.random::<f64>() - 0.5) * COPY_SPREAD_S;
+                let mirrored = if t < 0.0 {
+                    -t
+                } else if t > end {
+                    2.0 * end - t
+                } else {
+                    t
+                };
+                mirrored.clamp(0.0, end)
             };
-            out.push(Request {
-                arrival_s: (r.arrival_s + shift).min(end),
-                ..*r
-            });
+            out.push(Request { arrival_s, ..*r });
         }
     }
     out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
@@ -119,5 +128,13 @@ mod tests {
         let (rate, w) = tl.window(600.0, 1200.0).unwrap();
         assert!((rate - 4.0 / 3.6).abs() < 0.1, "{rate}");
         assert_eq!(w.mean_prompt_tokens, 100.0);
+        // The last minute keeps the rate too: no copies piled up at the last instant.
+        let end = base.last().unwrap().arrival_s;
+        let at_end = four.iter().filter(|r| r.arrival_s >= end - 1.0).count();
+        assert!(at_end <= 8, "{at_end} copies in the last second");
+        for (from, to) in [(0.0, 60.0), (end - 60.0, end)] {
+            let (rate, _) = tl.window(from, to).unwrap();
+            assert!((rate - 4.0 / 3.6).abs() < 0.25, "{from}..{to}: {rate}");
+        }
     }
 }
