@@ -159,7 +159,7 @@ fn structured_outputs(v: &Value) -> Result<AnswerFormat, ApiError> {
             "choice" => choice(val, P)?,
             "grammar" => grammar(val, P)?,
             "json_object" => match val {
-                Value::Bool(true) => Grammar::JsonSchema(serde_json::json!({"type": "object"})),
+                Value::Bool(true) => tools::any_json_object(),
                 Value::Bool(false) => continue,
                 _ => {
                     return Err(ApiError::bad(

@@ -118,6 +118,11 @@ fn bad(message: impl Into<String>, param: impl Into<String>) -> ApiError {
     ApiError::bad(message, param)
 }
 
+/// JSON mode (`response_format: json_object`, vLLM's `guided_json_object`): any JSON object.
+pub fn any_json_object() -> Grammar {
+    Grammar::JsonSchema(json!({"type": "object"}))
+}
+
 /// `response_format`: `text`, `json_object` or `json_schema` (with `json_schema.schema`).
 pub fn response_format(rf: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
     let Some(rf) = rf.filter(|v| !v.is_null()) else {
@@ -126,7 +131,7 @@ pub fn response_format(rf: Option<&Value>) -> Result<Option<Grammar>, ApiError> 
     let kind = rf.get("type").and_then(Value::as_str);
     match kind {
         Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(Grammar::JsonSchema(json!({"type": "object"})))),
+        Some("json_object") => Ok(Some(any_json_object())),
         Some("json_schema") => {
             let js = rf.get("json_schema").ok_or_else(|| {
                 bad(

@@ -102,13 +102,7 @@ unsafe fn columns(path: QPath, a: &QuantActs, w: KWeights<'_>, c0: usize, c1: us
         // SAFETY: r < rows, c < n: inside the output, in this task's columns.
         unsafe { *out.0.add(r * n + c) = v };
     };
-    let (max_r, max_c) = match path {
-        QPath::Scalar => (1, 1),
-        #[cfg(target_arch = "x86_64")]
-        QPath::Avx2 => (2, 2),
-        #[cfg(target_arch = "x86_64")]
-        QPath::Avx512Vnni => (4, 4),
-    };
+    let (max_r, max_c) = path.max_tile();
     walk_tiles(
         a.rows,
         c0,

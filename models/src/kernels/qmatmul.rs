@@ -56,6 +56,17 @@ pub enum QPath {
 }
 
 impl QPath {
+    /// The largest tile (rows, columns) this path's kernels are instantiated for.
+    pub(crate) fn max_tile(self) -> (usize, usize) {
+        match self {
+            QPath::Scalar => (1, 1),
+            #[cfg(target_arch = "x86_64")]
+            QPath::Avx2 => (2, 2),
+            #[cfg(target_arch = "x86_64")]
+            QPath::Avx512Vnni => (4, 4),
+        }
+    }
+
     /// Every path this CPU can run, the scalar reference first.
     pub fn available() -> Vec<QPath> {
         let mut paths = vec![QPath::Scalar];
@@ -192,13 +203,7 @@ unsafe fn columns(
             }
         }
     }
-    let (max_r, max_c) = match path {
-        QPath::Scalar => (1, 1),
-        #[cfg(target_arch = "x86_64")]
-        QPath::Avx2 => (2, 2),
-        #[cfg(target_arch = "x86_64")]
-        QPath::Avx512Vnni => (4, 4),
-    };
+    let (max_r, max_c) = path.max_tile();
     walk_tiles(
         a.rows,
         c0,
