@@ -11,6 +11,8 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::operands::{cpu_slice, held_on_cpu};
+
 /// `x + delta` and its RMS norm scaled by `weight`: `apply_op3(x, delta, weight)` gives
 /// `[2, n, d]`, the sum then the normed sum (see [`add_rms_norm`]).
 #[derive(Debug, Clone, Copy)]
@@ -74,14 +76,6 @@ pub(crate) fn swiglu(gate_up: &Tensor) -> candle_core::Result<Tensor> {
     gate_up.apply_op1_no_bwd(&SwiGlu)
 }
 
-/// The contiguous f32 slice of a CPU storage that `layout` covers.
-fn f32s<'a>(s: &'a CpuStorage, layout: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&s.as_slice::<f32>()?[start..end]),
-        None => candle_core::bail!("{op}: inputs must be contiguous"),
-    }
-}
-
 impl AddRmsNorm {
     /// `(n, d)` from the three layouts, which must agree.
     fn dims(x: &Layout, delta: &Layout, w: &Layout) -> candle_core::Result<(usize, usize)> {
@@ -127,9 +121,9 @@ impl CustomOp3 for AddRmsNorm {
         let (n, d) = Self::dims(xl, dl, wl)?;
         let name = self.name();
         let (x, delta, w) = (
-            f32s(x, xl, name)?,
-            f32s(delta, dl, name)?,
-            f32s(w, wl, name)?,
+            cpu_slice::<f32>(x, xl, name)?,
+            cpu_slice::<f32>(delta, dl, name)?,
+            cpu_slice::<f32>(w, wl, name)?,
         );
         let mut out = vec![0f32; 2 * n * d];
         let (sums, normed) = out.split_at_mut(n * d);
@@ -181,7 +175,7 @@ impl CustomOp1 for SwiGlu {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (n, ff) = Self::dims(l)?;
-        let x = f32s(s, l, self.name())?;
+        let x = cpu_slice::<f32>(s, l, self.name())?;
         let mut out = vec![0f32; n * ff];
         out.par_chunks_mut(ff.max(1))
             .zip(x.par_chunks(2 * ff.max(1)))
@@ -236,15 +230,6 @@ impl RotateQueries<'_> {
     }
 }
 
-/// A CPU tensor's contiguous f32 values.
-fn host_f32s<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    let candle_core::Storage::Cpu(cpu) = &*storage else {
-        candle_core::bail!("rotate-queries: a table is not on the CPU");
-    };
-    Ok(f(f32s(cpu, layout, "rotate-queries")?))
-}
-
 impl CustomOp1 for RotateQueries<'_> {
     fn name(&self) -> &'static str {
         "rotate-queries"
@@ -252,11 +237,12 @@ impl CustomOp1 for RotateQueries<'_> {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (n, stride) = self.dims(l)?;
-        let qkv = f32s(s, l, self.name())?;
+        let qkv = cpu_slice::<f32>(s, l, self.name())?;
         let (width, half) = (self.heads * self.head_dim, self.head_dim / 2);
         let mut out = vec![0f32; n * width];
-        host_f32s(self.cos, |cos| {
-            host_f32s(self.sin, |sin| {
+        let name = self.name();
+        held_on_cpu::<f32, _>(self.cos, name, |cos| {
+            held_on_cpu::<f32, _>(self.sin, name, |sin| {
                 for (r, o) in out.chunks_exact_mut(width).enumerate() {
                     let (c, s) = (&cos[r * half..][..half], &sin[r * half..][..half]);
                     let head_rows = qkv[r * stride..][..width].chunks_exact(self.head_dim);
@@ -267,8 +253,9 @@ impl CustomOp1 for RotateQueries<'_> {
                         }
                     }
                 }
+                Ok(())
             })
-        })??;
+        })?;
         Ok((CpuStorage::F32(out), self.out_shape(n)))
     }
 
@@ -298,7 +285,7 @@ mod cuda {
     use candle_core::cuda::WrapErr;
     use candle_core::{CudaDevice, CudaStorage, Layout};
 
-    use crate::candle::launch::{held, per_item, view, THREADS};
+    use crate::candle::operands::{held, per_item, view, THREADS};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
 

@@ -10,10 +10,11 @@
 //! launch-bound, so it is two. The CPU implementation computes exactly what those ops did, and
 //! is what the tests run; the CUDA one is `kv.cu` (PTX from `build.rs` under `cuda`).
 
-use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Storage, Tensor};
+use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Tensor};
 use half::f16;
 
 use super::fused::rotate;
+use super::operands::held_on_cpu;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::pool_elements;
@@ -144,21 +145,6 @@ impl KvWrite<'_> {
     }
 }
 
-/// The contiguous slice of a tensor on the CPU.
-fn host_slice<T: candle_core::WithDType>(
-    t: &Tensor,
-    f: impl FnOnce(&[T]) -> candle_core::Result<()>,
-) -> candle_core::Result<()> {
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cpu(cpu) = &*storage else {
-        candle_core::bail!("kv write: an input is not on the CPU");
-    };
-    match layout.contiguous_offsets() {
-        Some((start, end)) => f(&cpu.as_slice::<T>()?[start..end]),
-        None => candle_core::bail!("kv write: inputs must be contiguous"),
-    }
-}
-
 impl InplaceOp2 for KvWrite<'_> {
     fn name(&self) -> &'static str {
         "kv-write"
@@ -176,9 +162,10 @@ impl InplaceOp2 for KvWrite<'_> {
             candle_core::bail!("kv write: the pool is not f16");
         };
         let src = &src.as_slice::<f32>()?[sl.start_offset()..];
-        host_slice::<u32>(self.rows.slots, |slots| {
-            host_slice::<f32>(self.rows.cos, |cos| {
-                host_slice::<f32>(self.rows.sin, |sin| {
+        let name = self.name();
+        held_on_cpu::<u32, _>(self.rows.slots, name, |slots| {
+            held_on_cpu::<f32, _>(self.rows.cos, name, |cos| {
+                held_on_cpu::<f32, _>(self.rows.sin, name, |sin| {
                     for (r, &slot) in slots.iter().take(d.n).enumerate() {
                         let slot = slot as usize;
                         if slot >= d.slots {
@@ -247,7 +234,7 @@ mod cuda {
     use half::f16;
 
     use super::{Dims, KvWrite};
-    use crate::candle::launch::{held, per_item, view};
+    use crate::candle::operands::{held, per_item, view};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kv.ptx"));
 

@@ -13,9 +13,8 @@
 mod attention;
 mod fused;
 mod kv;
-#[cfg(feature = "cuda")]
-mod launch;
 mod linear;
+mod operands;
 mod paged;
 #[cfg(test)]
 mod paged_tests;

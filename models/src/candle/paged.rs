@@ -15,6 +15,7 @@ use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Storage, Tensor}
 use half::f16;
 use rayon::prelude::*;
 
+use super::operands::cpu_slice;
 use crate::kernels::dot;
 
 /// The metadata of one step's paged rows, on the host, before it is uploaded.
@@ -240,19 +241,6 @@ fn widen(src: &[f16], dst: &mut [f32]) {
     src.convert_to_f32_slice(dst);
 }
 
-/// The contiguous slice of a CPU storage that `layout` covers.
-fn cpu_slice<'a, T: candle_core::WithDType>(
-    s: &'a CpuStorage,
-    layout: &Layout,
-    name: &str,
-) -> candle_core::Result<&'a [T]> {
-    let all = s.as_slice::<T>()?;
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&all[start..end]),
-        None => candle_core::bail!("paged attention: {name} must be contiguous"),
-    }
-}
-
 impl CustomOp3 for PagedAttention {
     fn name(&self) -> &'static str {
         "paged-attention"
@@ -273,10 +261,10 @@ impl CustomOp3 for PagedAttention {
             candle_core::bail!("paged attention: the metadata is not on the CPU");
         };
         let inp = Inputs {
-            q: cpu_slice(q, ql, "q")?,
-            k: cpu_slice(k, kl, "k")?,
-            v: cpu_slice(v, vl, "v")?,
-            meta: cpu_slice(meta_cpu, meta_layout, "meta")?,
+            q: cpu_slice(q, ql, "paged attention (q)")?,
+            k: cpu_slice(k, kl, "paged attention (k)")?,
+            v: cpu_slice(v, vl, "paged attention (v)")?,
+            meta: cpu_slice(meta_cpu, meta_layout, "paged attention (meta)")?,
             rows: self.rows,
         };
         self.check_meta(inp.meta, dims)?;
@@ -364,7 +352,7 @@ mod cuda {
     use half::f16;
 
     use super::{kernel_supports, PagedAttention, THREADS};
-    use crate::candle::launch::{held, view};
+    use crate::candle::operands::{held, view};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged.ptx"));
     /// Context positions per tile; must match `TILE` in paged.cu.
