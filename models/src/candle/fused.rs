@@ -36,11 +36,20 @@ struct RotateQueries<'a> {
     head_dim: usize,
 }
 
-/// A pair `(x0, x1)` rotated by the angle whose cosine and sine are `(c, s)`, in the order of
-/// operations candle's `rope_i` uses (one owner of the rule: the KV write uses it too).
-#[inline]
-pub(crate) fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
-    (x0 * c - x1 * s, x0 * s + x1 * c)
+/// One token's `row` (whole heads of `head_dim`) as GGUF's interleaved RoPE rotates it: each
+/// head's pairs `(2i, 2i + 1)` turned by the angle whose cosine and sine are `cos[i]`, `sin[i]`,
+/// in the order of operations candle's `rope_i` uses. The one owner of the rule: the queries'
+/// op and the KV write both take their rotated pairs from here.
+pub(crate) fn rotated_pairs<'a>(
+    row: &'a [f32],
+    head_dim: usize,
+    (cos, sin): (&'a [f32], &'a [f32]),
+) -> impl Iterator<Item = (f32, f32)> + 'a {
+    row.chunks_exact(head_dim).flat_map(move |head| {
+        head.chunks_exact(2)
+            .zip(cos.iter().zip(sin))
+            .map(|(x, (&c, &s))| (x[0] * c - x[1] * s, x[0] * s + x[1] * c))
+    })
 }
 
 /// The queries of `qkv` (`[n, ≥ heads · head_dim]` f32, queries first) rotated by each token's
@@ -148,11 +157,6 @@ impl CustomOp3 for AddRmsNorm {
         wl: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (n, d) = Self::dims(xl, dl, wl)?;
-        for l in [xl, dl, wl] {
-            if !l.is_contiguous() {
-                candle_core::bail!("add-rms-norm: inputs must be contiguous");
-            }
-        }
         let out = cuda::add_rms_norm(self.eps, (n, d), [(x, xl), (delta, dl), (w, wl)])?;
         Ok((out, Shape::from((2, n, d))))
     }
@@ -196,9 +200,6 @@ impl CustomOp1 for SwiGlu {
         l: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (n, ff) = Self::dims(l)?;
-        if !l.is_contiguous() {
-            candle_core::bail!("swiglu: the input must be contiguous");
-        }
         let out = cuda::swiglu((n, ff), (s, l))?;
         Ok((out, Shape::from((n, ff))))
     }
@@ -244,13 +245,11 @@ impl CustomOp1 for RotateQueries<'_> {
         held_on_cpu::<f32, _>(self.cos, name, |cos| {
             held_on_cpu::<f32, _>(self.sin, name, |sin| {
                 for (r, o) in out.chunks_exact_mut(width).enumerate() {
-                    let (c, s) = (&cos[r * half..][..half], &sin[r * half..][..half]);
-                    let head_rows = qkv[r * stride..][..width].chunks_exact(self.head_dim);
-                    for (x, y) in head_rows.zip(o.chunks_exact_mut(self.head_dim)) {
-                        let pairs = x.chunks_exact(2).zip(y.chunks_exact_mut(2));
-                        for ((x, y), (&c, &s)) in pairs.zip(c.iter().zip(s)) {
-                            (y[0], y[1]) = rotate(x[0], x[1], c, s);
-                        }
+                    let angles = (&cos[r * half..][..half], &sin[r * half..][..half]);
+                    let row = &qkv[r * stride..][..width];
+                    let pairs = rotated_pairs(row, self.head_dim, angles);
+                    for (y, (y0, y1)) in o.chunks_exact_mut(2).zip(pairs) {
+                        (y[0], y[1]) = (y0, y1);
                     }
                 }
                 Ok(())
@@ -266,9 +265,6 @@ impl CustomOp1 for RotateQueries<'_> {
         l: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (n, stride) = self.dims(l)?;
-        if !l.is_contiguous() {
-            candle_core::bail!("rotate-queries: qkv must be contiguous");
-        }
         let out = cuda::rotate_queries(self, (n, stride), (s, l))?;
         Ok((out, self.out_shape(n)))
     }

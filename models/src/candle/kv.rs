@@ -13,8 +13,8 @@
 use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Tensor};
 use half::f16;
 
-use super::fused::rotate;
-use super::operands::held_on_cpu;
+use super::fused::rotated_pairs;
+use super::operands::{cpu_slice, held_on_cpu};
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::pool_elements;
@@ -161,8 +161,8 @@ impl InplaceOp2 for KvWrite<'_> {
         let CpuStorage::F16(pool) = pool else {
             candle_core::bail!("kv write: the pool is not f16");
         };
-        let src = &src.as_slice::<f32>()?[sl.start_offset()..];
         let name = self.name();
+        let src = cpu_slice::<f32>(src, sl, name)?;
         held_on_cpu::<u32, _>(self.rows.slots, name, |slots| {
             held_on_cpu::<f32, _>(self.rows.cos, name, |cos| {
                 held_on_cpu::<f32, _>(self.rows.sin, name, |sin| {
@@ -199,25 +199,16 @@ impl InplaceOp2 for KvWrite<'_> {
 impl KvWrite<'_> {
     /// One token: `from` (f32, `kv_width`) rotated pairwise by `(cos, sin)` when `rope`, as
     /// GGUF's interleaved RoPE does, into `to` (f16).
-    fn row(&self, from: &[f32], to: &mut [f16], (cos, sin): (&[f32], &[f32])) {
+    fn row(&self, from: &[f32], to: &mut [f16], angles: (&[f32], &[f32])) {
         if !self.rope {
             to.iter_mut()
                 .zip(from)
                 .for_each(|(t, &x)| *t = f16::from_f32(x));
             return;
         }
-        for (head_in, head_out) in from
-            .chunks_exact(self.head_dim)
-            .zip(to.chunks_exact_mut(self.head_dim))
-        {
-            for (i, (x, y)) in head_in
-                .chunks_exact(2)
-                .zip(head_out.chunks_exact_mut(2))
-                .enumerate()
-            {
-                let (y0, y1) = rotate(x[0], x[1], cos[i], sin[i]);
-                (y[0], y[1]) = (f16::from_f32(y0), f16::from_f32(y1));
-            }
+        let pairs = rotated_pairs(from, self.head_dim, angles);
+        for (y, (y0, y1)) in to.chunks_exact_mut(2).zip(pairs) {
+            (y[0], y[1]) = (f16::from_f32(y0), f16::from_f32(y1));
         }
     }
 }
