@@ -538,12 +538,21 @@ struct Confirmed {
 }
 
 impl Confirmed {
+    /// A replay of `m`: the cheapest that met so far, and the one that missed least.
     fn keep(&mut self, m: Vec<f64>, (misses, cost): (Vec<usize>, f64), allowed: usize) {
-        let total: usize = misses.iter().sum();
-        if total <= allowed && self.best.as_ref().is_none_or(|b| cost < b.1) {
-            self.best = Some((m.clone(), cost, total));
+        let replay = Closest::new(m, misses, cost);
+        self.note_met(&replay, allowed);
+        if replay.total < self.closest.total {
+            self.closest = replay;
         }
-        self.closest.keep(m, misses, cost);
+    }
+
+    /// Keeps `replay` as the best when it met the goal for less.
+    fn note_met(&mut self, replay: &Closest, allowed: usize) {
+        let (total, cost) = (replay.total, replay.cost);
+        if total <= allowed && self.best.as_ref().is_none_or(|b| cost < b.1) {
+            self.best = Some((replay.m.clone(), cost, total));
+        }
     }
 }
 
@@ -580,15 +589,12 @@ struct Closest {
 }
 
 impl Closest {
-    fn keep(&mut self, m: Vec<f64>, misses: Vec<usize>, cost: f64) {
-        let total = misses.iter().sum();
-        if total < self.total {
-            *self = Closest {
-                m,
-                misses,
-                total,
-                cost,
-            };
+    fn new(m: Vec<f64>, misses: Vec<usize>, cost: f64) -> Self {
+        Closest {
+            total: misses.iter().sum(),
+            m,
+            misses,
+            cost,
         }
     }
 
@@ -625,8 +631,9 @@ fn escalate(
         let missed = last.m.clone();
         let (miss, run) = s.sample(&m, samples);
         // Raised segments stay raised even where queues moved misses elsewhere.
-        state.closest.total = usize::MAX;
-        state.keep(m, (miss, run.cost_usd), allowed);
+        let replay = Closest::new(m, miss, run.cost_usd);
+        state.note_met(&replay, allowed);
+        state.closest = replay;
         if state.best.is_some() {
             return (done + 1, Some(missed));
         }
