@@ -46,7 +46,7 @@ impl DeviceSpec {
         match self {
             Self::Cpu => Ok(candle_core::Device::Cpu),
             #[cfg(feature = "cuda")]
-            Self::Cuda(n) => candle_core::Device::new_cuda(n)
+            Self::Cuda(n) => open_cuda(n, crate::candle::cuda_graphs_from_env())
                 .map_err(|e| ModelError::Device(format!("cannot open cuda:{n}: {e}"))),
             #[cfg(not(feature = "cuda"))]
             Self::Cuda(n) => Err(ModelError::Device(format!(
@@ -54,6 +54,25 @@ impl DeviceSpec {
             ))),
         }
     }
+}
+
+/// Opens GPU `n` on candle's per-thread stream, or, for decode steps captured as CUDA graphs
+/// (`graphs`), on a stream of its own, which a capture needs, with cudarc's cross-stream event
+/// tracking off: every tensor lives on that one stream, and a capture cannot wait on events
+/// recorded outside it.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+fn open_cuda(n: usize, graphs: bool) -> candle_core::Result<candle_core::Device> {
+    if !graphs {
+        return candle_core::Device::new_cuda(n);
+    }
+    let device = candle_core::Device::new_cuda_with_stream(n)?;
+    if let candle_core::Device::Cuda(d) = &device {
+        // SAFETY: called before any tensor exists on the device, and all of them are used on
+        // its one stream, so no cross-stream ordering is left to events.
+        unsafe { d.disable_event_tracking() };
+    }
+    Ok(device)
 }
 
 /// Which implementation of the forward pass runs.

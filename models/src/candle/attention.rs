@@ -124,9 +124,7 @@ impl StepPlan {
         (block_size, path): (usize, AttentionPath),
         device: &Device,
     ) -> Result<Self> {
-        let slot = |table: &[u32], pos: usize| {
-            table[pos / block_size] * block_size as u32 + (pos % block_size) as u32
-        };
+        let slot = |table: &[u32], pos: usize| slot_of(table, pos, block_size);
         let (mut tokens, mut positions, mut slots) = (Vec::new(), Vec::new(), Vec::new());
         for s in &batch.seqs {
             for (j, &t) in s.tokens.iter().enumerate() {
@@ -172,6 +170,30 @@ impl StepPlan {
             out_rows,
         })
     }
+
+    /// A plan over tensors the caller keeps ([`super::replay`]): every row one decode token,
+    /// paged by `paged`, with logits for `logit_rows`.
+    pub(crate) fn decodes(
+        (tokens, positions, slots): (&Tensor, &Tensor, &Tensor),
+        logit_rows: &Tensor,
+        paged: PagedAttention,
+    ) -> Self {
+        Self {
+            tokens: tokens.clone(),
+            positions: positions.clone(),
+            slots: slots.clone(),
+            num_logit_rows: logit_rows.elem_count(),
+            logit_rows: logit_rows.clone(),
+            paged: Some(paged),
+            groups: Vec::new(),
+            out_rows: None,
+        }
+    }
+}
+
+/// The pool slot of position `pos` of a sequence with block table `table`.
+pub(crate) fn slot_of(table: &[u32], pos: usize, block_size: usize) -> u32 {
+    table[pos / block_size] * block_size as u32 + (pos % block_size) as u32
 }
 
 /// Each sequence's first token row.

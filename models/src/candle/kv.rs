@@ -10,6 +10,8 @@
 //! launch-bound, so it is two. The CPU implementation computes exactly what those ops did, and
 //! is what the tests run; the CUDA one is `kv.cu` (PTX from `build.rs` under `cuda`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Tensor};
 use half::f16;
 
@@ -23,7 +25,15 @@ use crate::kv::pool_elements;
 #[derive(Debug)]
 pub struct DeviceKv {
     layers: Vec<(Tensor, Tensor)>,
+    /// Which pool this is, for what remembers its addresses (captured steps, [`super::replay`]).
+    id: u64,
+    /// The block past the `num_blocks` the store hands out: where padding rows of a replayed
+    /// step write, never read by a sequence.
+    scratch_block: u32,
 }
+
+/// Pools made so far in this process: each pool's [`DeviceKv::id`].
+static POOLS: AtomicU64 = AtomicU64::new(0);
 
 /// Where a step's keys and values come from and go to, shared by every layer.
 #[derive(Debug, Clone, Copy)]
@@ -36,21 +46,22 @@ pub(crate) struct StepRows<'a> {
 }
 
 impl DeviceKv {
-    /// Allocates the pool, zeroed. A device that cannot hold it gives an error naming the size,
-    /// never an abort later.
+    /// Allocates the pool, zeroed, with one scratch block past `num_blocks`. A device that
+    /// cannot hold it gives an error naming the size, never an abort later.
     pub(crate) fn new(
         config: &LlamaConfig,
         num_blocks: usize,
         block_size: usize,
         device: &Device,
     ) -> Result<Self> {
-        pool_elements(config, num_blocks, block_size)?;
-        let shape = (num_blocks * block_size, config.kv_width());
+        let blocks = num_blocks + 1;
+        pool_elements(config, blocks, block_size)?;
+        let shape = (blocks * block_size, config.kv_width());
         let alloc = || {
             Tensor::zeros(shape, DType::F16, device).map_err(|e| {
                 ModelError::Device(format!(
                     "cannot allocate a KV pool of {num_blocks} blocks ({} MiB) on {:?}: {e}",
-                    (num_blocks * crate::kv::KvStore::bytes_per_block(config, block_size)) >> 20,
+                    (blocks * crate::kv::KvStore::bytes_per_block(config, block_size)) >> 20,
                     device.location()
                 ))
             })
@@ -58,7 +69,23 @@ impl DeviceKv {
         let layers = (0..config.block_count)
             .map(|_| Ok((alloc()?, alloc()?)))
             .collect::<Result<_>>()?;
-        Ok(Self { layers })
+        let scratch_block = u32::try_from(num_blocks)
+            .map_err(|_| ModelError::Device(format!("{num_blocks} KV blocks overflow u32")))?;
+        Ok(Self {
+            layers,
+            id: POOLS.fetch_add(1, Ordering::Relaxed),
+            scratch_block,
+        })
+    }
+
+    /// Which pool this is: distinct for every pool this process makes.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The block no sequence is given: padding rows write and read it.
+    pub(crate) fn scratch_block(&self) -> u32 {
+        self.scratch_block
     }
 
     /// Writes the step's keys (RoPE applied) and values into their slots, reading them from

@@ -19,9 +19,10 @@ mod paged;
 #[cfg(test)]
 mod paged_tests;
 mod profile;
+mod replay;
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
@@ -30,6 +31,7 @@ use candle_nn::ops::rms_norm;
 pub use attention::{AttentionPath, PAGED_MAX_CHUNK};
 pub use kv::DeviceKv;
 use kv::StepRows;
+pub use replay::{from_env as cuda_graphs_from_env, GraphStatus};
 
 use crate::batch::StepBatch;
 use crate::config::LlamaConfig;
@@ -41,6 +43,7 @@ use attention::StepPlan;
 use fused::{add_rms_norm, rotate_queries, swiglu};
 use linear::{read_matrix, Linear, Place, Weight};
 use profile::{Clock, Phase, Profiler};
+use replay::Replay;
 
 /// The token embeddings: kept in their stored type (quantized rows are dequantized as they are
 /// looked up), so a quantized table costs its file size, not four bytes per weight.
@@ -107,6 +110,8 @@ pub struct CandleLlama {
     profiler: Profiler,
     /// The [`AttentionPath`] steps take ([`CandleLlama::set_attention`]), as its index.
     attention: AtomicU8,
+    /// Decode steps from fixed inputs, captured as CUDA graphs on a GPU ([`replay`]).
+    replay: Mutex<Replay>,
 }
 
 impl CandleLlama {
@@ -168,6 +173,7 @@ impl CandleLlama {
             threads,
             profiler: Profiler::default(),
             attention: AtomicU8::new(attention as u8),
+            replay: Mutex::new(Replay::new(replay::from_env())),
         })
     }
 
@@ -193,6 +199,21 @@ impl CandleLlama {
     /// The attention path steps take.
     pub fn attention(&self) -> AttentionPath {
         ATTENTION_PATHS[usize::from(self.attention.load(Ordering::Relaxed))]
+    }
+
+    /// Turns replayed decode steps on or off (default: `SLUICE_CUDA_GRAPHS`, see [`replay`]):
+    /// how gpucheck and the tests compare them with eager steps.
+    pub fn set_cuda_graphs(&self, on: bool) {
+        self.replay().set(on);
+    }
+
+    /// Whether decode steps are replayed, how many were, and why capturing failed if it did.
+    pub fn cuda_graphs(&self) -> GraphStatus {
+        self.replay().status()
+    }
+
+    fn replay(&self) -> MutexGuard<'_, Replay> {
+        self.replay.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn config(&self) -> &LlamaConfig {
@@ -250,9 +271,47 @@ impl CandleLlama {
         if batch.seqs.is_empty() {
             return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu)?);
         }
+        if let Some(logits) = self.replayed(batch, block_size, pool)? {
+            return Ok(logits);
+        }
         let mut clock = self.profiler.clock(&self.device)?;
         let plan = StepPlan::new(batch, c, (block_size, self.attention()), &self.device)?;
         clock.mark(Phase::Plan)?;
+        let logits = self.run(&plan, pool, &mut clock)?.to_device(&Device::Cpu)?;
+        clock.mark(Phase::Logits)?;
+        Ok(logits)
+    }
+
+    /// `batch` as a replayed decode step, when it is one and the path is on (and the step is
+    /// not profiled, which synchronises between phases); `None` after noting an eager step.
+    fn replayed(
+        &self,
+        batch: &StepBatch,
+        block_size: usize,
+        pool: &DeviceKv,
+    ) -> Result<Option<Tensor>> {
+        let c = &self.config;
+        let mut replay = self.replay();
+        let paged = self.attention().on(&self.device) != AttentionPath::Gather
+            && paged::supported(&self.device, c.head_count, c.head_count_kv, c.head_dim);
+        if paged && !self.profiler.is_on() {
+            let run = |plan: &StepPlan| {
+                let mut clock = self.profiler.clock(&self.device)?;
+                self.run(plan, pool, &mut clock)
+            };
+            let at = (pool, block_size);
+            let on = (&self.config, &self.device);
+            if let Some(logits) = replay.step(batch, at, on, &run)? {
+                return Ok(Some(logits));
+            }
+        }
+        replay.ran_eagerly(batch.num_tokens());
+        Ok(None)
+    }
+
+    /// The layers over `plan`: the logits of its logit rows, f32, on the device.
+    fn run(&self, plan: &StepPlan, pool: &DeviceKv, clock: &mut Clock<'_>) -> Result<Tensor> {
+        let c = &self.config;
         let mut x = match &self.embed {
             Embedding::Quant(q) => q.embedding(&plan.tokens)?,
             Embedding::Dense(t) => t.index_select(&plan.tokens, 0)?.to_dtype(DType::F32)?,
@@ -263,17 +322,14 @@ impl CandleLlama {
         let mut h = rms_norm(&x, self.attn_norm(0), c.rms_norm_eps)?;
         clock.mark(Phase::Embed)?;
         for (li, layer) in self.layers.iter().enumerate() {
-            (x, h) = self.layer((li, layer), (&x, &h), (&plan, pool), &rope, &mut clock)?;
+            (x, h) = self.layer((li, layer), (&x, &h), (plan, pool), &rope, clock)?;
         }
         if plan.num_logit_rows == 0 {
             return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu)?);
         }
         // Only the rows that need logits go through the vocabulary product.
         let normed = h.index_select(&plan.logit_rows, 0)?;
-        let logits = self.head.forward(&normed)?;
-        let logits = logits.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
-        clock.mark(Phase::Logits)?;
-        Ok(logits)
+        Ok(self.head.forward(&normed)?.to_dtype(DType::F32)?)
     }
 
     /// The norm before layer `li`'s attention; past the last layer, the output norm.

@@ -72,6 +72,10 @@ impl Profiler {
         self.on.store(on, Ordering::Relaxed);
     }
 
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
     /// Each phase's accumulated seconds, by name, and clears them.
     pub fn take(&self) -> Vec<(&'static str, f64)> {
         let mut totals = self.totals.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,0 +1,116 @@
+//! Decode steps run from fixed inputs (the path a GPU captures as CUDA graphs, run eagerly on
+//! the CPU) against ordinary steps, through a whole model on the candle backend: the same
+//! schedule of prefills, decodes of changing sets of sequences (padded to different buckets,
+//! a bucket used again) and a step mixing a prefill with decodes gives the same logits either
+//! way, so padding rows write only the pool's scratch block and every bucket's inputs are
+//! rewritten in full each step. The capture itself needs a GPU: `make check-gpu` compares it.
+
+mod common;
+
+use sluice_models::logits::max_abs_diff;
+use sluice_models::{Backend, Logits, Model, ModelOptions, Network, SeqChunk, StepBatch};
+
+const BLOCK: usize = 16;
+const PER_SEQ: usize = 8;
+
+/// A 2-layer random-weight model of the default model's shape in f16 (products in f32 on the
+/// CPU, so a row's logits do not depend on 8-bit rounding of the batch's activations).
+fn f16_model() -> Model {
+    let dir = std::env::temp_dir().join(format!("sluice-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("smollm2-2l-f16.gguf");
+    common::synth(
+        &["--shape", "smollm2-135m", "--layers", "2", "--dtype", "f16"],
+        &path,
+    );
+    let options = ModelOptions {
+        backend: Backend::Candle,
+        ..Default::default()
+    };
+    let model = Model::load(&path, &options).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    model
+}
+
+/// Sequence `s`'s token at position `p`: deterministic, past the special tokens.
+fn token(s: usize, p: usize, vocab: usize) -> u32 {
+    (100 + (s * 7919 + p * 104_729) % (vocab - 100)) as u32
+}
+
+/// What one sequence feeds in a step.
+enum Feed {
+    Prefill(usize),
+    Decode,
+}
+
+/// Runs `schedule` (per step, which sequences feed what) on a fresh pool; every step's logits.
+fn run(m: &Model, schedule: &[Vec<(usize, Feed)>]) -> Vec<Vec<Vec<f32>>> {
+    let vocab = m.config().vocab_size;
+    let mut kv = m.new_kv_store(8 * PER_SEQ, BLOCK).unwrap();
+    let mut len = [0usize; 8];
+    let mut out = Vec::new();
+    for step in schedule {
+        let mut batch = StepBatch::new();
+        for (s, feed) in step {
+            let n = match feed {
+                Feed::Prefill(n) => *n,
+                Feed::Decode => 1,
+            };
+            let start = len[*s];
+            batch.push(SeqChunk {
+                tokens: (start..start + n).map(|p| token(*s, p, vocab)).collect(),
+                start_pos: start,
+                block_table: (s * PER_SEQ..(s + 1) * PER_SEQ).map(|b| b as u32).collect(),
+                logits: Logits::Last,
+            });
+            len[*s] += n;
+        }
+        out.push(
+            m.forward(&batch, &mut kv)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap(),
+        );
+    }
+    out
+}
+
+#[test]
+fn replayed_decode_steps_give_the_logits_of_ordinary_ones() {
+    let m = f16_model();
+    let Network::Candle(candle) = m.network() else {
+        panic!("the candle backend loads a candle network");
+    };
+    let prompts = [8, 16, 17, 33, 50, 75, 5];
+    let decode = |seqs: &[usize]| seqs.iter().map(|&s| (s, Feed::Decode)).collect::<Vec<_>>();
+    let all: Vec<usize> = (0..prompts.len()).collect();
+    let schedule = vec![
+        prompts
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| (s, Feed::Prefill(n)))
+            .collect(),
+        decode(&all),                                    // 7 rows: bucket 8
+        decode(&[0, 2, 4]),                              // bucket 4
+        decode(&[5]),                                    // bucket 1
+        decode(&all),                                    // bucket 8 again
+        vec![(1, Feed::Decode), (7, Feed::Prefill(20))], // a prefill beside a decode: ordinary
+        decode(&[0, 1, 2, 3, 4, 5, 6, 7]),
+        decode(&[3, 7]),
+        decode(&[6, 5, 4, 3, 2, 1, 0, 7]), // another order of the same sequences
+    ];
+    candle.set_cuda_graphs(false);
+    let plain = run(&m, &schedule);
+    assert_eq!(candle.cuda_graphs().steps, 0);
+    candle.set_cuda_graphs(true);
+    let replayed = run(&m, &schedule);
+    let status = candle.cuda_graphs();
+    // Every step but the two with a prefill took the path; on the CPU none is captured.
+    assert_eq!(status.steps, 7, "{status:?}");
+    assert_eq!((status.replayed, status.captured), (0, 0), "{status:?}");
+    for (i, (a, b)) in plain.iter().zip(&replayed).enumerate() {
+        assert_eq!(a.len(), b.len(), "step {i}: rows");
+        let d = max_abs_diff(a, b);
+        assert!(d <= 1e-4, "step {i}: max |Δ logit| {d}");
+    }
+}
