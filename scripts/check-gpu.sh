@@ -16,12 +16,16 @@
 #   - the paged-attention op against the gather path (gpucheck attention, candle backend):
 #     teacher-forced logprobs of both on the device, and decode tok/s at each batch size on
 #     each path, for both shapes;
+#   - decode steps replayed from CUDA graphs against eager ones (gpucheck graphs, candle
+#     backend): teacher-forced logprobs both ways, steps replayed and graphs captured (or why
+#     capturing failed), decode tok/s at each batch size each way, for the truncated default
+#     model and both shapes;
 #   - whether greedy tokens are identical alone and in a batch of 16, for both shapes and the
 #     truncated default model (real weights: random ones leave near-ties that any rounding
 #     difference flips);
-#   - `sluice serve` on the device, over HTTP, for the truncated default model and Llama-3-8B's
-#     shape: KV pool sized from free memory, `vllm:cache_config_info`, chat completions
-#     (scripts/gpu-serve-check.py).
+#   - `sluice serve` on the device, over HTTP, for the truncated default model (also with
+#     SLUICE_CUDA_GRAPHS=1) and Llama-3-8B's shape: KV pool sized from free memory,
+#     `vllm:cache_config_info`, chat completions (scripts/gpu-serve-check.py).
 # A step that fails is recorded with its error and the others still run.
 #
 # Usage: scripts/check-gpu.sh [CARRY_DIR]   (default target/gpu-carry)
@@ -184,11 +188,17 @@ attention() {
   step "$1" "$limit" "$bin/gpucheck" --model "$2" --device "$device" --backend candle attention \
     --tokens "$tokens" --batches "$batches" --ctx "$ctx" --steps "$steps"
 }
-# serve NAME MODEL: `sluice serve` on the device over HTTP (scripts/gpu-serve-check.py), when
-# the carry holds the binary.
+# graphs NAME MODEL: decode steps replayed from CUDA graphs against eager ones (candle on the
+# device, whatever the backend under test).
+graphs() {
+  step "$1" "$limit" "$bin/gpucheck" --model "$2" --device "$device" --backend candle graphs \
+    --tokens "$tokens" --batches "$batches" --ctx "$ctx" --steps "$steps"
+}
+# serve NAME MODEL [VAR=VALUE...]: `sluice serve` on the device over HTTP
+# (scripts/gpu-serve-check.py) with those variables set, when the carry holds the binary.
 serve() {
   if [ -x "$bin/sluice" ]; then
-    step "$1" "$limit" python3 "$root/scripts/gpu-serve-check.py" --bin "$bin/sluice" \
+    step "$1" "$limit" env "${@:3}" python3 "$root/scripts/gpu-serve-check.py" --bin "$bin/sluice" \
       --model "$2" --device "$device" --backend "$backend" --concurrent "$concurrent" \
       --max-tokens "$tokens"
   fi
@@ -212,6 +222,8 @@ fi
 step agree_truncated "$limit" "$bin/gpucheck" --model "$truncated" "${gpu[@]}" agree --tokens "$tokens"
 serve serve_truncated "$truncated"
 step identical_truncated "$limit" "$bin/gpucheck" --model "$truncated" "${gpu[@]}" identical --tokens "$greedy"
+graphs graphs_truncated "$truncated"
+serve serve_truncated_graphs "$truncated" SLUICE_CUDA_GRAPHS=1
 step synth_small 120 "$bin/synth" --shape smollm2-135m --layers 2 --dtype q4_1 --seed 1 \
   --tokenizer-from "$truncated" --out "$work/synth-small.gguf"
 step agree_synthetic "$limit" "$bin/gpucheck" --model "$work/synth-small.gguf" "${gpu[@]}" agree --tokens "$tokens"
@@ -221,6 +233,7 @@ step synth_smollm2 300 "$bin/synth" --shape smollm2-135m $(layers "$full_layers"
   --seed 2 --tokenizer-from "$truncated" --out "$work/smollm2.gguf"
 step bench_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
+graphs graphs_smollm2 "$work/smollm2.gguf"
 profile profile_smollm2 "$work/smollm2.gguf"
 attention attention_smollm2 "$work/smollm2.gguf"
 step identical_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" identical --tokens "$greedy"
@@ -231,6 +244,7 @@ step synth_llama3_8b 400 "$bin/synth" --shape llama3-8b $(layers "$big_layers") 
   --seed 3 --tokenizer-from "$truncated" --out "$work/llama3-8b.gguf"
 step bench_llama3_8b "$limit" "$bin/gpucheck" --model "$work/llama3-8b.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
+graphs graphs_llama3_8b "$work/llama3-8b.gguf"
 profile profile_llama3_8b "$work/llama3-8b.gguf"
 attention attention_llama3_8b "$work/llama3-8b.gguf"
 serve serve_llama3_8b "$work/llama3-8b.gguf"

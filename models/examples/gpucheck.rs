@@ -17,7 +17,12 @@
 //!   device: teacher-forced logprobs of a ragged batch (prefill chunks, then decodes) with every
 //!   row paged and split (decodes paged, prefill gathered), each against every row gathered
 //!   (|Δ logprob| over each row's top 10); then `bench`'s prefill and decode steps timed on
-//!   each path.
+//!   each path;
+//! - `graphs` (candle only): decode steps replayed from CUDA graphs (`SLUICE_CUDA_GRAPHS`,
+//!   which this mode sets) against eager ones: teacher-forced logprobs of a ragged batch both
+//!   ways (|Δ logprob| over each row's top 10), how many steps were replayed and graphs
+//!   captured (or why capturing failed), then `bench`'s decode steps timed each way. On the
+//!   CPU the path runs eagerly: nothing is captured.
 //!
 //! `--attention` (or `SLUICE_ATTENTION`) picks the candle backend's attention path for the
 //! other modes.
@@ -95,6 +100,17 @@ enum Mode {
         #[arg(long, default_value_t = 32)]
         steps: usize,
     },
+    Graphs {
+        /// Tokens per sequence in the agreement check (four sequences, the last 8 decoded).
+        #[arg(long, default_value_t = 96)]
+        tokens: usize,
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+        batches: Vec<usize>,
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
+        #[arg(long, default_value_t = 32)]
+        steps: usize,
+    },
 }
 
 const BLOCK: usize = 16;
@@ -148,6 +164,11 @@ impl Net {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if matches!(args.mode, Mode::Graphs { .. }) {
+        // Read when the device opens: a capture needs the GPU on a stream of its own. Nothing
+        // else runs yet to read the environment concurrently.
+        std::env::set_var("SLUICE_CUDA_GRAPHS", "1");
+    }
     let net = Net::load(&args.model, &args.device, &args.backend, args.threads)?;
     if let Some(path) = args.attention {
         net.candle()?.set_attention(path);
@@ -172,6 +193,12 @@ fn main() -> Result<()> {
             ctx,
             steps,
         } => attention(&net, *tokens, batches, *ctx, *steps)?,
+        Mode::Graphs {
+            tokens,
+            batches,
+            ctx,
+            steps,
+        } => graphs(&net, *tokens, batches, *ctx, *steps)?,
     };
     out["model"] = json!(args.model.display().to_string());
     out["device"] = json!(args.device);
@@ -522,4 +549,60 @@ fn attention(
         "ctx": ctx,
         "speed": speed,
     }))
+}
+
+/// Decode steps replayed from CUDA graphs against eager ones: agreement, what was captured and
+/// replayed, then decode speed each way.
+fn graphs(
+    net: &Net,
+    n: usize,
+    batches: &[usize],
+    ctx: usize,
+    steps: usize,
+) -> Result<serde_json::Value> {
+    let candle = net.candle()?;
+    let vocab = net.config().vocab_size;
+    let seqs: Vec<Vec<u32>> = (0..4)
+        .map(|s| tokens(s + 30, n.saturating_sub(5 * s).max(2), vocab))
+        .collect();
+    let decodes = 8.min(seqs.iter().map(Vec::len).min().unwrap_or(1) - 1);
+    candle.set_cuda_graphs(false);
+    let eager = forced_steps(net, &seqs, decodes)?;
+    candle.set_cuda_graphs(true);
+    let replayed = forced_steps(net, &seqs, decodes)?;
+    let agreement_status = status_json(&candle.cuda_graphs());
+    let most = batches.iter().copied().max().unwrap_or(1);
+    let per_seq = ctx + steps + 1;
+    let mut kv = net.new_kv(per_seq, most)?;
+    let (last, _) = prefill(net, &mut kv, most, ctx, per_seq)?;
+    let mut speed = serde_json::Map::new();
+    for (name, on) in [("eager", false), ("graphs", true)] {
+        candle.set_cuda_graphs(on);
+        let mut decode = Vec::new();
+        for &b in batches {
+            decode.push(decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?);
+        }
+        speed.insert(name.into(), json!({"decode": decode}));
+    }
+    let status = status_json(&candle.cuda_graphs());
+    Ok(json!({
+        "mode": "graphs",
+        "reference": "eager",
+        "decodes_per_sequence": decodes,
+        "agreement": logprob_gap(&eager, &replayed),
+        "agreement_status": agreement_status,
+        "ctx": ctx,
+        "speed": speed,
+        "speed_status": status,
+    }))
+}
+
+fn status_json(s: &sluice_models::candle::GraphStatus) -> serde_json::Value {
+    json!({
+        "on": s.on,
+        "steps": s.steps,
+        "replayed": s.replayed,
+        "captured": s.captured,
+        "capture_failed": s.capture_failed,
+    })
 }
