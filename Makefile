@@ -35,6 +35,7 @@ test: model
 	scripts/check-deploy.sh
 	$(CARGO) test --workspace --lib --bins --tests
 	SLUICE_TEST_BACKEND=candle $(CARGO) test --workspace --test http
+	SLUICE_CUDA_GRAPHS=1 SLUICE_TEST_BACKEND=candle $(CARGO) test --workspace --test http
 	scripts/python-tests.sh
 	SLUICE_TEST_BACKEND=candle SLUICE_PYTEST_ONLY=1 scripts/python-tests.sh
 

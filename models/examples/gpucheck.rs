@@ -507,38 +507,17 @@ fn attention(
     steps: usize,
 ) -> Result<serde_json::Value> {
     let candle = net.candle()?;
-    let vocab = net.config().vocab_size;
-    let seqs: Vec<Vec<u32>> = (0..4)
-        .map(|s| tokens(s + 20, n.saturating_sub(7 * s).max(2), vocab))
-        .collect();
-    let decodes = 8.min(seqs.iter().map(Vec::len).min().unwrap_or(1) - 1);
     let paths = [
         ("gather", AttentionPath::Gather),
         ("paged", AttentionPath::Paged),
         ("split", AttentionPath::Split),
     ];
-    let mut rows = Vec::new();
-    for (_, path) in paths {
-        candle.set_attention(path);
-        rows.push(forced_steps(net, &seqs, decodes)?);
-    }
-    let most = batches.iter().copied().max().unwrap_or(1);
-    let per_seq = ctx + steps + 1;
-    let mut kv = net.new_kv(per_seq, most)?;
-    let mut speed = serde_json::Map::new();
-    for (name, path) in paths {
-        candle.set_attention(path);
-        let (last, prefill_s) = prefill(net, &mut kv, most, ctx, per_seq)?;
-        let mut decode = Vec::new();
-        for &b in batches {
-            decode.push(decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?);
-        }
-        let prefill_tok_s = (most * ctx) as f64 / prefill_s;
-        speed.insert(
-            name.into(),
-            json!({"prefill_tok_s": prefill_tok_s, "decode": decode}),
-        );
-    }
+    let set = |path| candle.set_attention(path);
+    let Compared {
+        decodes,
+        rows,
+        speed,
+    } = compare(net, (&paths, &set), n, (batches, ctx, steps))?;
     candle.set_attention(AttentionPath::Auto);
     Ok(json!({
         "mode": "attention",
@@ -552,7 +531,7 @@ fn attention(
 }
 
 /// Decode steps replayed from CUDA graphs against eager ones: agreement, what was captured and
-/// replayed, then decode speed each way.
+/// replayed, then speed each way (prefill runs eagerly either way).
 fn graphs(
     net: &Net,
     n: usize,
@@ -561,40 +540,74 @@ fn graphs(
     steps: usize,
 ) -> Result<serde_json::Value> {
     let candle = net.candle()?;
-    let vocab = net.config().vocab_size;
-    let seqs: Vec<Vec<u32>> = (0..4)
-        .map(|s| tokens(s + 30, n.saturating_sub(5 * s).max(2), vocab))
-        .collect();
-    let decodes = 8.min(seqs.iter().map(Vec::len).min().unwrap_or(1) - 1);
-    candle.set_cuda_graphs(false);
-    let eager = forced_steps(net, &seqs, decodes)?;
-    candle.set_cuda_graphs(true);
-    let replayed = forced_steps(net, &seqs, decodes)?;
-    let agreement_status = status_json(&candle.cuda_graphs());
-    let most = batches.iter().copied().max().unwrap_or(1);
-    let per_seq = ctx + steps + 1;
-    let mut kv = net.new_kv(per_seq, most)?;
-    let (last, _) = prefill(net, &mut kv, most, ctx, per_seq)?;
-    let mut speed = serde_json::Map::new();
-    for (name, on) in [("eager", false), ("graphs", true)] {
-        candle.set_cuda_graphs(on);
-        let mut decode = Vec::new();
-        for &b in batches {
-            decode.push(decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?);
-        }
-        speed.insert(name.into(), json!({"decode": decode}));
-    }
-    let status = status_json(&candle.cuda_graphs());
+    let ways = [("eager", false), ("graphs", true)];
+    let set = |on| candle.set_cuda_graphs(on);
+    let Compared {
+        decodes,
+        rows,
+        speed,
+    } = compare(net, (&ways, &set), n, (batches, ctx, steps))?;
     Ok(json!({
         "mode": "graphs",
         "reference": "eager",
         "decodes_per_sequence": decodes,
-        "agreement": logprob_gap(&eager, &replayed),
-        "agreement_status": agreement_status,
+        "agreement": logprob_gap(&rows[0], &rows[1]),
         "ctx": ctx,
         "speed": speed,
-        "speed_status": status,
+        "status": status_json(&candle.cuda_graphs()),
     }))
+}
+
+/// Ways of running the model, by name, and how to switch to one.
+type Ways<'a, V> = (&'a [(&'a str, V)], &'a dyn Fn(V));
+
+/// Each way's teacher-forced logprobs of a ragged batch (four sequences of about `n` tokens,
+/// their last few decoded), then its prefill and decode speed.
+fn compare<V: Copy>(
+    net: &Net,
+    (ways, set): Ways<'_, V>,
+    n: usize,
+    (batches, ctx, steps): (&[usize], usize, usize),
+) -> Result<Compared> {
+    let vocab = net.config().vocab_size;
+    let seqs: Vec<Vec<u32>> = (0..4)
+        .map(|s| tokens(s + 20, n.saturating_sub(7 * s).max(2), vocab))
+        .collect();
+    let decodes = 8.min(seqs.iter().map(Vec::len).min().unwrap_or(1) - 1);
+    let mut rows = Vec::new();
+    for &(_, way) in ways {
+        set(way);
+        rows.push(forced_steps(net, &seqs, decodes)?);
+    }
+    let most = batches.iter().copied().max().unwrap_or(1);
+    let per_seq = ctx + steps + 1;
+    let mut kv = net.new_kv(per_seq, most)?;
+    let mut speed = serde_json::Map::new();
+    for &(name, way) in ways {
+        set(way);
+        let (last, prefill_s) = prefill(net, &mut kv, most, ctx, per_seq)?;
+        let mut decode = Vec::new();
+        for &b in batches {
+            decode.push(decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?);
+        }
+        let prefill_tok_s = (most * ctx) as f64 / prefill_s;
+        speed.insert(
+            name.into(),
+            json!({"prefill_tok_s": prefill_tok_s, "decode": decode}),
+        );
+    }
+    Ok(Compared {
+        decodes,
+        rows,
+        speed,
+    })
+}
+
+/// What [`compare`] measured: decodes per sequence, each way's logprob rows, speeds by name.
+struct Compared {
+    decodes: usize,
+    rows: Vec<Vec<Vec<f32>>>,
+    speed: serde_json::Map<String, serde_json::Value>,
 }
 
 fn status_json(s: &sluice_models::candle::GraphStatus) -> serde_json::Value {

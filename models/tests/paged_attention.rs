@@ -6,7 +6,7 @@ mod common;
 
 use sluice_models::candle::AttentionPath;
 use sluice_models::logits::{log_softmax, max_abs_diff};
-use sluice_models::{Backend, Logits, Model, ModelOptions, Network, SeqChunk, StepBatch};
+use sluice_models::{Logits, Model, Network, SeqChunk, StepBatch};
 
 const BLOCK: usize = 16;
 const DECODES: usize = 6;
@@ -55,26 +55,6 @@ fn forced(m: &Model, seqs: &[Vec<u32>]) -> Vec<Vec<f32>> {
     rows.iter().map(|r| log_softmax(r)).collect()
 }
 
-/// A 2-layer random-weight model of the default model's shape in f16: on the CPU its products
-/// run in f32 with no 8-bit rounding of activations, which would turn the paths' last-bit
-/// differences into visible ones.
-fn f16_model() -> Model {
-    let dir = std::env::temp_dir().join(format!("sluice-paged-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("smollm2-2l-f16.gguf");
-    common::synth(
-        &["--shape", "smollm2-135m", "--layers", "2", "--dtype", "f16"],
-        &path,
-    );
-    let options = ModelOptions {
-        backend: Backend::Candle,
-        ..Default::default()
-    };
-    let model = Model::load(&path, &options).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-    model
-}
-
 /// Deterministic token ids below `vocab`, skipping the special tokens.
 fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -90,7 +70,7 @@ fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
 
 #[test]
 fn paged_and_gathered_attention_give_the_same_logprobs() {
-    let m = f16_model();
+    let m = common::f16_candle_model("paged");
     let Network::Candle(candle) = m.network() else {
         panic!("the candle backend loads a candle network");
     };

@@ -8,29 +8,10 @@
 mod common;
 
 use sluice_models::logits::max_abs_diff;
-use sluice_models::{Backend, Logits, Model, ModelOptions, Network, SeqChunk, StepBatch};
+use sluice_models::{Logits, Model, Network, SeqChunk, StepBatch};
 
 const BLOCK: usize = 16;
 const PER_SEQ: usize = 8;
-
-/// A 2-layer random-weight model of the default model's shape in f16 (products in f32 on the
-/// CPU, so a row's logits do not depend on 8-bit rounding of the batch's activations).
-fn f16_model() -> Model {
-    let dir = std::env::temp_dir().join(format!("sluice-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("smollm2-2l-f16.gguf");
-    common::synth(
-        &["--shape", "smollm2-135m", "--layers", "2", "--dtype", "f16"],
-        &path,
-    );
-    let options = ModelOptions {
-        backend: Backend::Candle,
-        ..Default::default()
-    };
-    let model = Model::load(&path, &options).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-    model
-}
 
 /// Sequence `s`'s token at position `p`: deterministic, past the special tokens.
 fn token(s: usize, p: usize, vocab: usize) -> u32 {
@@ -77,7 +58,7 @@ fn run(m: &Model, schedule: &[Vec<(usize, Feed)>]) -> Vec<Vec<Vec<f32>>> {
 
 #[test]
 fn replayed_decode_steps_give_the_logits_of_ordinary_ones() {
-    let m = f16_model();
+    let m = common::f16_candle_model("replay");
     let Network::Candle(candle) = m.network() else {
         panic!("the candle backend loads a candle network");
     };
@@ -112,5 +93,38 @@ fn replayed_decode_steps_give_the_logits_of_ordinary_ones() {
         assert_eq!(a.len(), b.len(), "step {i}: rows");
         let d = max_abs_diff(a, b);
         assert!(d <= 1e-4, "step {i}: max |Δ logit| {d}");
+    }
+}
+
+/// Two threads stepping one model at once, each with its own pool, with the path on: both
+/// finish with the logits of a lone run. (Steps of a model run one at a time; the lock that
+/// makes them once sat inside the CPU pool, where a thread waiting for its parallel work ran
+/// the other thread's step and waited on itself.)
+#[test]
+fn concurrent_steps_of_one_model_finish_with_their_own_logits() {
+    let m = std::sync::Arc::new(common::f16_candle_model("replay-threads"));
+    let Network::Candle(candle) = m.network() else {
+        panic!("the candle backend loads a candle network");
+    };
+    candle.set_cuda_graphs(true);
+    let schedule = || {
+        let mut steps = vec![vec![(0, Feed::Prefill(30)), (1, Feed::Prefill(9))]];
+        steps.extend((0..6).map(|_| vec![(0, Feed::Decode), (1, Feed::Decode)]));
+        steps
+    };
+    let alone = run(&m, &schedule());
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..2 {
+        let (m, tx) = (m.clone(), tx.clone());
+        std::thread::spawn(move || tx.send(run(&m, &schedule())).unwrap());
+    }
+    for _ in 0..2 {
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("both threads finish: no step waits on another forever");
+        for (i, (a, b)) in alone.iter().zip(&got).enumerate() {
+            let d = max_abs_diff(a, b);
+            assert!(d <= 1e-4, "step {i}: max |Δ logit| {d}");
+        }
     }
 }

@@ -255,23 +255,29 @@ impl CandleLlama {
         kv.validate(batch, &self.config)?;
         let block_size = kv.block_size();
         let pool = kv.device_pool()?;
+        // Steps of one model run one at a time (captured steps share its fixed inputs and
+        // candle's scratch buffers). The lock is taken here, on the caller's thread: inside
+        // the CPU pool a thread waiting for its parallel work runs other queued jobs, and one
+        // of those taking the lock again would wait on itself.
+        let mut replay = self.replay();
+        let replay = &mut *replay;
         match &self.threads {
-            Some(t) => t.install(|| self.forward_validated(batch, block_size, pool)),
-            None => self.forward_validated(batch, block_size, pool),
+            Some(t) => t.install(|| self.forward_validated(batch, (block_size, pool), replay)),
+            None => self.forward_validated(batch, (block_size, pool), replay),
         }
     }
 
     fn forward_validated(
         &self,
         batch: &StepBatch,
-        block_size: usize,
-        pool: &DeviceKv,
+        (block_size, pool): (usize, &DeviceKv),
+        replay: &mut Replay,
     ) -> Result<Tensor> {
         let c = &self.config;
         if batch.seqs.is_empty() {
             return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu)?);
         }
-        if let Some(logits) = self.replayed(batch, block_size, pool)? {
+        if let Some(logits) = self.replayed(batch, (block_size, pool), replay)? {
             return Ok(logits);
         }
         let mut clock = self.profiler.clock(&self.device)?;
@@ -287,11 +293,10 @@ impl CandleLlama {
     fn replayed(
         &self,
         batch: &StepBatch,
-        block_size: usize,
-        pool: &DeviceKv,
+        (block_size, pool): (usize, &DeviceKv),
+        replay: &mut Replay,
     ) -> Result<Option<Tensor>> {
         let c = &self.config;
-        let mut replay = self.replay();
         let paged = self.attention().on(&self.device) != AttentionPath::Gather
             && paged::supported(&self.device, c.head_count, c.head_count_kv, c.head_dim);
         if paged && !self.profiler.is_on() {

@@ -133,11 +133,17 @@ impl Replay {
         }
         let at = match self.buckets.iter().position(|b| b.size == size) {
             Some(at) => at,
-            None => {
-                let b = Bucket::new(size, config, block_size, device)?;
-                self.buckets.push(b);
-                self.buckets.len() - 1
-            }
+            None => match Bucket::new(size, config, block_size, device) {
+                Ok(b) => {
+                    self.buckets.push(b);
+                    self.buckets.len() - 1
+                }
+                // Memory the KV pool left is short: this bucket's steps run eagerly.
+                Err(e) => {
+                    tracing::warn!(error = %e, size, "cannot allocate a replayed step's inputs; running it eagerly");
+                    return Ok(None);
+                }
+            },
         };
         self.buckets[at].upload(HostStep::new(batch, size, block_size, pool.scratch_block()))?;
         self.status.steps += 1;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use sluice_models::{registry, Backend};
+use sluice_models::{registry, Backend, Model, ModelOptions};
 
 /// The model cache the tests read: `SLUICE_MODEL_DIR`, else `models/cache`.
 pub fn model_dir() -> PathBuf {
@@ -43,6 +43,27 @@ pub fn synth(args: &[&str], out: &Path) {
         "synth {args:?} failed: {}",
         String::from_utf8_lossy(&run.stderr)
     );
+}
+
+/// A 2-layer random-weight model of the default model's shape in f16 on the candle backend
+/// (`tag` names its scratch folder). On the CPU its products run in f32 with no 8-bit rounding
+/// of the activations, which would turn last-bit differences between two ways of computing a
+/// row into visible ones.
+pub fn f16_candle_model(tag: &str) -> Model {
+    let dir = std::env::temp_dir().join(format!("sluice-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("smollm2-2l-f16.gguf");
+    synth(
+        &["--shape", "smollm2-135m", "--layers", "2", "--dtype", "f16"],
+        &path,
+    );
+    let options = ModelOptions {
+        backend: Backend::Candle,
+        ..Default::default()
+    };
+    let model = Model::load(&path, &options).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    model
 }
 
 /// The default model's file. Fails (never skips) when it is missing.
