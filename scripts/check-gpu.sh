@@ -217,8 +217,9 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   fi
 fi
 
-# In order of what matters most if the budget runs out: correctness on the device, then the
-# real model served over HTTP, then speed at the default model's shape, then at Llama-3-8B's.
+# In order of what matters most if the budget runs out: correctness on the device and the real
+# model served over HTTP, then each shape's speed against the issue's targets (eager and with
+# CUDA graphs), then where the time goes and the other comparisons.
 step agree_truncated "$limit" "$bin/gpucheck" --model "$truncated" "${gpu[@]}" agree --tokens "$tokens"
 serve serve_truncated "$truncated"
 step identical_truncated "$limit" "$bin/gpucheck" --model "$truncated" "${gpu[@]}" identical --tokens "$greedy"
@@ -234,17 +235,17 @@ step synth_smollm2 300 "$bin/synth" --shape smollm2-135m $(layers "$full_layers"
 step bench_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
 graphs graphs_smollm2 "$work/smollm2.gguf"
-profile profile_smollm2 "$work/smollm2.gguf"
-attention attention_smollm2 "$work/smollm2.gguf"
-step identical_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" identical --tokens "$greedy"
-rm -f "$work/smollm2.gguf"
-
 # shellcheck disable=SC2046
 step synth_llama3_8b 400 "$bin/synth" --shape llama3-8b $(layers "$big_layers") --dtype q4_k \
   --seed 3 --tokenizer-from "$truncated" --out "$work/llama3-8b.gguf"
 step bench_llama3_8b "$limit" "$bin/gpucheck" --model "$work/llama3-8b.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
 graphs graphs_llama3_8b "$work/llama3-8b.gguf"
+
+profile profile_smollm2 "$work/smollm2.gguf"
+attention attention_smollm2 "$work/smollm2.gguf"
+step identical_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" identical --tokens "$greedy"
+rm -f "$work/smollm2.gguf"
 profile profile_llama3_8b "$work/llama3-8b.gguf"
 attention attention_llama3_8b "$work/llama3-8b.gguf"
 serve serve_llama3_8b "$work/llama3-8b.gguf"

@@ -350,7 +350,8 @@ mod tests {
         let untouched = kp[1].iter().chain(&vp[1]).all(|&x| x == 0.0);
         assert!(untouched, "other slots stay as they were");
 
-        let far = Tensor::new(&[5u32, 0, 16], &dev).unwrap();
+        // Four blocks of four and the scratch block: slot 20 is past the pool.
+        let far = Tensor::new(&[5u32, 0, 20], &dev).unwrap();
         let rows = StepRows {
             slots: &far,
             ..rows
