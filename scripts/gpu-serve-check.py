@@ -148,6 +148,13 @@ def kv_log(log_text):
     return [l.strip()[-400:] for l in plain.splitlines() if any(k in l for k in keep)][:6]
 
 
+def graph_log(log_text):
+    """What the replica logged about CUDA graphs (SLUICE_CUDA_GRAPHS=1): buckets captured, or
+    why capturing failed."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", log_text)
+    return [l.strip()[-400:] for l in plain.splitlines() if "CUDA graph" in l][:20]
+
+
 def failures(out):
     """What a GPU replica got wrong, in words: any answer that was not a full 200."""
     failed = []
@@ -217,6 +224,7 @@ def main():
         log.seek(0)
         text = log.read()
         out["kv_log"] = kv_log(text)
+        out["cuda_graph_log"] = graph_log(text)
         if "error" in out:
             out["log_tail"] = re.sub(r"\x1b\[[0-9;]*m", "", text)[-3000:]
     print(json.dumps(out))

@@ -116,7 +116,7 @@ impl Replay {
     }
 
     /// Runs `batch` on this path and returns its logits (f32, on the CPU), or `None` when the
-    /// step is not for it (then the caller runs it eagerly, having told [`Self::ran_eagerly`]).
+    /// step is not for it (the caller then runs it eagerly and tells [`Self::ran_eagerly`]).
     pub(crate) fn step(
         &mut self,
         batch: &StepBatch,
@@ -138,9 +138,10 @@ impl Replay {
                     self.buckets.push(b);
                     self.buckets.len() - 1
                 }
-                // Memory the KV pool left is short: this bucket's steps run eagerly.
+                // Memory the KV pool left is short: steps run eagerly from now on.
                 Err(e) => {
-                    tracing::warn!(error = %e, size, "cannot allocate a replayed step's inputs; running it eagerly");
+                    tracing::warn!(error = %e, size, "cannot allocate a replayed step's inputs; running decode steps eagerly");
+                    self.set(false);
                     return Ok(None);
                 }
             },
@@ -204,6 +205,11 @@ impl Replay {
             step()?;
             match cuda::capture(dev, step) {
                 Ok(graph) => {
+                    let size = self.buckets[at].size;
+                    tracing::info!(
+                        bucket = size,
+                        "decode steps of this batch size replay a CUDA graph"
+                    );
                     self.buckets[at].graph = Some(graph);
                     self.status.captured += 1;
                 }
