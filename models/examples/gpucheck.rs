@@ -69,14 +69,7 @@ enum Mode {
         #[arg(long, default_value_t = 96)]
         tokens: usize,
     },
-    Bench {
-        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
-        batches: Vec<usize>,
-        #[arg(long, default_value_t = 512)]
-        ctx: usize,
-        #[arg(long, default_value_t = 32)]
-        steps: usize,
-    },
+    Bench(SpeedArgs),
     Identical {
         #[arg(long, default_value_t = 24)]
         tokens: usize,
@@ -89,28 +82,29 @@ enum Mode {
         #[arg(long, default_value_t = 8)]
         steps: usize,
     },
-    Attention {
-        /// Tokens per sequence in the agreement check (four sequences, the last 8 decoded).
-        #[arg(long, default_value_t = 96)]
-        tokens: usize,
-        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
-        batches: Vec<usize>,
-        #[arg(long, default_value_t = 512)]
-        ctx: usize,
-        #[arg(long, default_value_t = 32)]
-        steps: usize,
-    },
-    Graphs {
-        /// Tokens per sequence in the agreement check (four sequences, the last 8 decoded).
-        #[arg(long, default_value_t = 96)]
-        tokens: usize,
-        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
-        batches: Vec<usize>,
-        #[arg(long, default_value_t = 512)]
-        ctx: usize,
-        #[arg(long, default_value_t = 32)]
-        steps: usize,
-    },
+    Attention(CompareArgs),
+    Graphs(CompareArgs),
+}
+
+/// Decode batch sizes, the context they decode at, and the decode steps timed at each.
+#[derive(clap::Args, Debug)]
+struct SpeedArgs {
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    batches: Vec<usize>,
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    #[arg(long, default_value_t = 32)]
+    steps: usize,
+}
+
+/// What the comparisons of two ways of running (`attention`, `graphs`) measure.
+#[derive(clap::Args, Debug)]
+struct CompareArgs {
+    /// Tokens per sequence in the agreement check (four sequences, the last 8 decoded).
+    #[arg(long, default_value_t = 96)]
+    tokens: usize,
+    #[command(flatten)]
+    speed: SpeedArgs,
 }
 
 const BLOCK: usize = 16;
@@ -164,7 +158,7 @@ impl Net {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    if matches!(args.mode, Mode::Graphs { .. }) {
+    if matches!(args.mode, Mode::Graphs(_)) {
         // Read when the device opens: a capture needs the GPU on a stream of its own. Nothing
         // else runs yet to read the environment concurrently.
         std::env::set_var("SLUICE_CUDA_GRAPHS", "1");
@@ -176,29 +170,15 @@ fn main() -> Result<()> {
     let started = Instant::now();
     let mut out = match &args.mode {
         Mode::Agree { tokens } => agree(&net, &args, *tokens)?,
-        Mode::Bench {
-            batches,
-            ctx,
-            steps,
-        } => bench(&net, batches, *ctx, *steps)?,
+        Mode::Bench(s) => bench(&net, &s.batches, s.ctx, s.steps)?,
         Mode::Identical { tokens } => identical(&net, *tokens)?,
         Mode::Profile {
             batches,
             ctx,
             steps,
         } => profile(&net, batches, *ctx, *steps)?,
-        Mode::Attention {
-            tokens,
-            batches,
-            ctx,
-            steps,
-        } => attention(&net, *tokens, batches, *ctx, *steps)?,
-        Mode::Graphs {
-            tokens,
-            batches,
-            ctx,
-            steps,
-        } => graphs(&net, *tokens, batches, *ctx, *steps)?,
+        Mode::Attention(a) => attention(&net, a)?,
+        Mode::Graphs(a) => graphs(&net, a)?,
     };
     out["model"] = json!(args.model.display().to_string());
     out["device"] = json!(args.device);
@@ -499,13 +479,7 @@ fn logprob_gap(want: &[Vec<f32>], got: &[Vec<f32>]) -> serde_json::Value {
 
 /// The paged op against the gather path: agreement, then prefill and decode speed on each
 /// path (split: decodes paged, prefill chunks gathered).
-fn attention(
-    net: &Net,
-    n: usize,
-    batches: &[usize],
-    ctx: usize,
-    steps: usize,
-) -> Result<serde_json::Value> {
+fn attention(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
     let candle = net.candle()?;
     let paths = [
         ("gather", AttentionPath::Gather),
@@ -517,7 +491,7 @@ fn attention(
         decodes,
         rows,
         speed,
-    } = compare(net, (&paths, &set), n, (batches, ctx, steps))?;
+    } = compare(net, (&paths, &set), a)?;
     candle.set_attention(AttentionPath::Auto);
     Ok(json!({
         "mode": "attention",
@@ -525,20 +499,14 @@ fn attention(
         "decodes_per_sequence": decodes,
         "paged": logprob_gap(&rows[0], &rows[1]),
         "split": logprob_gap(&rows[0], &rows[2]),
-        "ctx": ctx,
+        "ctx": a.speed.ctx,
         "speed": speed,
     }))
 }
 
 /// Decode steps replayed from CUDA graphs against eager ones: agreement, what was captured and
 /// replayed, then speed each way (prefill runs eagerly either way).
-fn graphs(
-    net: &Net,
-    n: usize,
-    batches: &[usize],
-    ctx: usize,
-    steps: usize,
-) -> Result<serde_json::Value> {
+fn graphs(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
     let candle = net.candle()?;
     let ways = [("eager", false), ("graphs", true)];
     let set = |on| candle.set_cuda_graphs(on);
@@ -546,13 +514,13 @@ fn graphs(
         decodes,
         rows,
         speed,
-    } = compare(net, (&ways, &set), n, (batches, ctx, steps))?;
+    } = compare(net, (&ways, &set), a)?;
     Ok(json!({
         "mode": "graphs",
         "reference": "eager",
         "decodes_per_sequence": decodes,
         "agreement": logprob_gap(&rows[0], &rows[1]),
-        "ctx": ctx,
+        "ctx": a.speed.ctx,
         "speed": speed,
         "status": status_json(&candle.cuda_graphs()),
     }))
@@ -563,12 +531,8 @@ type Ways<'a, V> = (&'a [(&'a str, V)], &'a dyn Fn(V));
 
 /// Each way's teacher-forced logprobs of a ragged batch (four sequences of about `n` tokens,
 /// their last few decoded), then its prefill and decode speed.
-fn compare<V: Copy>(
-    net: &Net,
-    (ways, set): Ways<'_, V>,
-    n: usize,
-    (batches, ctx, steps): (&[usize], usize, usize),
-) -> Result<Compared> {
+fn compare<V: Copy>(net: &Net, (ways, set): Ways<'_, V>, a: &CompareArgs) -> Result<Compared> {
+    let (n, batches, ctx, steps) = (a.tokens, &a.speed.batches[..], a.speed.ctx, a.speed.steps);
     let vocab = net.config().vocab_size;
     let seqs: Vec<Vec<u32>> = (0..4)
         .map(|s| tokens(s + 20, n.saturating_sub(7 * s).max(2), vocab))
