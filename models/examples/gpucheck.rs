@@ -487,20 +487,16 @@ fn attention(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
         ("split", AttentionPath::Split),
     ];
     let set = |path| candle.set_attention(path);
-    let Compared {
-        decodes,
-        rows,
-        speed,
-    } = compare(net, (&paths, &set), a)?;
+    let c = compare(net, (&paths, &set), a)?;
     candle.set_attention(AttentionPath::Auto);
     Ok(json!({
         "mode": "attention",
         "reference": "gather",
-        "decodes_per_sequence": decodes,
-        "paged": logprob_gap(&rows[0], &rows[1]),
-        "split": logprob_gap(&rows[0], &rows[2]),
+        "decodes_per_sequence": c.decodes,
+        "paged": logprob_gap(&c.rows[0], &c.rows[1]),
+        "split": logprob_gap(&c.rows[0], &c.rows[2]),
         "ctx": a.speed.ctx,
-        "speed": speed,
+        "speed": c.speed,
     }))
 }
 
@@ -510,18 +506,14 @@ fn graphs(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
     let candle = net.candle()?;
     let ways = [("eager", false), ("graphs", true)];
     let set = |on| candle.set_cuda_graphs(on);
-    let Compared {
-        decodes,
-        rows,
-        speed,
-    } = compare(net, (&ways, &set), a)?;
+    let c = compare(net, (&ways, &set), a)?;
     Ok(json!({
         "mode": "graphs",
         "reference": "eager",
-        "decodes_per_sequence": decodes,
-        "agreement": logprob_gap(&rows[0], &rows[1]),
+        "decodes_per_sequence": c.decodes,
+        "agreement": logprob_gap(&c.rows[0], &c.rows[1]),
         "ctx": a.speed.ctx,
-        "speed": speed,
+        "speed": c.speed,
         "status": status_json(&candle.cuda_graphs()),
     }))
 }

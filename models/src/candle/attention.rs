@@ -107,8 +107,19 @@ impl AttentionPath {
         }
     }
 
-    /// Whether a chunk of `tokens` tokens is paged (`self` resolved by [`Self::on`]).
-    fn pages(self, tokens: usize) -> bool {
+    /// The path a step of `config`'s model takes on `device`: `self` resolved by [`Self::on`],
+    /// or gather where the paged op has no kernel for the model's attention shape.
+    pub(crate) fn for_model(self, device: &Device, config: &LlamaConfig) -> Self {
+        let (heads, kv_heads, hd) = (config.head_count, config.head_count_kv, config.head_dim);
+        if paged::supported(device, heads, kv_heads, hd) {
+            self.on(device)
+        } else {
+            Self::Gather
+        }
+    }
+
+    /// Whether a chunk of `tokens` tokens is paged (`self` resolved by [`Self::for_model`]).
+    pub(crate) fn pages(self, tokens: usize) -> bool {
         match self {
             Self::Split => tokens <= PAGED_MAX_CHUNK,
             Self::Gather => false,
@@ -136,17 +147,7 @@ impl StepPlan {
         }
         let n = tokens.len();
         let rows: Vec<u32> = batch.logit_rows().into_iter().map(|r| r as u32).collect();
-        let supported = paged::supported(
-            device,
-            config.head_count,
-            config.head_count_kv,
-            config.head_dim,
-        );
-        let path = if supported {
-            path.on(device)
-        } else {
-            AttentionPath::Gather
-        };
+        let path = path.for_model(device, config);
         let starts = first_rows(batch);
         let (paged, mut out_rows) = plan_paged(batch, &starts, config, (block_size, path), device)?;
         let groups = plan_groups(batch, &starts, &slot, path, &mut out_rows, device)?;

@@ -296,10 +296,8 @@ impl CandleLlama {
         (block_size, pool): (usize, &DeviceKv),
         replay: &mut Replay,
     ) -> Result<Option<Tensor>> {
-        let c = &self.config;
-        let paged = self.attention().on(&self.device) != AttentionPath::Gather
-            && paged::supported(&self.device, c.head_count, c.head_count_kv, c.head_dim);
-        if paged && !self.profiler.is_on() {
+        let path = self.attention().for_model(&self.device, &self.config);
+        if path.pages(1) && !self.profiler.is_on() {
             let run = |plan: &StepPlan| {
                 let mut clock = self.profiler.clock(&self.device)?;
                 self.run(plan, pool, &mut clock)
