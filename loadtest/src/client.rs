@@ -24,9 +24,9 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 
-use crate::conn::{self, Tracking};
 use crate::error::{Error, Result};
 use crate::sse;
+use sluice_conn::{self as conn, Tracking};
 
 /// How long a pooled connection may sit idle and still be reused: under the keep-alive timeouts
 /// of llama.cpp's server, uvicorn (vLLM) and Node (5 s each), so the client lets a connection go
@@ -384,12 +384,12 @@ impl Client {
     }
 
     /// Sends a request, and once more on a new connection if the first attempt was lost to a
-    /// stale keep-alive connection ([`conn::is_stale`]). Returns the outcome (the second
+    /// stale keep-alive connection ([`conn::lost_to_reuse`]). Returns the outcome (the second
     /// attempt's, if there was one) and whether there was a second attempt.
     async fn exchange(&self, method: Method, uri: &Uri, body: Bytes) -> (Exchanged, bool) {
         let req = self.request(method.clone(), uri.clone(), body.clone());
         match self.http.request(req).await {
-            Err(e) if conn::is_stale(&e) => {
+            Err(e) if conn::lost_to_reuse(&e) => {
                 let again = self.request(method, uri.clone(), body);
                 (self.fresh.request(again).await, true)
             }

@@ -21,7 +21,6 @@
 pub mod calibrate;
 pub mod client;
 pub mod config;
-pub mod conn;
 pub mod dataset;
 pub mod error;
 pub mod gguf;

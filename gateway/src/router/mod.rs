@@ -20,7 +20,6 @@
 //! listed, and its requests are held until a replica of it is ready.
 
 pub mod affinity;
-pub mod conn;
 pub mod dispatch;
 pub mod health;
 pub mod load;

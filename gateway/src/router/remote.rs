@@ -25,14 +25,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::conn::{self, Counting};
+use sluice_conn::{self as conn, Tracking};
 
 /// How long an idle keep-alive connection stays in a replica's pool: below the idle timeout of
 /// the servers replicas run (uvicorn's default is 5 s), so the pool drops a connection before
 /// the server does.
 pub const POOL_IDLE: Duration = Duration::from_secs(3);
 
-type Http = Client<Counting<HttpConnector>, Full<Bytes>>;
+type Http = Client<Tracking<HttpConnector>, Full<Bytes>>;
 
 /// A replica's base URL, `http://host:port`, validated.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -149,7 +149,7 @@ impl RemoteBackend {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
         conn.set_connect_timeout(Some(opts.connect_timeout));
-        let conn = Counting(conn);
+        let conn = Tracking(conn);
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(opts.max_idle)
             .pool_idle_timeout(POOL_IDLE)

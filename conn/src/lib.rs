@@ -1,16 +1,20 @@
-//! Telling a stale keep-alive connection from a failing server.
+//! Telling a request lost to keep-alive reuse from a server that failed it.
 //!
-//! A server may close an idle keep-alive connection at the moment the client reuses it (its
-//! keep-alive timeout, or a cap on requests per connection). The request then dies a fraction of
-//! a millisecond after it left, without a byte of answer: the client's connection reuse failed,
-//! not the server. hyper retries on its own only a request it had not begun to write; once the
-//! request is on the wire it reports `IncompleteMessage` (or a reset) like any broken exchange.
+//! A server closes an idle keep-alive connection when its timeout runs out (or after a number
+//! of requests). If the client reuses the connection at that moment, the request is written,
+//! the server's close arrives instead of an answer, and hyper reports `IncompleteMessage` (or a
+//! reset) like any broken exchange: the client's connection reuse failed, not the server.
+//! hyper resends on its own only a request it had not begun to write.
 //!
 //! [`Tracking`] wraps the connector so that each connection carries a [`ConnUse`]: how many
 //! requests were written on it and whether any byte answered the latest one. hyper attaches the
 //! connection's metadata to its errors (`Error::connect_info`), so a failed request can ask
-//! [`is_stale`]: was this a reused connection that never answered? Counting happens on the
-//! decrypted side of TLS, so a TLS `close_notify` is not taken for an answer.
+//! [`lost_to_reuse`]: was this a reused connection that never answered? Such a request never
+//! reached the server's handler and may be sent again on a new connection. Counting happens on
+//! the decrypted side of TLS, so a TLS `close_notify` is not taken for an answer.
+//!
+//! The gateway's router (requests to replicas) and the load tester (requests to the server
+//! under test) both use it: one rule for when a failed request may be sent again.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -54,7 +58,7 @@ impl ConnUse {
 /// Whether `err` is a request lost to connection reuse: it failed on a connection that had
 /// carried an earlier request, and no byte answered it. Such a request is safe to send again on a
 /// new connection; the server never began an answer.
-pub fn is_stale(err: &hyper_util::client::legacy::Error) -> bool {
+pub fn lost_to_reuse(err: &hyper_util::client::legacy::Error) -> bool {
     if err.is_connect() {
         return false;
     }
