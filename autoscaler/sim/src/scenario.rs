@@ -353,7 +353,8 @@ fn oracle(scn: &Scenario, requests: &[Request]) -> (Built, String) {
     let f = crate::oracle::search(scn, requests, &crate::oracle::SearchConfig::default());
     let note = if f.met {
         format!(
-            "oracle: cheapest schedule found meets {:.2} % of feasible requests ({} replays)",
+            "oracle: cheapest schedule found{} meets {:.2} % of feasible requests ({} replays)",
+            if f.flat { " (a fleet held flat)" } else { "" },
             f.attainment * 100.0,
             f.replays
         )
