@@ -317,8 +317,9 @@ impl SamplingParams {
 
     fn check_stops(&self, vocab: Option<usize>) -> Result<(), Invalid> {
         if self.stop.len() > MAX_STOP {
-            let rule = format!("strings: at most {MAX_STOP} are allowed");
-            return Err(Invalid::new(Field::Stop, self.stop.len(), rule));
+            let n = self.stop.len();
+            let rule = format!("has {n} strings: at most {MAX_STOP} are allowed");
+            return Err(Invalid::new(Field::Stop, "", rule));
         }
         if self.stop.iter().any(String::is_empty) {
             return Err(Invalid::new(Field::Stop, "", "strings must not be empty"));
@@ -333,7 +334,7 @@ impl SamplingParams {
         for (&t, &b) in &self.logit_bias {
             in_vocab(Field::LogitBias, t, vocab)?;
             if !(-100.0..=100.0).contains(&b) {
-                let rule = format!("for token {t} must be in [-100, 100]");
+                let rule = format!("must be in [-100, 100] (token {t})");
                 return Err(Invalid::new(Field::LogitBias, b, rule));
             }
         }
@@ -526,6 +527,29 @@ mod tests {
         .check(None)
         .unwrap_err();
         assert_eq!((e.value(), e.rule()), ("2.5", "must be in [0, 2]"));
+        // A rule reads on from the value, or from the field when the field as a whole is at
+        // fault: "stop has 9 strings: ...", "logit_bias 1000 must be in ... (token 1)".
+        let e = SamplingParams {
+            stop: vec!["x".into(); MAX_STOP + 1],
+            ..Default::default()
+        }
+        .check(None)
+        .unwrap_err();
+        let rule = format!(
+            "has {} strings: at most {MAX_STOP} are allowed",
+            MAX_STOP + 1
+        );
+        assert_eq!((e.value(), e.rule()), ("", rule.as_str()));
+        let e = SamplingParams {
+            logit_bias: [(1, 1000.0)].into_iter().collect(),
+            ..Default::default()
+        }
+        .check(None)
+        .unwrap_err();
+        assert_eq!(
+            (e.value(), e.rule()),
+            ("1000", "must be in [-100, 100] (token 1)")
+        );
         // The vocabulary is checked only when known.
         let ids = SamplingParams {
             stop_token_ids: vec![100],
