@@ -336,6 +336,10 @@ fn simulate(a: SimulateArgs) -> Result<()> {
             policies: summaries.iter().cloned().collect(),
             order: summaries.iter().map(|(n, _)| n.clone()).collect(),
             elapsed_s: elapsed,
+            timelines: runs
+                .iter()
+                .map(|r| (r.policy.clone(), report::timeline(r, &scn.slo)))
+                .collect(),
         };
         report::write_json(path, &rep)?;
     }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use sluice_policy::capacity::Slo;
 
 use crate::error::{Error, Result};
-use crate::sim::{Outcome, Run};
+use crate::sim::{Outcome, Run, Sample};
 
 /// Requests are grouped by arrival into buckets this long to find bursts the fleet missed.
 pub const BURST_BUCKET_S: f64 = 30.0;
@@ -45,13 +45,53 @@ pub struct Summary {
     pub recovery_s_mean: f64,
 }
 
-/// The JSON report: the scenario as printed, and a summary per policy.
+/// The JSON report: the scenario as printed, a summary per policy, and each policy's run over
+/// time.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub scenario: serde_json::Value,
     pub policies: std::collections::BTreeMap<String, Summary>,
     pub order: Vec<String>,
     pub elapsed_s: f64,
+    #[serde(default)]
+    pub timelines: std::collections::BTreeMap<String, Timeline>,
+}
+
+/// One policy's run over time: what the fleet held at each tick and how the feasible requests
+/// arriving in each 30 s bucket fared, so a miss can be read against the fleet that served it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Timeline {
+    /// The variants, in the order of each tick's `ready` and `starting`.
+    pub variants: Vec<String>,
+    pub ticks: Vec<Sample>,
+    pub buckets: Vec<Bucket>,
+}
+
+/// Feasible requests arriving within one bucket of [`BURST_BUCKET_S`], and how many met the SLO.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Bucket {
+    pub start_s: f64,
+    pub feasible: u32,
+    pub met: u32,
+}
+
+/// `run` over time (see [`Timeline`]).
+pub fn timeline(run: &Run, slo: &Slo) -> Timeline {
+    let (total, good) = buckets(&run.outcomes, slo);
+    Timeline {
+        variants: run.variants.clone(),
+        ticks: run.samples.clone(),
+        buckets: total
+            .iter()
+            .zip(&good)
+            .enumerate()
+            .map(|(i, (&feasible, &met))| Bucket {
+                start_s: i as f64 * BURST_BUCKET_S,
+                feasible,
+                met,
+            })
+            .collect(),
+    }
 }
 
 fn percentile(xs: &mut [f64], q: f64) -> f64 {
@@ -121,15 +161,8 @@ pub fn summarise(run: &Run, slo: &Slo, goal: f64) -> Summary {
 /// Episodes of consecutive arrival buckets whose attainment over feasible requests is below
 /// `goal`: count, longest and mean duration in seconds.
 pub fn recovery(outcomes: &[Outcome], slo: &Slo, goal: f64) -> (usize, f64, f64) {
-    let end = outcomes.iter().map(|o| o.arrival_s).fold(0.0, f64::max);
-    let n = (end / BURST_BUCKET_S).floor() as usize + 1;
-    let mut total = vec![0u32; n];
-    let mut good = vec![0u32; n];
-    for o in outcomes.iter().filter(|o| o.feasible) {
-        let b = ((o.arrival_s / BURST_BUCKET_S) as usize).min(n - 1);
-        total[b] += 1;
-        good[b] += u32::from(met(o, slo));
-    }
+    let (total, good) = buckets(outcomes, slo);
+    let n = total.len();
     let mut episodes = Vec::new();
     let mut run = 0usize;
     for b in 0..n {
@@ -155,6 +188,20 @@ pub fn recovery(outcomes: &[Outcome], slo: &Slo, goal: f64) -> (usize, f64, f64)
         secs.iter().sum::<f64>() / secs.len() as f64
     };
     (secs.len(), max, mean)
+}
+
+/// Feasible requests per arrival bucket of [`BURST_BUCKET_S`], and those that met the SLO.
+fn buckets(outcomes: &[Outcome], slo: &Slo) -> (Vec<u32>, Vec<u32>) {
+    let end = outcomes.iter().map(|o| o.arrival_s).fold(0.0, f64::max);
+    let n = (end / BURST_BUCKET_S).floor() as usize + 1;
+    let mut total = vec![0u32; n];
+    let mut good = vec![0u32; n];
+    for o in outcomes.iter().filter(|o| o.feasible) {
+        let b = ((o.arrival_s / BURST_BUCKET_S) as usize).min(n - 1);
+        total[b] += 1;
+        good[b] += u32::from(met(o, slo));
+    }
+    (total, good)
 }
 
 /// Fills `cost_vs_oracle` from the oracle's summary, if present.
@@ -302,5 +349,31 @@ mod tests {
         assert_eq!(n, 2);
         assert_eq!(max, 2.0 * BURST_BUCKET_S);
         assert_eq!(mean, 1.5 * BURST_BUCKET_S);
+        // The timeline's buckets say the same, request by request; infeasible ones are apart.
+        outs.push(Outcome {
+            feasible: false,
+            ..o(0.0, 5.0, 0.05)
+        });
+        let run = Run {
+            policy: "p".into(),
+            outcomes: outs,
+            cost_usd: 0.0,
+            gpu_hours: 0.0,
+            scale_events: 0,
+            replicas_started: 0,
+            spot_preemptions: 0,
+            cold_arrivals: 0,
+            end_s: 300.0,
+            samples: Vec::new(),
+            variants: vec!["v".into()],
+            last_decision: None,
+        };
+        let t = timeline(&run, &slo);
+        assert_eq!(t.buckets.len(), 10);
+        for (b, bucket) in t.buckets.iter().enumerate() {
+            let good = if [3, 4, 7].contains(&b) { 0 } else { 10 };
+            assert_eq!((bucket.feasible, bucket.met), (10, good), "bucket {b}");
+            assert_eq!(bucket.start_s, b as f64 * BURST_BUCKET_S);
+        }
     }
 }

@@ -102,7 +102,7 @@ pub struct Outcome {
     pub feasible: bool,
 }
 
-/// One tick of the fleet, for the plot.
+/// One tick of the fleet, for the plot and the JSON report's timelines.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Sample {
     pub time_s: f64,
