@@ -426,7 +426,8 @@ fn pick(samples: &[Vec<Sample>], budget: usize) -> Vec<f64> {
 /// Searches for the cheapest schedule that meets the scenario's goal over feasible requests:
 /// over every variant together, and over each variant alone (the per-slot cheapest mix follows
 /// the capacity model, which can favour a variant whose real latency spread then needs far more
-/// replicas than another's would), keeping the cheapest that met, else the best attainment.
+/// replicas than another's would), keeping the cheapest that met, else the best attainment;
+/// then a fleet held flat ([`flat_fleet`]) where one meets the goal for less.
 pub fn search(scn: &Scenario, requests: &[Request], cfg: &SearchConfig) -> Found {
     let names = scn.profile.variant_names();
     let mut sets: Vec<Vec<String>> = vec![names.clone()];
