@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Replay a trace through a fleet model under each policy and compare them.
-    Simulate(SimulateArgs),
+    Simulate(Box<SimulateArgs>),
     /// Print each variant's capacity and cost per request at SLO for a request shape.
     Profiles(ProfilesArgs),
     /// Run the sluice policy once on signals read from a JSON file and print the decision.
@@ -123,6 +123,10 @@ struct SimulateArgs {
         default_value_t = 3600.0
     )]
     suite_duration: f64,
+    /// Run only the suite's traces whose names start with one of these (comma-separated:
+    /// `diurnal,azure`); all of them by default.
+    #[arg(long, env = "SLUICE_AUTOSCALER_SUITE_ONLY", value_delimiter = ',')]
+    suite_only: Vec<String>,
     #[command(flatten)]
     common: Common,
     /// Multiply the trace's arrival rate (copies shifted by up to ±30 s; below 1 thins it).
@@ -169,7 +173,7 @@ struct SimulateArgs {
     /// Seed for rate scaling and Spot reclaims.
     #[arg(long, env = "SLUICE_AUTOSCALER_SEED", default_value_t = 1)]
     seed: u64,
-    /// Write the JSON report here.
+    /// Write the JSON report here (with `--suite`: every trace's).
     #[arg(long, env = "SLUICE_AUTOSCALER_JSON")]
     json: Option<PathBuf>,
     /// Write an SVG of replicas and demand over time here.
@@ -204,7 +208,7 @@ struct ExplainArgs {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Simulate(a) => simulate(a),
+        Command::Simulate(a) => simulate(*a),
         Command::Profiles(a) => profiles(a),
         Command::Explain(a) => explain(a),
         Command::Run(a) if a.local.local => run_local(a.local),
@@ -357,7 +361,13 @@ fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<
         traces_dir: a.traces_dir.clone(),
         ..Default::default()
     };
-    let entries = sluice_sim::suite::entries(&cfg)?;
+    let entries = sluice_sim::suite::select(sluice_sim::suite::entries(&cfg)?, &a.suite_only);
+    if entries.is_empty() {
+        anyhow::bail!(
+            "--suite-only {}: no trace of the suite has such a name",
+            a.suite_only.join(",")
+        );
+    }
     let results = sluice_sim::suite::run(scn, &entries, &a.policies, Some(&a.suite_dir))?;
     println!("{}", sluice_sim::suite::table(&results));
     for r in &results {
@@ -371,12 +381,20 @@ fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<
             print_zero_savings(scn, &e.requests, &a.policies)?;
         }
     }
+    let elapsed_s = started.elapsed().as_secs_f64();
     println!(
-        "{} traces in {:.1} s; plots in {}",
+        "{} traces in {elapsed_s:.1} s; plots in {}",
         results.len(),
-        started.elapsed().as_secs_f64(),
         a.suite_dir.display()
     );
+    if let Some(path) = &a.json {
+        let rep = sluice_sim::suite::SuiteReport {
+            scenario: serde_json::to_value(scn).context("scenario to JSON")?,
+            traces: results,
+            elapsed_s,
+        };
+        report::write_json(path, &rep)?;
+    }
     Ok(())
 }
 

@@ -293,8 +293,8 @@ pub fn feasibility_line(s: &Summary) -> String {
     )
 }
 
-/// Writes the JSON report.
-pub fn write_json(path: &Path, report: &Report) -> Result<()> {
+/// Writes a JSON report ([`Report`], or the suite's).
+pub fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
     let text = serde_json::to_string_pretty(report).map_err(Error::Json)?;
     std::fs::write(path, text).map_err(|source| Error::Write {
         path: path.to_path_buf(),

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use sluice_policy::timeline::Request;
 
 use crate::error::{Error, Result};
-use crate::report::{self, Summary};
+use crate::report::{self, Summary, Timeline};
 use crate::scenario::{self, Scenario};
 use crate::{plot, trace};
 
@@ -345,13 +345,31 @@ pub fn entries(cfg: &SuiteConfig) -> Result<Vec<Entry>> {
     Ok(out)
 }
 
-/// One trace's results: a summary per policy (× oracle filled in) and the oracle's note.
-#[derive(Debug, Clone)]
+/// One trace's results: a summary per policy (× oracle filled in), the oracle's note, and each
+/// policy's run over time.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TraceResult {
     pub trace: String,
     pub requests: usize,
     pub summaries: Vec<(String, Summary)>,
     pub notes: Vec<String>,
+    pub timelines: Vec<(String, Timeline)>,
+}
+
+/// `simulate --suite --json`: the scenario as printed and every trace's results.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SuiteReport {
+    pub scenario: serde_json::Value,
+    pub traces: Vec<TraceResult>,
+    pub elapsed_s: f64,
+}
+
+/// The entries whose names start with one of `only` (all of them when `only` is empty).
+pub fn select(entries: Vec<Entry>, only: &[String]) -> Vec<Entry> {
+    entries
+        .into_iter()
+        .filter(|e| only.is_empty() || only.iter().any(|o| e.name.starts_with(o.as_str())))
+        .collect()
 }
 
 /// Runs every policy over every entry; writes `<svg_dir>/<trace>.svg` when `svg_dir` is set.
@@ -385,6 +403,10 @@ pub fn run(
             requests: e.requests.len(),
             summaries,
             notes,
+            timelines: runs
+                .iter()
+                .map(|r| (r.policy.clone(), report::timeline(r, &scn.slo)))
+                .collect(),
         });
     }
     Ok(out)
@@ -436,6 +458,29 @@ pub fn table(results: &[TraceResult]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn traces_are_selected_by_the_start_of_their_names() {
+        let entry = |name: &str| Entry {
+            name: name.into(),
+            requests: Vec::new(),
+        };
+        let all = || {
+            vec![
+                entry("diurnal"),
+                entry("azure-llm-2023-conv ×4"),
+                entry("mixture"),
+            ]
+        };
+        let names = |es: Vec<Entry>| es.into_iter().map(|e| e.name).collect::<Vec<_>>();
+        assert_eq!(names(select(all(), &[])).len(), 3);
+        let only = ["azure".to_string(), "mix".to_string()];
+        assert_eq!(
+            names(select(all(), &only)),
+            ["azure-llm-2023-conv ×4", "mixture"]
+        );
+        assert!(select(all(), &["urnal".to_string()]).is_empty());
+    }
 
     #[test]
     fn families_are_seeded_and_shaped() {
