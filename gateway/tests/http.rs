@@ -105,6 +105,25 @@ async fn errors_have_status_and_openai_shape() {
             404,
             Some("model"),
         ),
+        // Only an assistant message that calls tools may leave out its content.
+        (
+            "POST",
+            "/v1/chat/completions",
+            Some(format!(
+                r#"{{"model": "{MODEL}", "messages": [{{"role": "user"}}]}}"#
+            )),
+            400,
+            Some("messages[0].content"),
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            Some(format!(
+                r#"{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}, {{"role": "assistant", "content": null}}]}}"#
+            )),
+            400,
+            Some("messages[1].content"),
+        ),
         ("GET", "/v1/models/nope", None, 404, Some("model")),
         ("GET", "/v1/chat/completions", None, 405, None),
         ("GET", "/nothing/here", None, 404, None),

@@ -231,6 +231,18 @@ fn chat_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError> {
             ))
         }
     };
+    // As OpenAI's API: only an assistant message that calls tools may leave out its content.
+    if m.content.is_none() && !(m.role == "assistant" && present(&m.tool_calls)) {
+        let what = if m.role == "assistant" {
+            "an assistant message without 'tool_calls'".to_string()
+        } else {
+            format!("a '{}' message", m.role)
+        };
+        return Err(ApiError::bad(
+            format!("'messages[{i}].content' is required for {what}"),
+            format!("messages[{i}].content"),
+        ));
+    }
     let mut out = ChatMessage::new(role, message_text(i, m)?);
     if present(&m.tool_calls) {
         if m.role != "assistant" {
