@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, Gamma, LogNormal};
+use rand_distr::{Distribution, Exp, Gamma, LogNormal};
 use serde::{Deserialize, Serialize};
 
 use sluice_policy::timeline::Request;
@@ -53,6 +53,11 @@ pub enum Family {
     /// log-normal step (σ 0.55) every one to three minutes, held within 0.2–3× its base. Swings
     /// of ×3 or more within one start-up, in either direction, that no trend sees coming.
     CodeDrift,
+    /// Code completion at a steady rate plus batches sent within one second (a client fanning
+    /// out, a batch job): every ~60 s on average, exponentially many requests (mean 60 at the
+    /// default rate). No rate over any window shows them; a fleet sized for the rate prefills
+    /// a large batch far past the TTFT target.
+    Batches,
 }
 
 /// [`Family::IdleGaps`]: a session's length and the idle gap after it, seconds.
@@ -60,7 +65,7 @@ pub const IDLE_SESSION_S: f64 = 300.0;
 pub const IDLE_GAP_S: f64 = 1200.0;
 
 impl Family {
-    pub const ALL: [Family; 10] = [
+    pub const ALL: [Family; 11] = [
         Family::Poisson,
         Family::GammaBursts,
         Family::FlashCrowd,
@@ -71,6 +76,7 @@ impl Family {
         Family::IdleGaps,
         Family::LongPrompts,
         Family::CodeDrift,
+        Family::Batches,
     ];
 
     pub fn name(self) -> &'static str {
@@ -85,6 +91,7 @@ impl Family {
             Family::IdleGaps => "idle-gaps",
             Family::LongPrompts => "long-prompts",
             Family::CodeDrift => "code-drift",
+            Family::Batches => "batches",
         }
     }
 }
@@ -210,6 +217,25 @@ fn drifting_gaps(rng: &mut ChaCha8Rng, duration_s: f64, rate: f64, k: f64) -> Ve
     out
 }
 
+/// Arrival times of batches: every `every_s` on average (exponential gaps), exponentially many
+/// requests (mean `mean`, at least one) sent within one second.
+fn batches(rng: &mut ChaCha8Rng, duration_s: f64, every_s: f64, mean: f64) -> Vec<f64> {
+    let gap = Exp::new(1.0 / every_s).expect("valid");
+    let size = Exp::new(1.0 / mean).expect("valid");
+    let mut out = Vec::new();
+    let mut at = gap.sample(rng);
+    while at < duration_s {
+        let n = (size.sample(rng) as usize).max(1);
+        out.extend(
+            (0..n)
+                .map(|_| at + rng.random::<f64>())
+                .filter(|&t| t < duration_s),
+        );
+        at += gap.sample(rng);
+    }
+    out
+}
+
 /// Requests of a family over `duration_s` seconds at a mean `rate` (requests/s, conversation
 /// shape; the other shapes are scaled to similar GPU load), sorted by arrival.
 pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Request> {
@@ -276,6 +302,11 @@ pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Re
         }
         Family::CodeDrift => {
             let t = drifting_gaps(&mut rng, d, 0.3 * rate, 0.3);
+            with_shape(&mut rng, t, CODE)
+        }
+        Family::Batches => {
+            let mut t = poisson(&mut rng, d, 0.25 * rate, |_| 0.25 * rate);
+            t.extend(batches(&mut rng, d, 60.0, 4.0 * rate));
             with_shape(&mut rng, t, CODE)
         }
     };
