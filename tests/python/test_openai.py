@@ -231,6 +231,16 @@ def test_tokenize_and_detokenize(server):
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[0].type"),
+    # Only an assistant message that calls tools may leave out its content, as in OpenAI's API.
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]},
+     "messages[1].content"),
+    ({"logit_bias": {"1": 1000}}, "logit_bias"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"stop": [""]}, "stop"),
+    ({"frequency_penalty": 3}, "frequency_penalty"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"top_logprobs": 3}, "top_logprobs"),
 ])
 def test_bad_requests_are_400_naming_the_field(server, body, param):
     req = {"model": MODEL, "messages": MESSAGES, **body}
