@@ -340,10 +340,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
             policies: summaries.iter().cloned().collect(),
             order: summaries.iter().map(|(n, _)| n.clone()).collect(),
             elapsed_s: elapsed,
-            timelines: runs
-                .iter()
-                .map(|r| (r.policy.clone(), report::timeline(r, &scn.slo)))
-                .collect(),
+            timelines: report::timelines(&runs, &scn.slo).into_iter().collect(),
         };
         report::write_json(path, &rep)?;
     }

@@ -212,6 +212,30 @@ impl Search<'_> {
         out
     }
 
+    /// Feasible requests the goal lets miss over the whole trace.
+    fn allowed_misses(&self) -> usize {
+        let feasible: usize = self.arrived.iter().sum();
+        ((1.0 - self.scn.goal) * feasible as f64).floor() as usize
+    }
+
+    /// Attainment over feasible requests with `misses` of them missed (1 when none arrived).
+    fn attainment(&self, misses: usize) -> f64 {
+        let feasible: usize = self.arrived.iter().sum();
+        if feasible == 0 {
+            1.0
+        } else {
+            1.0 - misses as f64 / feasible as f64
+        }
+    }
+
+    /// Holds `counts` (replicas per offer key) in every slot: a fleet held flat.
+    fn hold_flat(&mut self, counts: &[u32]) {
+        self.schedule
+            .need
+            .iter_mut()
+            .for_each(|c| c.clone_from_slice(counts));
+    }
+
     fn segment_met(&self, seg: usize, misses: usize) -> bool {
         misses as f64 <= (1.0 - self.scn.goal) * self.arrived[seg] as f64
     }
@@ -443,7 +467,7 @@ pub fn search(scn: &Scenario, requests: &[Request], cfg: &SearchConfig) -> Found
             continue;
         }
         seen.push(usable);
-        let f = search_one(s, scn, cfg);
+        let f = search_one(s, cfg);
         replays += f.replays;
         let better = best.as_ref().is_none_or(|b| match (f.met, b.met) {
             (true, true) => f.cost_usd < b.cost_usd,
@@ -454,9 +478,9 @@ pub fn search(scn: &Scenario, requests: &[Request], cfg: &SearchConfig) -> Found
             best = Some(f);
         }
     }
-    let mut f = best.unwrap_or_else(|| search_one(start(scn, requests, cfg, &|_| true), scn, cfg));
+    let mut f = best.unwrap_or_else(|| search_one(start(scn, requests, cfg, &|_| true), cfg));
     replays = replays.max(f.replays);
-    let (flat, r) = flat_fleet(start(scn, requests, cfg, &|_| true), scn, cfg);
+    let (flat, r) = flat_fleet(start(scn, requests, cfg, &|_| true), cfg);
     replays += r;
     if let Some(flat) = flat.filter(|g| !f.met || g.cost_usd < f.cost_usd) {
         f = flat;
@@ -472,9 +496,8 @@ pub fn search(scn: &Scenario, requests: &[Request], cfg: &SearchConfig) -> Found
 /// and there a flat fleet can meet the goal for less (a long-prompt conversation look-alike:
 /// two H100s held flat met 99.30 % for $19.84, the rate-following schedule $21.75). Returns
 /// the fleet, if one met, and the replays spent.
-fn flat_fleet(mut s: Search<'_>, scn: &Scenario, cfg: &SearchConfig) -> (Option<Found>, usize) {
-    let feasible: usize = s.arrived.iter().sum();
-    let allowed = ((1.0 - scn.goal) * feasible as f64).floor() as usize;
+fn flat_fleet(mut s: Search<'_>, cfg: &SearchConfig) -> (Option<Found>, usize) {
+    let allowed = s.allowed_misses();
     let mut best: Option<(Vec<u32>, f64, usize)> = None;
     let mut replays = 0;
     for (key, usable) in s.usable_keys().into_iter().enumerate() {
@@ -487,10 +510,7 @@ fn flat_fleet(mut s: Search<'_>, scn: &Scenario, cfg: &SearchConfig) -> (Option<
         for _ in 0..cfg.bisections {
             let mut counts = vec![0; s.schedule.lead_s.len()];
             counts[key] = n;
-            s.schedule
-                .need
-                .iter_mut()
-                .for_each(|c| c.clone_from(&counts));
+            s.hold_flat(&counts);
             let run = s.replay();
             replays += 1;
             let misses: usize = s.misses(&run).iter().sum();
@@ -514,11 +534,8 @@ fn flat_fleet(mut s: Search<'_>, scn: &Scenario, cfg: &SearchConfig) -> (Option<
     let Some((counts, cost, misses)) = best else {
         return (None, replays);
     };
-    s.schedule
-        .need
-        .iter_mut()
-        .for_each(|c| c.clone_from(&counts));
-    let attainment = 1.0 - misses as f64 / feasible.max(1) as f64;
+    s.hold_flat(&counts);
+    let attainment = s.attainment(misses);
     let mut f = found(s, (true, false), attainment, cost, replays);
     f.flat = true;
     (Some(f), replays)
@@ -546,17 +563,9 @@ fn flat_start(slots: &[Slot], key: usize) -> (u32, u32) {
 }
 
 /// The search over one set of variants.
-fn search_one(mut s: Search<'_>, scn: &Scenario, cfg: &SearchConfig) -> Found {
+fn search_one(mut s: Search<'_>, cfg: &SearchConfig) -> Found {
     let segments = s.arrived.len();
-    let feasible: usize = s.arrived.iter().sum();
-    let allowed = ((1.0 - scn.goal) * feasible as f64).floor() as usize;
-    let attainment = |misses: usize| {
-        if feasible == 0 {
-            1.0
-        } else {
-            1.0 - misses as f64 / feasible as f64
-        }
-    };
+    let allowed = s.allowed_misses();
     let mut brackets = vec![
         Bracket {
             lo: 0.0,
@@ -610,12 +619,13 @@ fn search_one(mut s: Search<'_>, scn: &Scenario, cfg: &SearchConfig) -> Found {
     match best {
         Some((m, cost, total)) => {
             s.apply(&m);
-            found(s, (true, false), attainment(total), cost, replays)
+            let att = s.attainment(total);
+            found(s, (true, false), att, cost, replays)
         }
         None => {
             let at_limits = closest.at_limits(&s);
             s.apply(&closest.m);
-            let att = attainment(closest.total);
+            let att = s.attainment(closest.total);
             found(s, (false, at_limits), att, closest.cost, replays)
         }
     }
@@ -842,7 +852,7 @@ mod tests {
         let scn = h100_scenario(20);
         let requests = poisson(40.0);
         let cfg = SearchConfig::default();
-        let (f, replays) = flat_fleet(start(&scn, &requests, &cfg, &|_| true), &scn, &cfg);
+        let (f, replays) = flat_fleet(start(&scn, &requests, &cfg, &|_| true), &cfg);
         let f = f.expect("20 H100s serve 40 requests a second");
         assert!(
             f.met && f.flat && f.attainment >= scn.goal,
@@ -856,11 +866,7 @@ mod tests {
         let mut counts = f.initial.clone();
         let key = counts.iter().position(|&c| c > 0).unwrap();
         counts[key] -= 1;
-        fewer
-            .schedule
-            .need
-            .iter_mut()
-            .for_each(|c| c.clone_from(&counts));
+        fewer.hold_flat(&counts);
         let misses: usize = fewer.misses(&fewer.replay()).iter().sum();
         let feasible: usize = fewer.arrived.iter().sum();
         assert!(

@@ -75,6 +75,13 @@ pub struct Bucket {
     pub met: u32,
 }
 
+/// Each run's timeline, by policy.
+pub fn timelines(runs: &[Run], slo: &Slo) -> Vec<(String, Timeline)> {
+    runs.iter()
+        .map(|r| (r.policy.clone(), timeline(r, slo)))
+        .collect()
+}
+
 /// `run` over time (see [`Timeline`]).
 pub fn timeline(run: &Run, slo: &Slo) -> Timeline {
     let (total, good) = buckets(&run.outcomes, slo);

@@ -434,10 +434,7 @@ pub fn run(
             requests: e.requests.len(),
             summaries,
             notes,
-            timelines: runs
-                .iter()
-                .map(|r| (r.policy.clone(), report::timeline(r, &scn.slo)))
-                .collect(),
+            timelines: report::timelines(&runs, &scn.slo),
         });
     }
     Ok(out)
