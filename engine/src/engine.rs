@@ -20,7 +20,7 @@ use crate::error::{EngineError, SubmitError};
 use crate::event::{Event, Finish, FinishReason, MatchedStop, Stage, Usage};
 use crate::metrics::EngineMetrics;
 use crate::request::{Limits, Request};
-use crate::sampler::sample;
+use crate::sampler::{sample, sample_all, Draw, Sampled};
 use crate::scheduler::{Budget, Plan, Scheduler};
 use crate::sequence::{Ended, RequestInfo, Seq};
 
@@ -342,6 +342,12 @@ type MaskResult = Result<Mask, String>;
 /// A sequence's running index, its matcher and its mask.
 type Computed = (usize, ChoiceMatcher, MaskResult);
 
+/// What a sequence's draw needs besides its logits row.
+struct Prepared {
+    suppress: Vec<u32>,
+    mask: Option<Mask>,
+}
+
 /// Computes the masks of `work`, timing them.
 fn compute_masks(work: Vec<(usize, ChoiceMatcher)>, stats: &MaskStats) -> Vec<Computed> {
     let started = Instant::now();
@@ -399,6 +405,9 @@ struct Core {
     /// Whether grammar masks are computed on a thread beside the forward pass (a core is
     /// free while it runs) or on the engine thread after it (see [`masks_beside`]).
     masks_beside: bool,
+    /// The threads a step's rows are sampled on, one per core: idle while the forward pass
+    /// runs, which is done by the time they sample.
+    draw_pool: rayon::ThreadPool,
 }
 
 /// Whether a core is free while the forward pass runs, so masks computed beside it cost the
@@ -429,6 +438,12 @@ impl Core {
         };
         let blocks = BlockManager::new(resolved.num_blocks, config.enable_prefix_caching);
         let masks_beside = masks_beside(&model);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let draw_pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(cores)
+            .thread_name(|i| format!("sluice-sample-{i}"))
+            .build()
+            .expect("a thread pool for sampling");
         Self {
             model,
             kv,
@@ -440,6 +455,7 @@ impl Core {
             next_arrival: 0,
             draining: false,
             masks_beside,
+            draw_pool,
         }
     }
 
@@ -661,8 +677,8 @@ impl Core {
         self.metrics.prefix_hits.inc_by(plan.cache_hits as u64);
     }
 
-    /// Advances every scheduled sequence, samples those whose chunk reached their end, and
-    /// retires the finished.
+    /// Advances every scheduled sequence, samples those whose chunk reached their end (their
+    /// rows drawn in parallel), and retires the finished.
     fn after_forward(
         &mut self,
         scheduled: &[usize],
@@ -671,37 +687,27 @@ impl Core {
         vocab: usize,
         mut masks: HashMap<usize, MaskResult>,
     ) {
-        let bs = self.budget.block_size;
         let now = Instant::now();
-        let mut row = 0;
+        let width = self.shared.limits.vocab_size;
+        let row_of = |row: usize| &logits[row * vocab..row * vocab + width];
         let mut ended: Vec<(usize, Ended)> = Vec::new();
         let mut forked: Vec<Seq> = Vec::new();
-        for &i in scheduled {
-            let s = &mut self.sched.running[i];
-            s.num_computed += plan.tokens[i];
-            if self.caching {
-                while s.hashes.len() < s.num_computed / bs {
-                    let b = s.hashes.len();
-                    let h = crate::block_manager::block_hash(
-                        s.hashes.last().copied(),
-                        &s.tokens[b * bs..(b + 1) * bs],
-                    );
-                    self.sched.blocks.register(s.blocks[b], h);
-                    s.hashes.push(h);
-                }
-            }
-            if s.num_computed < s.tokens.len() {
-                continue;
-            }
-            let raw = &logits[row * vocab..row * vocab + self.shared.limits.vocab_size];
-            row += 1;
+        let mut draws: Vec<(usize, usize, Prepared)> = Vec::new();
+        for (i, row) in self.advance(scheduled, plan) {
             let mask = masks.remove(&i);
-            if s.forks_left > 0 {
-                forked.extend(self.fork(i, raw, mask.as_ref()));
+            if self.sched.running[i].forks_left > 0 {
+                forked.extend(self.fork(i, row_of(row), mask.as_ref()));
             }
-            let s = &mut self.sched.running[i];
-            if let Some(end) = Self::emit_token(&self.model, &self.metrics, s, raw, mask, now) {
-                ended.push((i, end));
+            match Self::prepare(&mut self.sched.running[i], mask) {
+                Ok(prepared) => draws.push((i, row, prepared)),
+                Err(end) => ended.push((i, end)),
+            }
+        }
+        let sampled = self.draw_rows(&draws, row_of);
+        for ((i, _, _), sampled) in draws.iter().zip(sampled) {
+            let s = &mut self.sched.running[*i];
+            if let Some(end) = Self::take_token(&self.model, &self.metrics, s, sampled, now) {
+                ended.push((*i, end));
             }
         }
         // Finished sequences leave in descending index order so indices stay valid.
@@ -716,26 +722,82 @@ impl Core {
         }
     }
 
-    /// Samples one token for `s` from `raw` (within `mask`, its grammar's mask for this step)
-    /// and streams it; returns how it ended, if it did.
-    fn emit_token(
-        model: &Model,
-        metrics: &EngineMetrics,
-        s: &mut Seq,
-        raw: &[f32],
-        mask: Option<MaskResult>,
-        now: Instant,
-    ) -> Option<Ended> {
-        // A constrained sequence without a mask from the step (none is expected) computes it.
+    /// Moves every scheduled sequence past the tokens the step computed (registering the
+    /// blocks they filled in the prefix cache); returns those whose chunk reached their end,
+    /// with the logits row each samples from.
+    fn advance(&mut self, scheduled: &[usize], plan: &Plan) -> Vec<(usize, usize)> {
+        let bs = self.budget.block_size;
+        let mut sampling = Vec::new();
+        for &i in scheduled {
+            let s = &mut self.sched.running[i];
+            s.num_computed += plan.tokens[i];
+            if self.caching {
+                while s.hashes.len() < s.num_computed / bs {
+                    let b = s.hashes.len();
+                    let h = crate::block_manager::block_hash(
+                        s.hashes.last().copied(),
+                        &s.tokens[b * bs..(b + 1) * bs],
+                    );
+                    self.sched.blocks.register(s.blocks[b], h);
+                    s.hashes.push(h);
+                }
+            }
+            if s.num_computed == s.tokens.len() {
+                sampling.push((i, sampling.len()));
+            }
+        }
+        sampling
+    }
+
+    /// Samples the rows of `draws` (running index, logits row, what the draw needs) on the
+    /// sampling pool, each with its own sequence's parameters and random stream.
+    fn draw_rows<'a>(
+        &mut self,
+        draws: &'a [(usize, usize, Prepared)],
+        row_of: impl Fn(usize) -> &'a [f32],
+    ) -> Vec<Sampled> {
+        let mut seqs: Vec<Option<&mut Seq>> = self.sched.running.iter_mut().map(Some).collect();
+        let rows: Vec<Draw<'_>> = draws
+            .iter()
+            .map(|(i, row, prepared)| {
+                let Seq { req, sampler, .. } = seqs[*i].take().expect("one draw per sequence");
+                Draw {
+                    raw: row_of(*row),
+                    params: &req.params,
+                    state: sampler,
+                    suppress: &prepared.suppress,
+                    mask: prepared.mask.as_ref(),
+                }
+            })
+            .collect();
+        sample_all(&self.draw_pool, rows)
+    }
+
+    /// What `s`'s draw needs besides its logits: its grammar's mask (the step's, or computed
+    /// now for a constrained sequence the step computed none for) and the tokens it may not
+    /// choose yet; or how it ended, if its grammar failed.
+    fn prepare(s: &mut Seq, mask: Option<MaskResult>) -> Result<Prepared, Ended> {
         let mask = mask.or_else(|| s.matcher.as_mut().map(ChoiceMatcher::mask));
         let mask = match mask {
-            Some(Err(e)) => return Some(grammar_failed(&e)),
+            Some(Err(e)) => return Err(grammar_failed(&e)),
             Some(Ok(m)) => Some(m),
             None => None,
         };
-        let suppress = s.suppressed();
-        let req = s.req.clone();
-        let sampled = sample(raw, &req.params, &mut s.sampler, &suppress, mask.as_ref());
+        Ok(Prepared {
+            suppress: s.suppressed(),
+            mask,
+        })
+    }
+
+    /// Streams the token `s` sampled (through its grammar, if it has one); returns how the
+    /// choice ended, if it did.
+    fn take_token(
+        model: &Model,
+        metrics: &EngineMetrics,
+        s: &mut Seq,
+        sampled: Sampled,
+        now: Instant,
+    ) -> Option<Ended> {
         Self::record_token(metrics, s, now);
         let complete = match s.matcher.as_mut().map(|m| m.consume(sampled.token)) {
             Some(Err(e)) => return Some(grammar_failed(&e)),
@@ -747,6 +809,33 @@ impl Core {
             None if complete => Some(s.grammar_done(model.tokenizer())),
             end => end,
         }
+    }
+
+    /// Samples one token for `s` from `raw` (within `mask`, its grammar's mask for this step)
+    /// and streams it; returns how it ended, if it did. A forked choice's first token, drawn
+    /// alone.
+    fn emit_token(
+        model: &Model,
+        metrics: &EngineMetrics,
+        s: &mut Seq,
+        raw: &[f32],
+        mask: Option<MaskResult>,
+        now: Instant,
+    ) -> Option<Ended> {
+        let prepared = match Self::prepare(s, mask) {
+            Ok(p) => p,
+            Err(end) => return Some(end),
+        };
+        let req = s.req.clone();
+        let p = &prepared;
+        let sampled = sample(
+            raw,
+            &req.params,
+            &mut s.sampler,
+            &p.suppress,
+            p.mask.as_ref(),
+        );
+        Self::take_token(model, metrics, s, sampled, now)
     }
 
     fn record_token(metrics: &EngineMetrics, s: &mut Seq, now: Instant) {
