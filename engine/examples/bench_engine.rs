@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use sluice_engine::sampler::{sample, sample_all, Draw, SamplerState};
 use sluice_engine::{
     Constraint, Engine, EngineConfig, EngineHandle, Event, Grammar, Request, SamplingParams,
 };
-use sluice_models::{registry, Model, ModelOptions};
+use sluice_models::{registry, Logits, Model, ModelOptions, SeqChunk, StepBatch};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -48,6 +49,9 @@ struct Args {
     /// Only the structured-output case.
     #[arg(long)]
     structured_only: bool,
+    /// Only the sampling case.
+    #[arg(long)]
+    sampling_only: bool,
 }
 
 #[derive(Debug, Default)]
@@ -84,6 +88,10 @@ fn main() -> anyhow::Result<()> {
         "  prompts ~{} tokens, {} output tokens, {} requests per client",
         args.prompt_tokens, args.output_tokens, args.rounds
     );
+    sampling_case(&model)?;
+    if args.sampling_only {
+        return Ok(());
+    }
     let engine = Engine::start(model.clone(), config)?;
     // Warm-up: page in the weights and the first KV blocks.
     let level = |clients| Level {
@@ -129,6 +137,95 @@ fn main() -> anyhow::Result<()> {
     println!("  concurrency   1: 58 output tok/s, TTFT p50 0.75 s, ITL p50 10.8 ms");
     println!("  concurrency   4: 89 output tok/s, TTFT p50 2.65 s, ITL p50 29 ms");
     println!("  concurrency  16: 101 output tok/s, TTFT p50 6.8 s, ITL p50 89 ms");
+    Ok(())
+}
+
+/// The sampling case: what drawing a batch-64 step's tokens costs on the host, whatever runs
+/// the forward pass (on a GPU the step's budget at the batch-64 target is 6.4 ms for
+/// this model). 64 rows of the model's own logits (every 15th position of this file's
+/// source, teacher-forced), sampled under common parameter sets, one row after another on
+/// this thread and as the engine does (`sample_all`, one thread per core).
+fn sampling_case(model: &Model) -> anyhow::Result<()> {
+    let text = include_str!("bench_engine.rs");
+    let ids: Vec<u32> = model.tokenizer().encode(text, false)?;
+    let ids = &ids[..ids.len().min(64 * 15)];
+    let blocks = ids.len().div_ceil(16);
+    let mut kv = model.new_kv_store(blocks, 16)?;
+    let batch = StepBatch {
+        seqs: vec![SeqChunk {
+            tokens: ids.to_vec(),
+            start_pos: 0,
+            block_table: (0..blocks as u32).collect(),
+            logits: Logits::All,
+        }],
+    };
+    let all = model.forward(&batch, &mut kv)?.to_vec2::<f32>()?;
+    let rows: Vec<&[f32]> = all.iter().step_by(15).map(Vec::as_slice).collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(cores).build()?;
+    let sets: [(&str, SamplingParams); 5] = [
+        ("greedy", SamplingParams::greedy(1)),
+        ("temperature 1", SamplingParams::default()),
+        (
+            "T 1, top-p 0.95",
+            SamplingParams {
+                top_p: 0.95,
+                ..Default::default()
+            },
+        ),
+        (
+            "T 0.7, top-k 50",
+            SamplingParams {
+                temperature: 0.7,
+                top_k: 50,
+                ..Default::default()
+            },
+        ),
+        (
+            "greedy, 5 logprobs",
+            SamplingParams {
+                logprobs: Some(5),
+                ..SamplingParams::greedy(1)
+            },
+        ),
+    ];
+    println!(
+        "sampling {} rows of {} logits (ms per step, best of 5; one thread / {cores} threads):",
+        rows.len(),
+        rows[0].len()
+    );
+    for (name, params) in &sets {
+        let mut states: Vec<SamplerState> = (0..rows.len())
+            .map(|i| SamplerState::new(Some(1), i, &[]))
+            .collect();
+        let mut best = [f64::INFINITY; 2];
+        for _ in 0..5 {
+            let started = Instant::now();
+            for (row, state) in rows.iter().zip(states.iter_mut()) {
+                std::hint::black_box(sample(row, params, state, &[], None));
+            }
+            best[0] = best[0].min(started.elapsed().as_secs_f64());
+            let draws = rows
+                .iter()
+                .zip(states.iter_mut())
+                .map(|(row, state)| Draw {
+                    raw: row,
+                    params,
+                    state,
+                    suppress: &[],
+                    mask: None,
+                })
+                .collect();
+            let started = Instant::now();
+            std::hint::black_box(sample_all(&pool, draws));
+            best[1] = best[1].min(started.elapsed().as_secs_f64());
+        }
+        println!(
+            "  {name:<20} {:>7.2} / {:>6.2}",
+            best[0] * 1e3,
+            best[1] * 1e3
+        );
+    }
     Ok(())
 }
 

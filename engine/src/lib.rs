@@ -27,7 +27,7 @@ pub mod error;
 pub mod event;
 pub mod metrics;
 pub mod request;
-mod sampler;
+pub mod sampler;
 mod scheduler;
 mod sequence;
 mod stop;

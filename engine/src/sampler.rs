@@ -26,7 +26,7 @@ const TOP_K_STREAMED: usize = 256;
 
 /// Per-choice sampling state.
 #[derive(Debug)]
-pub(crate) struct SamplerState {
+pub struct SamplerState {
     /// The ChaCha8 key of this choice: from the seed and the choice index, or from the OS.
     key: u64,
     /// The output position of the next draw (tokens sampled or replayed so far).
@@ -82,14 +82,15 @@ impl SamplerState {
 
 /// The chosen token and, when asked for, its log-probability.
 #[derive(Debug)]
-pub(crate) struct Sampled {
+pub struct Sampled {
     pub token: u32,
     pub logprob: Option<TokenLogprob>,
 }
 
 /// One row to sample: its logits and its sequence's parameters, state, suppressed tokens
 /// and grammar mask (as [`sample`] takes them).
-pub(crate) struct Draw<'a> {
+#[derive(Debug)]
+pub struct Draw<'a> {
     pub raw: &'a [f32],
     pub params: &'a SamplingParams,
     pub state: &'a mut SamplerState,
@@ -107,7 +108,7 @@ const PARALLEL_FROM: usize = 4;
 /// Why: a step samples every sequence of the batch, one 49k–128k-token row each; at batch
 /// 64 that was 29 ms a step on one core before the vectorised weights (4.5 ms after), beside
 /// a GPU step of a few milliseconds.
-pub(crate) fn sample_all(pool: &rayon::ThreadPool, draws: Vec<Draw<'_>>) -> Vec<Sampled> {
+pub fn sample_all(pool: &rayon::ThreadPool, draws: Vec<Draw<'_>>) -> Vec<Sampled> {
     let one = |d: Draw<'_>| sample(d.raw, d.params, d.state, d.suppress, d.mask);
     if draws.len() < PARALLEL_FROM {
         return draws.into_iter().map(one).collect();
@@ -119,7 +120,7 @@ pub(crate) fn sample_all(pool: &rayon::ThreadPool, draws: Vec<Draw<'_>>) -> Vec<
 /// and stop tokens before `min_tokens`); `mask`, the tokens a grammar allows (applied after
 /// bias and penalties, before temperature and the truncations; the grammar wins over
 /// `suppress` when the two leave nothing).
-pub(crate) fn sample(
+pub fn sample(
     raw: &[f32],
     p: &SamplingParams,
     state: &mut SamplerState,
