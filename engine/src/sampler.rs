@@ -206,7 +206,8 @@ fn logprob_of(raw: &[f32], token: u32, k: usize) -> TokenLogprob {
 /// no candidate list; with them it walks the candidates they keep, most likely first.
 fn draw(l: &[f32], p: &SamplingParams, uniform: f64) -> u32 {
     let max = logits::max(l);
-    if max == f32::NEG_INFINITY {
+    if !max.is_finite() {
+        // Every token masked, or one at +∞ (which takes the draw): no weights to draw by.
         return argmax(l);
     }
     let floor = p.min_p.max(0.0);
@@ -223,12 +224,13 @@ fn draw(l: &[f32], p: &SamplingParams, uniform: f64) -> u32 {
     let cand = candidates(l, max, p);
     let kept = || cand.iter().filter(|c| c.weight >= floor);
     let total: f64 = kept().map(|c| f64::from(c.weight)).sum();
-    pick(kept().map(|c| (c.id, c.weight)), total, uniform).unwrap_or(cand[0].id)
+    let first = cand.first().map_or_else(|| argmax(l), |c| c.id);
+    pick(kept().map(|c| (c.id, c.weight)), total, uniform).unwrap_or(first)
 }
 
 /// The candidates top-k and top-p keep, most likely first, with their weights: the `top_k`
 /// most likely tokens, then of those the fewest whose weights reach `top_p` of their sum.
-/// Never empty: the most likely token (weight 1) is always kept.
+/// The most likely token (weight 1) is always kept when `max` is finite.
 fn candidates(l: &[f32], max: f32, p: &SamplingParams) -> Vec<Ranked> {
     let scale = 1.0 / p.temperature;
     let ranked = |i: u32, weight: f32| Ranked {
@@ -523,6 +525,33 @@ mod tests {
                 let got = candidates(&l, logits::max(&l), &p);
                 let ids: Vec<u32> = got.iter().map(|c| c.id).collect();
                 assert_eq!(ids, sorted, "seed {seed} k {top_k} p {top_p}");
+            }
+        }
+    }
+
+    #[test]
+    fn rows_with_nan_or_infinite_logits_still_draw_a_token() {
+        let mut nan_first = row(3, 3000);
+        nan_first[0] = f32::NAN;
+        nan_first[10] = f32::NAN;
+        let mut infinite = row(4, 3000);
+        infinite[7] = f32::INFINITY;
+        let masked = vec![f32::NEG_INFINITY; 3000];
+        for (l, want) in [(&nan_first, None), (&infinite, Some(7)), (&masked, None)] {
+            for p in [
+                params(|p| p.temperature = 0.0),
+                params(|p| p.temperature = 0.8),
+                params(|p| p.top_k = 1),
+                params(|p| (p.top_k, p.top_p) = (40, 0.9)),
+                params(|p| p.top_p = 0.9),
+                params(|p| (p.top_k, p.min_p) = (400, 0.2)),
+                params(|p| p.logprobs = Some(2)),
+            ] {
+                for t in draws(l, &p, 3, 1) {
+                    assert!((t as usize) < l.len());
+                    assert!(want.is_none_or(|w| t == w), "{t}");
+                    assert!(!l[t as usize].is_nan() || l.iter().all(|v| v.is_nan()));
+                }
             }
         }
     }

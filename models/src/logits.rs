@@ -83,8 +83,9 @@ pub fn top_k(logits: &[f32], k: usize) -> Vec<u32> {
     }
     let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
     for (i, &v) in logits.iter().enumerate() {
-        // A plain comparison (NaN is never kept once k are): total_cmp costs 1.5× the scan.
-        if best.len() == k && v.partial_cmp(&best[k - 1].0) != Some(Ordering::Greater) {
+        // A plain comparison: total_cmp costs 1.5× the scan. NaN is never kept.
+        let full = best.len() == k;
+        if v.is_nan() || full && v.partial_cmp(&best[k - 1].0) != Some(Ordering::Greater) {
             continue;
         }
         // After every kept value at least as large: ties keep the lower id first.
