@@ -20,7 +20,7 @@ use crate::error::{EngineError, SubmitError};
 use crate::event::{Event, Finish, FinishReason, MatchedStop, Stage, Usage};
 use crate::metrics::EngineMetrics;
 use crate::request::{Limits, Request};
-use crate::sampler::{sample, sample_all, Draw, Sampled};
+use crate::sampler::{sample_all, Draw, Sampled};
 use crate::scheduler::{Budget, Plan, Scheduler};
 use crate::sequence::{Ended, RequestInfo, Seq};
 
@@ -755,7 +755,7 @@ impl Core {
         &mut self,
         draws: &'a [(usize, usize, Prepared)],
         row_of: impl Fn(usize) -> &'a [f32],
-    ) -> Vec<Sampled> {
+    ) -> Vec<Result<Sampled, String>> {
         let mut seqs: Vec<Option<&mut Seq>> = self.sched.running.iter_mut().map(Some).collect();
         let rows: Vec<Draw<'_>> = draws
             .iter()
@@ -790,14 +790,24 @@ impl Core {
     }
 
     /// Streams the token `s` sampled (through its grammar, if it has one); returns how the
-    /// choice ended, if it did.
+    /// choice ended, if it did (an error if its draw failed).
     fn take_token(
         model: &Model,
         metrics: &EngineMetrics,
         s: &mut Seq,
-        sampled: Sampled,
+        sampled: Result<Sampled, String>,
         now: Instant,
     ) -> Option<Ended> {
+        let sampled = match sampled {
+            Ok(sampled) => sampled,
+            Err(e) => {
+                tracing::error!("{e}; failing the choice");
+                return Some(Ended {
+                    reason: FinishReason::Error(e),
+                    matched: None,
+                });
+            }
+        };
         Self::record_token(metrics, s, now);
         let complete = match s.matcher.as_mut().map(|m| m.consume(sampled.token)) {
             Some(Err(e)) => return Some(grammar_failed(&e)),
@@ -827,14 +837,14 @@ impl Core {
             Err(end) => return Some(end),
         };
         let req = s.req.clone();
-        let p = &prepared;
-        let sampled = sample(
+        let sampled = Draw {
             raw,
-            &req.params,
-            &mut s.sampler,
-            &p.suppress,
-            p.mask.as_ref(),
-        );
+            params: &req.params,
+            state: &mut s.sampler,
+            suppress: &prepared.suppress,
+            mask: prepared.mask.as_ref(),
+        }
+        .sample();
         Self::take_token(model, metrics, s, sampled, now)
     }
 

@@ -108,12 +108,37 @@ const PARALLEL_FROM: usize = 4;
 /// Why: a step samples every sequence of the batch, one 49k–128k-token row each; at batch
 /// 64 that was 29 ms a step on one core before the vectorised weights (4.5 ms after), beside
 /// a GPU step of a few milliseconds.
-pub fn sample_all(pool: &rayon::ThreadPool, draws: Vec<Draw<'_>>) -> Vec<Sampled> {
-    let one = |d: Draw<'_>| sample(d.raw, d.params, d.state, d.suppress, d.mask);
+///
+/// A draw that panics (a bug, never an input the gateway lets through) is that row's `Err`
+/// with the panic's message, so it fails its own sequence and not the engine thread.
+pub fn sample_all(pool: &rayon::ThreadPool, draws: Vec<Draw<'_>>) -> Vec<Result<Sampled, String>> {
     if draws.len() < PARALLEL_FROM {
-        return draws.into_iter().map(one).collect();
+        return draws.into_iter().map(Draw::sample).collect();
     }
-    pool.install(|| draws.into_par_iter().map(one).collect())
+    pool.install(|| draws.into_par_iter().map(Draw::sample).collect())
+}
+
+impl Draw<'_> {
+    /// [`sample`] on this row, a panic caught as its message.
+    pub fn sample(self) -> Result<Sampled, String> {
+        let Draw {
+            raw,
+            params,
+            state,
+            suppress,
+            mask,
+        } = self;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sample(raw, params, state, suppress, mask)
+        }))
+        .map_err(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned());
+            format!("sampling panicked: {}", message.unwrap_or_default())
+        })
+    }
 }
 
 /// Picks the next token. `suppress` lists tokens that must not be chosen now (end-of-sequence
@@ -450,6 +475,7 @@ mod tests {
                 .collect();
             let got: Vec<(u32, Option<f32>)> = sample_all(&pool, draws)
                 .into_iter()
+                .map(|s| s.unwrap())
                 .map(|s| (s.token, s.logprob.map(|l| l.logprob)))
                 .collect();
             assert_eq!(got, want);
@@ -527,6 +553,41 @@ mod tests {
                 assert_eq!(ids, sorted, "seed {seed} k {top_k} p {top_p}");
             }
         }
+    }
+
+    #[test]
+    fn a_draw_that_panics_is_its_own_rows_error() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let l = row(1, 100);
+        // A bias on a token past the row: the gateway refuses it; here it indexes out of range.
+        let bad = params(|p| {
+            p.logit_bias.insert(5000, 1.0);
+        });
+        let good = params(|p| p.temperature = 0.0);
+        let mut states: Vec<SamplerState> =
+            (0..6).map(|i| SamplerState::new(Some(1), i, &[])).collect();
+        let draws = states
+            .iter_mut()
+            .enumerate()
+            .map(|(i, state)| Draw {
+                raw: &l,
+                params: if i == 3 { &bad } else { &good },
+                state,
+                suppress: &[],
+                mask: None,
+            })
+            .collect();
+        let out = sample_all(&pool, draws);
+        for (i, r) in out.iter().enumerate() {
+            match r {
+                Err(e) => assert!(i == 3 && e.contains("index out of bounds"), "{i}: {e}"),
+                Ok(s) => assert_eq!(s.token, argmax(&l), "row {i}"),
+            }
+        }
+        assert!(out[3].is_err());
     }
 
     #[test]
