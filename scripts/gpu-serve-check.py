@@ -7,7 +7,9 @@ replica must show and prints one JSON object:
     share taken by `--gpu-memory-utilization`);
   - `vllm:cache_config_info` on `/metrics` (labels `num_gpu_blocks`, `block_size`);
   - one greedy chat completion (status, usage, latency), one streamed (time to first chunk,
-    chunks), and `--concurrent` greedy completions at once (all 200, aggregate output tok/s).
+    chunks), and `--concurrent` greedy completions at once (all 200, aggregate output tok/s);
+    then as many sampled at temperature 1, top-p 0.95 (`concurrent_sampled`): the difference
+    is what drawing from whole rows of logits costs the host per step.
 
 Standard library only: the GPU machine has Python but nothing can be installed there.
 """
@@ -50,12 +52,16 @@ def wait_ready(base, proc, limit):
     raise RuntimeError(f"sluice not ready after {limit} s")
 
 
-def chat(base, model, content, max_tokens):
+GREEDY = {"temperature": 0}
+SAMPLED = {"temperature": 1.0, "top_p": 0.95, "seed": 7}
+
+
+def chat(base, model, content, max_tokens, sampling=GREEDY):
     body = {
         "model": model,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
-        "temperature": 0,
+        **sampling,
     }
     started = time.monotonic()
     status, raw = request(base + "/v1/chat/completions", body)
@@ -106,12 +112,13 @@ def stream(base, model, max_tokens):
     }
 
 
-def concurrent(base, model, n, max_tokens):
+def concurrent(base, model, n, max_tokens, sampling=GREEDY):
     results = [None] * n
 
     def one(i):
         try:
-            results[i] = chat(base, model, f"Write a short poem about the number {i}.", max_tokens)
+            prompt = f"Write a short poem about the number {i}."
+            results[i] = chat(base, model, prompt, max_tokens, sampling)
         except Exception as e:  # noqa: BLE001 - reported, not raised
             results[i] = (0, {"error": str(e)}, 0.0)
 
@@ -162,8 +169,9 @@ def failures(out):
         failed.append(f"chat answered {out['chat']['status']}: {out['chat']['error']}")
     if out["stream"]["errors"] or not out["stream"]["usage"]:
         failed.append(f"the stream broke: {out['stream']['errors']}")
-    if out["concurrent"]["ok"] != out["concurrent"]["requests"]:
-        failed.append(f"concurrent statuses {out['concurrent']['statuses']}")
+    for name in ("concurrent", "concurrent_sampled"):
+        if out[name]["ok"] != out[name]["requests"]:
+            failed.append(f"{name} statuses {out[name]['statuses']}")
     if not out["cache_config_info"]:
         failed.append("no vllm:cache_config_info on /metrics")
     return failed
@@ -208,6 +216,9 @@ def main():
         }
         out["stream"] = stream(base, model, args.max_tokens)
         out["concurrent"] = concurrent(base, model, args.concurrent, args.max_tokens)
+        out["concurrent_sampled"] = concurrent(
+            base, model, args.concurrent, args.max_tokens, SAMPLED
+        )
         _, raw = request(base + "/metrics")
         out["cache_config_info"] = cache_config(raw.decode(errors="replace"))
         failed = failures(out)
