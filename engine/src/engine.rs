@@ -405,9 +405,18 @@ struct Core {
     /// Whether grammar masks are computed on a thread beside the forward pass (a core is
     /// free while it runs) or on the engine thread after it (see [`masks_beside`]).
     masks_beside: bool,
-    /// The threads a step's rows are sampled on, one per core: idle while the forward pass
-    /// runs, which is done by the time they sample.
+    /// The threads a step's rows are sampled on ([`draw_threads`]): idle while the forward
+    /// pass runs, which is done by the time they sample.
     draw_pool: rayon::ThreadPool,
+}
+
+/// Threads to sample a step's rows on: the forward pass's on the CPU (so `--threads` bounds
+/// what the replica uses), every core on a GPU (the CPU has nothing else to do then).
+fn draw_threads(model: &Model) -> usize {
+    match model.network().threads() {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
 }
 
 /// Whether a core is free while the forward pass runs, so masks computed beside it cost the
@@ -438,9 +447,8 @@ impl Core {
         };
         let blocks = BlockManager::new(resolved.num_blocks, config.enable_prefix_caching);
         let masks_beside = masks_beside(&model);
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let draw_pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(cores)
+            .num_threads(draw_threads(&model))
             .thread_name(|i| format!("sluice-sample-{i}"))
             .build()
             .expect("a thread pool for sampling");
