@@ -172,16 +172,17 @@ fn adjusted<'a>(
     suppress: &[u32],
     mask: Option<&Mask>,
 ) -> Cow<'a, [f32]> {
-    let penalised =
-        p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
-    if p.logit_bias.is_empty() && !penalised && mask.is_none() && suppress.is_empty() {
+    let repetition = p.repetition_penalty != 1.0;
+    let occurrence = p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+    let untouched = p.logit_bias.is_empty() && !repetition && !occurrence;
+    if untouched && mask.is_none() && suppress.is_empty() {
         return Cow::Borrowed(raw);
     }
     let mut l = raw.to_vec();
     for (&t, &b) in &p.logit_bias {
         l[t as usize] += b;
     }
-    if p.repetition_penalty != 1.0 {
+    if repetition {
         for &t in &state.seen {
             let v = &mut l[t as usize];
             *v = if *v > 0.0 {
@@ -191,7 +192,7 @@ fn adjusted<'a>(
             };
         }
     }
-    if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+    if occurrence {
         for (&t, &c) in &state.output_counts {
             l[t as usize] -= p.frequency_penalty * c as f32 + p.presence_penalty;
         }
@@ -270,7 +271,7 @@ fn candidates(l: &[f32], max: f32, p: &SamplingParams) -> Vec<Ranked> {
             .map(|i| ranked(i, logits::exp_le_zero((l[i as usize] - max) * scale)))
             .filter(|c| c.weight > 0.0)
             .collect();
-        let total = top.iter().map(|c| f64::from(c.weight)).sum();
+        let total = mass(&top);
         return nucleus_sorted(top, total, p.top_p);
     }
     let mut w = Vec::new();
@@ -294,7 +295,7 @@ fn candidates(l: &[f32], max: f32, p: &SamplingParams) -> Vec<Ranked> {
         cand.select_nth_unstable_by(p.top_k - 1, Ranked::order);
         cand.truncate(p.top_k);
     }
-    let total = cand.iter().map(|c| f64::from(c.weight)).sum();
+    let total = mass(&cand);
     nucleus_sorted(cand, total, p.top_p)
 }
 
@@ -324,6 +325,11 @@ impl Ranked {
     }
 }
 
+/// The candidates' summed weight.
+fn mass(cand: &[Ranked]) -> f64 {
+    cand.iter().map(|c| f64::from(c.weight)).sum()
+}
+
 /// Moves the fewest most likely candidates whose weights reach `target` to the front of
 /// `cand` (in no particular order) and returns how many they are: all of them if rounding
 /// leaves the sum short.
@@ -338,7 +344,7 @@ fn nucleus(cand: &mut [Ranked], target: f64) -> usize {
     while hi - lo > 32 {
         let mid = lo + (hi - lo) / 2;
         cand[lo..hi].select_nth_unstable_by(mid - lo, Ranked::order);
-        let upper: f64 = cand[lo..=mid].iter().map(|c| f64::from(c.weight)).sum();
+        let upper = mass(&cand[lo..=mid]);
         if upper >= need {
             hi = mid + 1;
         } else {
@@ -380,32 +386,25 @@ fn pick(weighted: impl Iterator<Item = (u32, f32)>, total: f64, uniform: f64) ->
 fn pick_in_row(w: &[f32], uniform: f64) -> Option<u32> {
     const BLOCK: usize = 256;
     let sums: Vec<f64> = w.chunks(BLOCK).map(|b| logits::sum_of(b, |x| x)).collect();
+    let tokens = |b: usize| {
+        let start = b * BLOCK;
+        (start as u32..).zip(w[start..(start + BLOCK).min(w.len())].iter().copied())
+    };
     let mut r = uniform * sums.iter().sum::<f64>();
     let mut last = None;
     for (b, &sum) in sums.iter().enumerate() {
         if sum <= 0.0 {
             continue;
         }
-        let start = b * BLOCK;
-        let block = &w[start..(start + BLOCK).min(w.len())];
         if r < sum {
-            let tokens = (start as u32..).zip(block.iter().copied());
             // The block's own total, so rounding cannot carry the walk past it.
-            return pick(tokens, sum, r / sum);
+            return pick(tokens(b), sum, r / sum);
         }
         r -= sum;
         last = Some(b);
     }
     // Rounding left the draw past the last block: its last token of any weight.
-    last.and_then(|b| {
-        let start = b * BLOCK;
-        let block = &w[start..(start + BLOCK).min(w.len())];
-        pick(
-            (start as u32..).zip(block.iter().copied()),
-            logits::sum_of(block, |x| x),
-            1.0,
-        )
-    })
+    last.and_then(|b| pick(tokens(b), sums[b], 1.0))
 }
 
 #[cfg(test)]

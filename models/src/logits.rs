@@ -120,9 +120,10 @@ pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
 /// carry than a SIMD dependency the workspace uses nowhere else.
 #[inline]
 pub fn exp_le_zero(x: f32) -> f32 {
-    const ROUND: f32 = 12_582_912.0; // 1.5 × 2^23: adding it leaves n in the low bits
-                                     // ln 2 in two parts (Cody and Waite): n × LN2_HI is exact, so y keeps its precision at
-                                     // large |n|, where x - n × ln 2 in one step would lose ~5e-6 of it.
+    // 1.5 × 2^23: adding it leaves n in the low bits.
+    const ROUND: f32 = 12_582_912.0;
+    // ln 2 in two parts (Cody and Waite): n × LN2_HI is exact, so y keeps its precision at
+    // large |n|, where x - n × ln 2 in one step would lose ~5e-6 of it.
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     // Comparisons and bit operations only, which vectorise (`f32::max` and `as i32` carry
