@@ -20,6 +20,9 @@
 #     backend): teacher-forced logprobs both ways, steps replayed and graphs captured (or why
 #     capturing failed), decode tok/s at each batch size each way, for the truncated default
 #     model and both shapes;
+#   - a step's logits copied to the host into page-locked buffers against through pageable
+#     memory (gpucheck host-copy, candle backend): logprobs both ways, decode tok/s at each
+#     batch size each way, for both shapes;
 #   - whether greedy tokens are identical alone and in a batch of 16, for both shapes and the
 #     truncated default model (real weights: random ones leave near-ties that any rounding
 #     difference flips);
@@ -194,6 +197,12 @@ graphs() {
   step "$1" "$limit" "$bin/gpucheck" --model "$2" --device "$device" --backend candle graphs \
     --tokens "$tokens" --batches "$batches" --ctx "$ctx" --steps "$steps"
 }
+# host_copy NAME MODEL: logits copied into page-locked buffers against through pageable memory
+# (candle on the device, whatever the backend under test).
+host_copy() {
+  step "$1" "$limit" "$bin/gpucheck" --model "$2" --device "$device" --backend candle host-copy \
+    --tokens "$tokens" --batches "$batches" --ctx "$ctx" --steps "$steps"
+}
 # serve NAME MODEL [VAR=VALUE...]: `sluice serve` on the device over HTTP
 # (scripts/gpu-serve-check.py) with those variables set, when the carry holds the binary.
 serve() {
@@ -245,11 +254,13 @@ graphs graphs_llama3_8b "$work/llama3-8b.gguf"
 profile profile_smollm2 "$work/smollm2.gguf"
 attention attention_smollm2 "$work/smollm2.gguf"
 step identical_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" identical --tokens "$greedy"
+host_copy host_copy_smollm2 "$work/smollm2.gguf"
 rm -f "$work/smollm2.gguf"
 profile profile_llama3_8b "$work/llama3-8b.gguf"
 attention attention_llama3_8b "$work/llama3-8b.gguf"
 serve serve_llama3_8b "$work/llama3-8b.gguf"
 step identical_llama3_8b "$limit" "$bin/gpucheck" --model "$work/llama3-8b.gguf" "${gpu[@]}" identical --tokens "$greedy"
+host_copy host_copy_llama3_8b "$work/llama3-8b.gguf"
 rm -f "$work/llama3-8b.gguf"
 report
 echo "check-gpu: wrote $out"

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use prometheus::Registry;
-use sluice_models::{KvStore, Logits, Model, ModelError, SeqChunk, StepBatch};
+use sluice_models::{HostLogits, KvStore, Logits, Model, ModelError, SeqChunk, StepBatch};
 use tokio::sync::{mpsc as tmpsc, watch};
 
 use crate::block_manager::BlockManager;
@@ -336,7 +336,7 @@ impl futures_core::Stream for EventStream {
 }
 
 /// What the forward pass returns, a panic caught.
-type ForwardResult = std::thread::Result<sluice_models::Result<Vec<f32>>>;
+type ForwardResult = std::thread::Result<sluice_models::Result<HostLogits>>;
 /// A step's mask for one sequence, or why its grammar failed.
 type MaskResult = Result<Mask, String>;
 /// A sequence's running index, its matcher and its mask.
@@ -583,7 +583,7 @@ impl Core {
         let constrained: Vec<usize> = work.iter().map(|(i, _)| *i).collect();
         let (result, computed) = self.forward_with_masks(&batch, work);
         let masks = self.return_matchers(&constrained, computed);
-        let logits: Vec<f32> = match result {
+        let logits: HostLogits = match result {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => {
                 let e: sluice_models::ModelError = e;
@@ -595,8 +595,7 @@ impl Core {
                 return;
             }
         };
-        let vocab = self.model.config().vocab_size;
-        self.after_forward(&scheduled, &plan, &logits, vocab, masks);
+        self.after_forward(&scheduled, &plan, &logits, masks);
         self.metrics
             .step_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -627,12 +626,7 @@ impl Core {
     ) -> (ForwardResult, Vec<Computed>) {
         let model = self.model.clone();
         let kv = &mut self.kv;
-        let mut forward = move || {
-            catch_unwind(AssertUnwindSafe(|| {
-                let logits = model.forward(batch, kv)?;
-                logits.flatten_all()?.to_vec1::<f32>().map_err(Into::into)
-            }))
-        };
+        let mut forward = move || catch_unwind(AssertUnwindSafe(|| model.forward_host(batch, kv)));
         if work.is_empty() {
             return (forward(), Vec::new());
         }
@@ -691,13 +685,12 @@ impl Core {
         &mut self,
         scheduled: &[usize],
         plan: &Plan,
-        logits: &[f32],
-        vocab: usize,
+        logits: &HostLogits,
         mut masks: HashMap<usize, MaskResult>,
     ) {
         let now = Instant::now();
         let width = self.shared.limits.vocab_size;
-        let row_of = |row: usize| &logits[row * vocab..row * vocab + width];
+        let row_of = |row: usize| &logits.row(row)[..width];
         let mut ended: Vec<(usize, Ended)> = Vec::new();
         let mut forked: Vec<Seq> = Vec::new();
         let mut draws: Vec<(usize, usize, Prepared)> = Vec::new();

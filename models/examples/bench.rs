@@ -164,7 +164,7 @@ impl<'a> Bench<'a> {
                 }],
             };
             let t = Instant::now();
-            self.model.forward(&batch, &mut self.kv)?;
+            self.model.forward_host(&batch, &mut self.kv)?;
             best = best.min(t.elapsed().as_secs_f64());
         }
         Ok(best)
@@ -182,7 +182,7 @@ impl<'a> Bench<'a> {
                     logits: Logits::Last,
                 })
                 .collect();
-            self.model.forward(&StepBatch { seqs }, &mut self.kv)?;
+            self.model.forward_host(&StepBatch { seqs }, &mut self.kv)?;
         }
         Ok((batch_size * self.steps) as f64 / t.elapsed().as_secs_f64())
     }

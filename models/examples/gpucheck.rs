@@ -23,6 +23,11 @@
 //!   ways (|Δ logprob| over each row's top 10), how many steps were replayed and graphs
 //!   captured (or why capturing failed), then `bench`'s decode steps timed each way. On the
 //!   CPU the path runs eagerly: nothing is captured.
+//! - `host-copy` (candle only): a step's logits copied to the host into a page-locked buffer
+//!   (`SLUICE_PINNED_LOGITS`, the default) against through pageable memory: teacher-forced
+//!   logprobs both ways (identical unless a copy is wrong), whether the buffers stayed on (an
+//!   allocation failure turns them off), then `bench`'s prefill and decode steps timed each
+//!   way. On the CPU both ways copy the same: nothing is pinned.
 //!
 //! `--attention` (or `SLUICE_ATTENTION`) picks the candle backend's attention path for the
 //! other modes.
@@ -37,7 +42,9 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 use sluice_models::candle::AttentionPath;
 use sluice_models::logits::{argmax, log_softmax};
-use sluice_models::{Backend, DeviceSpec, KvStore, LlamaConfig, Logits, SeqChunk, StepBatch};
+use sluice_models::{
+    Backend, DeviceSpec, HostLogits, KvStore, LlamaConfig, Logits, SeqChunk, StepBatch,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "GPU check measurements (one JSON object per run)")]
@@ -84,6 +91,7 @@ enum Mode {
     },
     Attention(CompareArgs),
     Graphs(CompareArgs),
+    HostCopy(CompareArgs),
 }
 
 /// Decode batch sizes, the context they decode at, and the decode steps timed at each.
@@ -148,9 +156,15 @@ impl Net {
         }
     }
 
-    /// The logits rows the batch asks for, on the host.
+    /// The logits rows the batch asks for, on the host, each copied into its own `Vec`.
     fn forward(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Vec<Vec<f32>>> {
-        Ok(self.model.forward(batch, kv)?.to_vec2::<f32>()?)
+        Ok(self.model.forward_host(batch, kv)?.to_vecs())
+    }
+
+    /// The logits rows where the step left them on the host, as a served step hands them to
+    /// sampling: what the timed loops time.
+    fn forward_host(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<HostLogits> {
+        Ok(self.model.forward_host(batch, kv)?)
     }
 }
 
@@ -179,6 +193,7 @@ fn main() -> Result<()> {
         } => profile(&net, batches, *ctx, *steps)?,
         Mode::Attention(a) => attention(&net, a)?,
         Mode::Graphs(a) => graphs(&net, a)?,
+        Mode::HostCopy(a) => host_copy(&net, a)?,
     };
     out["model"] = json!(args.model.display().to_string());
     out["device"] = json!(args.device);
@@ -336,9 +351,14 @@ fn prefill(
                 Logits::Last,
             )],
         };
-        last.push(argmax(&net.forward(&batch, kv)?[0]));
+        last.extend(argmaxes(&net.forward_host(&batch, kv)?));
     }
     Ok((last, started.elapsed().as_secs_f64()))
+}
+
+/// Each row's greedy token.
+fn argmaxes(logits: &HostLogits) -> Vec<u32> {
+    (0..logits.rows()).map(|i| argmax(logits.row(i))).collect()
 }
 
 /// `steps` decode steps of `first.len()` sequences whose prompts fill `0..ctx`; each step
@@ -362,12 +382,12 @@ fn decode_steps(
                 .collect(),
         };
         let started = Instant::now();
-        let rows = net.forward(&batch, kv)?;
+        let logits = net.forward_host(&batch, kv)?;
         // Step 0 warms this batch shape up.
         if step > 0 {
             times.push(started.elapsed().as_secs_f64());
         }
-        next = rows.iter().map(|r| argmax(r)).collect();
+        next = argmaxes(&logits);
     }
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
@@ -515,6 +535,22 @@ fn graphs(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
         "ctx": a.speed.ctx,
         "speed": c.speed,
         "status": status_json(&candle.cuda_graphs()),
+    }))
+}
+
+fn host_copy(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
+    let candle = net.candle()?;
+    let ways = [("pageable", false), ("page_locked", true)];
+    let set = |on| candle.set_pinned_logits(on);
+    let c = compare(net, (&ways, &set), a)?;
+    Ok(json!({
+        "mode": "host-copy",
+        "reference": "pageable",
+        "decodes_per_sequence": c.decodes,
+        "agreement": logprob_gap(&c.rows[0], &c.rows[1]),
+        "ctx": a.speed.ctx,
+        "speed": c.speed,
+        "page_locked_after": candle.pinned_logits(),
     }))
 }
 

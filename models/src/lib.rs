@@ -11,7 +11,8 @@
 //!   [`hf_export`] writes one from a GGUF file.
 //! - [`config`]: the architecture read from metadata ([`LlamaConfig`]).
 //! - [`tokenizer`] and [`chat_template`]: text in and out, exactly as llama.cpp does it.
-//! - [`batch`]: the ragged batch ([`StepBatch`]) a forward call takes.
+//! - [`batch`]: the ragged batch ([`StepBatch`]) a forward call takes; [`host_logits`]: the
+//!   logits it returns, on the host ([`HostLogits`]).
 //! - [`kv`]: the block pool holding K and V ([`KvStore`]).
 //! - [`llama`]: weights and the forward pass on the CPU kernels ([`Llama`]).
 //! - [`candle`]: the forward pass on candle tensors, CPU or GPU ([`CandleLlama`]).
@@ -29,6 +30,7 @@ pub mod error;
 pub mod gguf;
 pub mod hf;
 pub mod hf_export;
+pub mod host_logits;
 #[allow(unsafe_code)]
 pub mod kernels;
 pub mod kv;
@@ -45,6 +47,7 @@ pub use candle::CandleLlama;
 pub use config::LlamaConfig;
 pub use device::{Backend, DeviceSpec};
 pub use error::{ModelError, Result};
+pub use host_logits::HostLogits;
 pub use kv::KvStore;
 pub use llama::Llama;
 pub use model::{Model, ModelOptions, ModelSource, Network};

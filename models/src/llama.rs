@@ -4,12 +4,13 @@
 //! [`crate::kernels`]; Q, K and V are fused into one projection, and so are gate and up, so a
 //! layer runs four matrix products over all tokens of the step.
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
 
 use crate::batch::StepBatch;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
+use crate::host_logits::HostLogits;
 use crate::kernels::activation::silu_mul;
 use crate::kernels::attention::attend;
 use crate::kernels::dot::best_path;
@@ -136,16 +137,21 @@ impl Llama {
     /// Runs one step over a ragged batch and returns logits `[rows, vocab]` for the rows the
     /// batch asks for, in sequence order (see [`StepBatch::num_logit_rows`]).
     pub fn forward(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Tensor> {
+        self.forward_host(batch, kv)?.into_tensor()
+    }
+
+    /// [`Llama::forward`]'s logits as the rows the vocabulary product wrote, uncopied.
+    pub fn forward_host(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<HostLogits> {
         kv.validate(batch, &self.config)?;
         let pool = kv.kernel_pool()?;
         // The whole step runs on a compute thread: each kernel's `pool.install` then runs inline
         // and its parallel loop is shared by stealing between workers that are already awake,
         // instead of the caller sleeping and waking once per matrix product.
-        self.pool.install(|| self.forward_on_pool(batch, pool))
+        Ok(self.pool.install(|| self.forward_on_pool(batch, pool)))
     }
 
     /// `forward` after validation, on one of the pool's threads.
-    fn forward_on_pool(&self, batch: &StepBatch, kv: &mut KernelPool) -> Result<Tensor> {
+    fn forward_on_pool(&self, batch: &StepBatch, kv: &mut KernelPool) -> HostLogits {
         let c = &self.config;
         let d = c.embedding_length;
         let n = batch.num_tokens();
@@ -174,11 +180,7 @@ impl Llama {
         let head = self.output.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0.0f32; rows.len() * c.vocab_size];
         head.apply(&self.pool, &normed, rows.len(), &mut buf.q8, &mut logits);
-        Ok(Tensor::from_vec(
-            logits,
-            (rows.len(), c.vocab_size),
-            &Device::Cpu,
-        )?)
+        HostLogits::new(logits, c.vocab_size)
     }
 
     /// One layer's attention half: norm, Q/K/V, RoPE, the KV write, attention over each

@@ -13,6 +13,7 @@ use crate::device::{Backend, DeviceSpec};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::hf::{self, HfDir};
+use crate::host_logits::HostLogits;
 use crate::kv::KvStore;
 use crate::llama::Llama;
 use crate::tokenizer::{SpecialIds, Tokenizer};
@@ -227,9 +228,15 @@ impl Model {
     /// One step over a ragged batch: logits `[rows, vocab]` (f32, on the CPU) for the rows
     /// the batch asks for, in sequence order. `kv` must come from [`Model::new_kv_store`].
     pub fn forward(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Tensor> {
+        self.forward_host(batch, kv)?.into_tensor()
+    }
+
+    /// [`Model::forward`]'s logits where the step left them on the host, copied once from
+    /// the device (see [`crate::host_logits`]): what sampling reads.
+    pub fn forward_host(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<HostLogits> {
         match &self.network {
-            Network::Kernels(l) => l.forward(batch, kv),
-            Network::Candle(c) => c.forward(batch, kv),
+            Network::Kernels(l) => l.forward_host(batch, kv),
+            Network::Candle(c) => c.forward_host(batch, kv),
         }
     }
 

@@ -2,7 +2,8 @@
 //! and, for testing, on the CPU (`--backend candle`).
 //!
 //! Same contract as [`crate::Llama::forward`]: a ragged [`StepBatch`] in, logits for the
-//! requested rows out as an f32 `[rows, vocab]` CPU tensor; K and V live in a block pool on the
+//! requested rows out as f32 `[rows, vocab]` on the host ([`HostLogits`], on a GPU copied into
+//! a page-locked buffer, see [`pinned`]); K and V live in a block pool on the
 //! device ([`DeviceKv`]). GGUF's quantized weights stay quantized on the device (candle's
 //! `QMatMul`), f16/bf16/f32 stay dense. The ops are candle-core's and candle-nn's: RMS norm,
 //! interleaved RoPE (GGUF's layout), SiLU, softmax. Attention reads the pool through each
@@ -18,6 +19,7 @@ mod operands;
 mod paged;
 #[cfg(test)]
 mod paged_tests;
+pub(crate) mod pinned;
 mod profile;
 mod replay;
 
@@ -31,17 +33,20 @@ use candle_nn::ops::rms_norm;
 pub use attention::{AttentionPath, PAGED_MAX_CHUNK};
 pub use kv::DeviceKv;
 use kv::StepRows;
+pub use pinned::from_env as pinned_logits_from_env;
 pub use replay::{from_env as cuda_graphs_from_env, GraphStatus};
 
 use crate::batch::StepBatch;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
+use crate::host_logits::HostLogits;
 use crate::kernels::rope::RopeTable;
 use crate::kv::KvStore;
 use crate::weights::WeightSource;
 use attention::StepPlan;
 use fused::{add_rms_norm, rotate_queries, swiglu};
 use linear::{read_matrix, Linear, Place, Weight};
+use pinned::PinnedLogits;
 use profile::{Clock, Phase, Profiler};
 use replay::Replay;
 
@@ -112,6 +117,8 @@ pub struct CandleLlama {
     attention: AtomicU8,
     /// Decode steps from fixed inputs, captured as CUDA graphs on a GPU ([`replay`]).
     replay: Mutex<Replay>,
+    /// How the logits reach the host ([`pinned`]).
+    pinned: PinnedLogits,
 }
 
 impl CandleLlama {
@@ -174,6 +181,7 @@ impl CandleLlama {
             profiler: Profiler::default(),
             attention: AtomicU8::new(attention as u8),
             replay: Mutex::new(Replay::new(replay::from_env())),
+            pinned: PinnedLogits::new(pinned::from_env()),
         })
     }
 
@@ -210,6 +218,18 @@ impl CandleLlama {
     /// Whether decode steps are replayed, how many were, and why capturing failed if it did.
     pub fn cuda_graphs(&self) -> GraphStatus {
         self.replay().status()
+    }
+
+    /// Turns the page-locked logits buffers on or off (default: `SLUICE_PINNED_LOGITS`, see
+    /// [`pinned`]): how gpucheck compares them with copies through pageable memory.
+    pub fn set_pinned_logits(&self, on: bool) {
+        self.pinned.set(on);
+    }
+
+    /// Whether a GPU step copies its logits into a page-locked buffer (it stops after an
+    /// allocation failed).
+    pub fn pinned_logits(&self) -> bool {
+        self.pinned.is_on()
     }
 
     fn replay(&self) -> MutexGuard<'_, Replay> {
@@ -250,8 +270,15 @@ impl CandleLlama {
     }
 
     /// Runs one step over a ragged batch and returns logits `[rows, vocab]` (f32, on the CPU)
-    /// for the rows the batch asks for, in sequence order.
+    /// for the rows the batch asks for, in sequence order: [`CandleLlama::forward_host`] as a
+    /// tensor, for callers that compute on them with candle.
     pub fn forward(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<Tensor> {
+        self.forward_host(batch, kv)?.into_tensor()
+    }
+
+    /// Runs one step over a ragged batch and returns the logits of the rows the batch asks
+    /// for, in sequence order, on the host.
+    pub fn forward_host(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<HostLogits> {
         kv.validate(batch, &self.config)?;
         let block_size = kv.block_size();
         let pool = kv.device_pool()?;
@@ -267,23 +294,26 @@ impl CandleLlama {
         }
     }
 
+    /// The step's logits on the host, copied while the replay lock is held (a replayed step's
+    /// logits are a view of a fixed tensor the next step overwrites).
     fn forward_validated(
         &self,
         batch: &StepBatch,
         (block_size, pool): (usize, &DeviceKv),
         replay: &mut Replay,
-    ) -> Result<Tensor> {
+    ) -> Result<HostLogits> {
         let c = &self.config;
         if batch.seqs.is_empty() {
-            return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu)?);
+            return Ok(HostLogits::new(Vec::new(), c.vocab_size));
         }
         if let Some(logits) = self.replayed(batch, (block_size, pool), replay)? {
-            return Ok(logits);
+            return self.pinned.to_host(&logits);
         }
         let mut clock = self.profiler.clock(&self.device)?;
         let plan = StepPlan::new(batch, c, (block_size, self.attention()), &self.device)?;
         clock.mark(Phase::Plan)?;
-        let logits = self.run(&plan, pool, &mut clock)?.to_device(&Device::Cpu)?;
+        let logits = self.run(&plan, pool, &mut clock)?;
+        let logits = self.pinned.to_host(&logits)?;
         clock.mark(Phase::Logits)?;
         Ok(logits)
     }

@@ -115,8 +115,8 @@ impl Replay {
         self.status.clone()
     }
 
-    /// Runs `batch` on this path and returns its logits (f32, on the CPU), or `None` when the
-    /// step is not for it (the caller then runs it eagerly and tells [`Self::ran_eagerly`]).
+    /// Runs `batch` on this path and returns its logits (f32, on the device, a view the next
+    /// step overwrites), or `None` when the step is not for it (the caller then runs it eagerly and tells [`Self::ran_eagerly`]).
     pub(crate) fn step(
         &mut self,
         batch: &StepBatch,
@@ -156,13 +156,13 @@ impl Replay {
             let plan = self.buckets[at].plan(config, block_size);
             self.first_run(at, &plan, run)?;
         }
-        let n = batch.seqs.len();
-        let logits = self.buckets[at].logits.narrow(0, 0, n)?;
-        Ok(Some(match logits.device() {
-            // The fixed tensor is overwritten by the next step: hand out a copy.
-            Device::Cpu => logits.copy()?,
-            _ => logits.to_device(&Device::Cpu)?,
-        }))
+        // A view of the fixed tensor, which the next step overwrites: the caller copies it
+        // out before letting another step run.
+        Ok(Some(self.buckets[at].logits.narrow(
+            0,
+            0,
+            batch.seqs.len(),
+        )?))
     }
 
     /// Notes an eager step of `rows` token rows: more than any before drops every graph.
