@@ -25,7 +25,6 @@ use crate::host_logits::HostLogits;
 pub(crate) const MAX_PINNED_BYTES: usize = 256 << 20;
 
 /// Buffers kept between steps; one is in use at a time when one engine drives the model.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const KEPT: usize = 2;
 
 /// Whether `SLUICE_PINNED_LOGITS` leaves the buffers on (anything but `0`, `off` or `false`;
@@ -93,59 +92,91 @@ impl PinnedLogits {
     }
 }
 
+/// A buffer a [`Shelf`] keeps: what it holds, in values.
+trait Buffer {
+    fn capacity(&self) -> usize;
+}
+
+/// Buffers between steps: a step takes the smallest that fits and puts it back when done; at
+/// most [`KEPT`] stay, the smallest going first.
+#[derive(Debug)]
+struct Shelf<B>(std::sync::Mutex<Vec<B>>);
+
+impl<B> Default for Shelf<B> {
+    fn default() -> Self {
+        Self(std::sync::Mutex::new(Vec::new()))
+    }
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl<B: Buffer> Shelf<B> {
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<B>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The smallest kept buffer of at least `len` values.
+    fn take(&self, len: usize) -> Option<B> {
+        let mut list = self.list();
+        let fits = (0..list.len())
+            .filter(|&i| list[i].capacity() >= len)
+            .min_by_key(|&i| list[i].capacity());
+        fits.map(|i| list.swap_remove(i))
+    }
+
+    /// Keeps `buf` for a later step; past [`KEPT`] buffers, the smallest is dropped (after the
+    /// lock is released: freeing page-locked memory waits on the driver).
+    fn put(&self, buf: B) {
+        let dropped = {
+            let mut list = self.list();
+            list.push(buf);
+            let smallest = (0..list.len()).min_by_key(|&i| list[i].capacity());
+            smallest
+                .filter(|_| list.len() > KEPT)
+                .map(|i| list.swap_remove(i))
+        };
+        drop(dropped);
+    }
+}
+
 // Page-locked memory is allocated and read through the driver's FFI (the crate's other unsafe
 // code is the CPU kernels' and the kernel launches').
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod cuda {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     use candle_core::cuda::cudarc::driver::{DriverError, PinnedHostSlice};
     use candle_core::cuda::WrapErr;
     use candle_core::{CudaDevice, Tensor};
 
-    use super::KEPT;
+    use super::{Buffer, Shelf};
     use crate::candle::operands::held;
     use crate::host_logits::HostLogits;
 
     /// The buffers not lent out.
-    #[derive(Debug, Default)]
-    pub(super) struct Free(Mutex<Vec<PinnedHostSlice<f32>>>);
+    pub(super) type Free = Shelf<PinnedHostSlice<f32>>;
 
-    impl Free {
-        fn list(&self) -> std::sync::MutexGuard<'_, Vec<PinnedHostSlice<f32>>> {
-            self.0.lock().unwrap_or_else(|e| e.into_inner())
+    impl Buffer for PinnedHostSlice<f32> {
+        fn capacity(&self) -> usize {
+            self.len()
         }
+    }
 
-        /// The smallest kept buffer of at least `len` values, or a new one of `len` rounded
-        /// up to a power of two (so a growing batch allocates a few times, not every step).
-        fn take(&self, dev: &CudaDevice, len: usize) -> Result<PinnedHostSlice<f32>, DriverError> {
-            let mut list = self.list();
-            let fits = (0..list.len())
-                .filter(|&i| list[i].len() >= len)
-                .min_by_key(|&i| list[i].len());
-            if let Some(i) = fits {
-                return Ok(list.swap_remove(i));
-            }
-            drop(list);
-            let ctx = dev.cuda_stream().context().clone();
-            // SAFETY: the memory is uninitialised, and only its first `len` values are read,
-            // after the copy that writes them has finished (`copy`). Flags 0: page-locked,
-            // cached for the CPU's reads (not write-combined).
-            unsafe { ctx.alloc_pinned_with_flags::<f32>(len.next_power_of_two(), 0) }
+    /// A kept buffer of at least `len` values, or a new one of `len` rounded up to a power of
+    /// two (so a growing batch allocates a few times, not every step).
+    fn take(
+        free: &Free,
+        dev: &CudaDevice,
+        len: usize,
+    ) -> Result<PinnedHostSlice<f32>, DriverError> {
+        if let Some(buf) = free.take(len) {
+            return Ok(buf);
         }
-
-        /// Keeps `buf` for a later step, dropping the smallest past [`KEPT`].
-        fn give_back(&self, buf: PinnedHostSlice<f32>) {
-            let mut list = self.list();
-            list.push(buf);
-            if list.len() > KEPT {
-                let smallest = (0..list.len()).min_by_key(|&i| list[i].len());
-                if let Some(i) = smallest {
-                    list.swap_remove(i);
-                }
-            }
-        }
+        let ctx = dev.cuda_stream().context().clone();
+        // SAFETY: the memory is uninitialised, and only its first `len` values are read, after
+        // the copy that writes them has finished (`copy`). Flags 0: page-locked, cached for the
+        // CPU's reads (not write-combined).
+        unsafe { ctx.alloc_pinned_with_flags::<f32>(len.next_power_of_two(), 0) }
     }
 
     /// A buffer lent to one step's [`HostLogits`]: its first `len` values hold the logits.
@@ -174,7 +205,7 @@ mod cuda {
     impl Drop for Lease {
         fn drop(&mut self) {
             if let Some(buf) = self.buf.take() {
-                self.free.give_back(buf);
+                self.free.put(buf);
             }
         }
     }
@@ -195,7 +226,7 @@ mod cuda {
         let (_, vocab) = logits.dims2().map_err(Failed::Copy)?;
         let logits = logits.contiguous().map_err(Failed::Copy)?;
         let len = logits.elem_count();
-        let mut buf = free.take(dev, len).map_err(Failed::Alloc)?;
+        let mut buf = take(free, dev, len).map_err(Failed::Alloc)?;
         let stream = dev.cuda_stream();
         let copied = held::<f32, _>(&logits, "logits", |view| {
             let dst = &mut buf.as_mut_slice().w()?[..len];
@@ -217,7 +248,7 @@ mod cuda {
                 Ok(HostLogits::pinned(lease, vocab))
             }
             Err(e) => {
-                free.give_back(buf);
+                free.put(buf);
                 Err(Failed::Copy(e))
             }
         }
@@ -232,6 +263,27 @@ mod tests {
     use candle_core::Device;
 
     use super::*;
+
+    impl Buffer for Vec<f32> {
+        fn capacity(&self) -> usize {
+            self.len()
+        }
+    }
+
+    #[test]
+    fn a_step_takes_the_smallest_buffer_that_fits() {
+        let shelf = Shelf::default();
+        for n in [64, 16, 32] {
+            shelf.put(vec![0.0f32; n]);
+        }
+        // Three put back, two kept: the smallest went.
+        assert_eq!(shelf.take(1).map(|b| b.len()), Some(32));
+        assert_eq!(shelf.take(33).map(|b| b.len()), Some(64));
+        assert!(shelf.take(1).is_none());
+        shelf.put(vec![0.0; 8]);
+        assert!(shelf.take(9).is_none(), "too small: the caller allocates");
+        assert_eq!(shelf.take(8).map(|b| b.len()), Some(8));
+    }
 
     #[test]
     fn on_the_cpu_the_rows_are_copied_out_whatever_the_switch() {
