@@ -20,9 +20,10 @@
 #     backend): teacher-forced logprobs both ways, steps replayed and graphs captured (or why
 #     capturing failed), decode tok/s at each batch size each way, for the truncated default
 #     model and both shapes;
-#   - a step's logits copied to the host into page-locked buffers against through pageable
-#     memory (gpucheck host-copy, candle backend): logprobs both ways, decode tok/s at each
-#     batch size each way, for both shapes;
+#   - a step's logits copied to the host through pageable memory, into page-locked buffers,
+#     and with greedy rows reduced to their id on the device (gpucheck host-copy, candle
+#     backend): logprobs each way, greedy decode tok/s at each batch size each way, for both
+#     shapes;
 #   - whether greedy tokens are identical alone and in a batch of 16, for both shapes and the
 #     truncated default model (real weights: random ones leave near-ties that any rounding
 #     difference flips);
@@ -197,8 +198,8 @@ graphs() {
   step "$1" "$limit" "$bin/gpucheck" --model "$2" --device "$device" --backend candle graphs \
     --tokens "$tokens" --batches "$batches" --ctx "$ctx" --steps "$steps"
 }
-# host_copy NAME MODEL: logits copied into page-locked buffers against through pageable memory
-# (candle on the device, whatever the backend under test).
+# host_copy NAME MODEL: logits copied through pageable memory, into page-locked buffers, and
+# greedy ids picked on the device (candle on the device, whatever the backend under test).
 host_copy() {
   step "$1" "$limit" "$bin/gpucheck" --model "$2" --device "$device" --backend candle host-copy \
     --tokens "$tokens" --batches "$batches" --ctx "$ctx" --steps "$steps"

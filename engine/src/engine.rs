@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use prometheus::Registry;
+use sluice_models::host_logits::Row;
 use sluice_models::{HostLogits, KvStore, Logits, Model, ModelError, SeqChunk, StepBatch};
 use tokio::sync::{mpsc as tmpsc, watch};
 
@@ -20,7 +21,7 @@ use crate::error::{EngineError, SubmitError};
 use crate::event::{Event, Finish, FinishReason, MatchedStop, Stage, Usage};
 use crate::metrics::EngineMetrics;
 use crate::request::{Limits, Request};
-use crate::sampler::{sample_all, Draw, Sampled};
+use crate::sampler::{greedy_id, sample_all, Draw, Sampled};
 use crate::scheduler::{Budget, Plan, Scheduler};
 use crate::sequence::{Ended, RequestInfo, Seq};
 
@@ -559,6 +560,7 @@ impl Core {
             return;
         }
         let mut batch = StepBatch::new();
+        let width = self.shared.limits.vocab_size as u32;
         for &i in &scheduled {
             let s = &mut self.sched.running[i];
             let n = plan.tokens[i];
@@ -568,10 +570,12 @@ impl Core {
                 tokens: s.tokens[start..start + n].to_vec(),
                 start_pos: start,
                 block_table: s.blocks.clone(),
-                logits: if start + n == s.tokens.len() {
-                    Logits::Last
-                } else {
+                logits: if start + n < s.tokens.len() {
                     Logits::None
+                } else if s.reads_only_argmax() {
+                    Logits::Greedy { below: width }
+                } else {
+                    Logits::Last
                 },
             });
         }
@@ -694,9 +698,16 @@ impl Core {
         let mut ended: Vec<(usize, Ended)> = Vec::new();
         let mut forked: Vec<Seq> = Vec::new();
         let mut draws: Vec<(usize, usize, Prepared)> = Vec::new();
+        // Rows the model answered with their greedy id: their draw is made.
+        let mut made: Vec<(usize, Result<Sampled, String>)> = Vec::new();
         for (i, row) in self.advance(scheduled, plan) {
+            let s = &mut self.sched.running[i];
+            if let Row::Greedy(id) = logits.get(row) {
+                made.push((i, Ok(greedy_id(&mut s.sampler, id))));
+                continue;
+            }
             let mask = masks.remove(&i);
-            if self.sched.running[i].forks_left > 0 {
+            if s.forks_left > 0 {
                 forked.extend(self.fork(i, row_of(row), mask.as_ref()));
             }
             match Self::prepare(&mut self.sched.running[i], mask) {
@@ -705,10 +716,11 @@ impl Core {
             }
         }
         let sampled = self.draw_rows(&draws, row_of);
-        for ((i, _, _), sampled) in draws.iter().zip(sampled) {
-            let s = &mut self.sched.running[*i];
+        let drawn = draws.iter().map(|(i, _, _)| *i).zip(sampled);
+        for (i, sampled) in made.into_iter().chain(drawn) {
+            let s = &mut self.sched.running[i];
             if let Some(end) = Self::take_token(&self.model, &self.metrics, s, sampled, now) {
-                ended.push((*i, end));
+                ended.push((i, end));
             }
         }
         // Finished sequences leave in descending index order so indices stay valid.

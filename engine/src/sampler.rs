@@ -163,6 +163,38 @@ pub fn sample(
     Sampled { token, logprob }
 }
 
+/// Whether a draw under `p` reads nothing of its row but the most likely id (greedy, no
+/// log-probabilities, no bias or penalties), given no grammar mask and nothing suppressed:
+/// then the model may answer with that id alone ([`sluice_models::Logits::Greedy`]), and
+/// [`greedy_id`] takes it.
+pub fn reads_only_argmax(p: &SamplingParams) -> bool {
+    p.is_greedy() && p.logprobs.is_none() && untouched(p)
+}
+
+/// The draw the model made on its device for a sequence that reads only the argmax
+/// ([`reads_only_argmax`]): the same token [`sample`] would pick (up to exact ties), its
+/// position passed.
+pub fn greedy_id(state: &mut SamplerState, token: u32) -> Sampled {
+    state.skip();
+    Sampled {
+        token,
+        logprob: None,
+    }
+}
+
+/// Whether `p` leaves the raw logits as they are: no bias, no penalties.
+fn untouched(p: &SamplingParams) -> bool {
+    p.logit_bias.is_empty() && !repeats_penalised(p) && !occurrences_penalised(p)
+}
+
+fn repeats_penalised(p: &SamplingParams) -> bool {
+    p.repetition_penalty != 1.0
+}
+
+fn occurrences_penalised(p: &SamplingParams) -> bool {
+    p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
+}
+
 /// The logits after bias, penalties, the grammar's mask and `suppress`: the raw row itself
 /// (no copy) when none of them applies, as for most requests.
 fn adjusted<'a>(
@@ -172,10 +204,8 @@ fn adjusted<'a>(
     suppress: &[u32],
     mask: Option<&Mask>,
 ) -> Cow<'a, [f32]> {
-    let repetition = p.repetition_penalty != 1.0;
-    let occurrence = p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
-    let untouched = p.logit_bias.is_empty() && !repetition && !occurrence;
-    if untouched && mask.is_none() && suppress.is_empty() {
+    let (repetition, occurrence) = (repeats_penalised(p), occurrences_penalised(p));
+    if untouched(p) && mask.is_none() && suppress.is_empty() {
         return Cow::Borrowed(raw);
     }
     let mut l = raw.to_vec();
@@ -432,6 +462,43 @@ mod tests {
                 noise * 8.0 - if i % 97 == seed % 97 { 0.0 } else { 6.0 }
             })
             .collect()
+    }
+
+    #[test]
+    fn only_plain_greedy_draws_read_the_argmax_alone() {
+        let greedy = |f: fn(&mut SamplingParams)| {
+            params(|p| {
+                p.temperature = 0.0;
+                f(p)
+            })
+        };
+        assert!(reads_only_argmax(&greedy(|_| {})));
+        assert!(!reads_only_argmax(&params(|p| p.temperature = 0.7)));
+        assert!(!reads_only_argmax(&greedy(|p| p.logprobs = Some(0))));
+        assert!(!reads_only_argmax(&greedy(|p| {
+            p.logit_bias.insert(5, 1.0);
+        })));
+        assert!(!reads_only_argmax(&greedy(|p| p.repetition_penalty = 1.1)));
+        assert!(!reads_only_argmax(&greedy(|p| p.presence_penalty = 0.5)));
+        assert!(!reads_only_argmax(&greedy(|p| p.frequency_penalty = -0.5)));
+    }
+
+    /// A draw the model made is the one `sample` makes, and moves the state as far.
+    #[test]
+    fn a_greedy_id_from_the_model_is_the_sampled_one() {
+        let r = row(3, 5_000);
+        let p = params(|p| p.temperature = 0.0);
+        let (mut drawn, mut made) = (
+            SamplerState::new(Some(1), 0, &[]),
+            SamplerState::new(Some(1), 0, &[]),
+        );
+        let a = sample(&r, &p, &mut drawn, &[], None);
+        let b = greedy_id(&mut made, argmax(&r));
+        assert_eq!(
+            (a.token, a.logprob.is_none()),
+            (b.token, b.logprob.is_none())
+        );
+        assert_eq!(drawn.position, made.position);
     }
 
     #[test]

@@ -128,6 +128,16 @@ impl Seq {
         self.tokens.len() - self.num_computed
     }
 
+    /// Whether the next draw reads nothing of its row but the most likely id
+    /// ([`crate::sampler::reads_only_argmax`], with no grammar, nothing suppressed and no
+    /// choices to fork from the row), so the model may answer with that id alone.
+    pub fn reads_only_argmax(&self) -> bool {
+        crate::sampler::reads_only_argmax(&self.req.params)
+            && self.matcher.is_none()
+            && self.forks_left == 0
+            && self.suppressed().is_empty()
+    }
+
     /// Tokens that must not be sampled now: until `min_tokens` exist, the end-of-sequence
     /// and stop tokens.
     pub fn suppressed(&self) -> Vec<u32> {

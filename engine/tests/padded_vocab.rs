@@ -12,13 +12,13 @@ use std::process::Command;
 use std::sync::Arc;
 
 use sluice_engine::{Engine, EngineConfig, FinishReason, SamplingParams};
-use sluice_models::{Model, ModelOptions};
+use sluice_models::{Backend, Model, ModelOptions};
 
 use common::{collect, request};
 
 const PADDED: usize = 65_536;
 
-fn padded_model() -> Arc<Model> {
+fn padded_model(backend: Backend) -> Arc<Model> {
     let target = std::env::current_exe().unwrap();
     let synth = target
         .parent()
@@ -52,7 +52,7 @@ fn padded_model() -> Arc<Model> {
         String::from_utf8_lossy(&run.stderr)
     );
     let options = ModelOptions {
-        backend: common::test_backend(),
+        backend,
         ..ModelOptions::default()
     };
     let model = Model::load(&out, &options).expect("the padded model loads");
@@ -64,7 +64,7 @@ fn padded_model() -> Arc<Model> {
 
 #[test]
 fn ids_past_the_tokenizer_are_never_sampled_or_biased() {
-    let model = padded_model();
+    let model = padded_model(common::test_backend());
     let text_vocab = model.tokenizer().vocab_size();
     let mut config = EngineConfig::for_model(&model);
     config.num_kv_blocks = Some(256);
@@ -98,4 +98,47 @@ fn ids_past_the_tokenizer_are_never_sampled_or_biased() {
         engine.submit(request(prompt, biased)),
         Err(sluice_engine::SubmitError::InvalidRequest(_))
     ));
+}
+
+/// Greedy choices on the candle backend, whose device picks a greedy id from the row alone
+/// (`Logits::Greedy`, bounded by the tokenizer's ids): the same tokens as the host sampler
+/// picks from whole rows, none past the tokenizer. (This random model's greedy path repeats a
+/// few ids below the bound; `models/tests/greedy_rows.rs` checks a bound that bites.)
+#[test]
+fn greedy_ids_picked_by_the_model_stay_below_the_tokenizer() {
+    let model = padded_model(Backend::Candle);
+    let sluice_models::Network::Candle(net) = model.network() else {
+        panic!("the candle backend loads a candle network");
+    };
+    let text_vocab = model.tokenizer().vocab_size();
+    let prompt = model.tokenizer().encode("Hello there", true).unwrap();
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(32),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let mut runs = Vec::new();
+    for on_device in [true, false] {
+        net.set_device_argmax(on_device);
+        let mut config = EngineConfig::for_model(&model);
+        config.num_kv_blocks = Some(256);
+        config.max_model_len = Some(512);
+        let engine = Engine::start(model.clone(), config).expect("the engine starts");
+        let stream = engine
+            .submit(request(prompt.clone(), greedy.clone()))
+            .expect("accepted");
+        let c = collect(stream, 1).remove(0);
+        assert_eq!(c.token_ids.len(), 32, "{c:?}");
+        assert!(
+            c.token_ids.iter().all(|&t| (t as usize) < text_vocab),
+            "picked an id past the tokenizer's {text_vocab}: {:?}",
+            c.token_ids
+        );
+        runs.push(c.token_ids);
+    }
+    assert_eq!(
+        runs[0], runs[1],
+        "picked on the device and sampled on the host"
+    );
 }

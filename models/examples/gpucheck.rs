@@ -23,11 +23,16 @@
 //!   ways (|Δ logprob| over each row's top 10), how many steps were replayed and graphs
 //!   captured (or why capturing failed), then `bench`'s decode steps timed each way. On the
 //!   CPU the path runs eagerly: nothing is captured.
-//! - `host-copy` (candle only): a step's logits copied to the host into a page-locked buffer
-//!   (`SLUICE_PINNED_LOGITS`, the default) against through pageable memory: teacher-forced
-//!   logprobs both ways (identical unless a copy is wrong), whether the buffers stayed on (an
-//!   allocation failure turns them off), then `bench`'s prefill and decode steps timed each
-//!   way. On the CPU both ways copy the same: nothing is pinned.
+//! - `host-copy` (candle only): a step's logits copied to the host through pageable memory,
+//!   into a page-locked buffer (`SLUICE_PINNED_LOGITS`, the default), and with greedy rows
+//!   reduced to their id on the device besides (`SLUICE_DEVICE_ARGMAX`, the default):
+//!   teacher-forced logprobs each way (identical unless a copy is wrong), whether the buffers
+//!   stayed on (an allocation failure turns them off), then `bench`'s prefill and decode steps
+//!   timed each way. On the CPU nothing is pinned.
+//!
+//! The timed decode steps ask for greedy ids alone ([`Logits::Greedy`]), as the engine does
+//! for a greedy request: a step is timed until its tokens are on the host (picked there from
+//! whole rows when the device does not pick them).
 //!
 //! `--attention` (or `SLUICE_ATTENTION`) picks the candle backend's attention path for the
 //! other modes.
@@ -41,6 +46,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use sluice_models::candle::AttentionPath;
+use sluice_models::host_logits::Row;
 use sluice_models::logits::{argmax, log_softmax};
 use sluice_models::{
     Backend, DeviceSpec, HostLogits, KvStore, LlamaConfig, Logits, SeqChunk, StepBatch,
@@ -358,7 +364,12 @@ fn prefill(
 
 /// Each row's greedy token.
 fn argmaxes(logits: &HostLogits) -> Vec<u32> {
-    (0..logits.rows()).map(|i| argmax(logits.row(i))).collect()
+    (0..logits.rows())
+        .map(|i| match logits.get(i) {
+            Row::Logits(r) => argmax(r),
+            Row::Greedy(id) => id,
+        })
+        .collect()
 }
 
 /// `steps` decode steps of `first.len()` sequences whose prompts fill `0..ctx`; each step
@@ -371,6 +382,10 @@ fn decode_steps(
     per_seq: usize,
     steps: usize,
 ) -> Result<serde_json::Value> {
+    // Greedy decoding as a served greedy request asks for it: the id alone.
+    let greedy = Logits::Greedy {
+        below: net.config().vocab_size as u32,
+    };
     let mut next = first.to_vec();
     let mut times = Vec::with_capacity(steps);
     for step in 0..=steps {
@@ -378,16 +393,15 @@ fn decode_steps(
             seqs: next
                 .iter()
                 .enumerate()
-                .map(|(s, &t)| chunk(vec![t], ctx + step, s, per_seq, Logits::Last))
+                .map(|(s, &t)| chunk(vec![t], ctx + step, s, per_seq, greedy))
                 .collect(),
         };
         let started = Instant::now();
-        let logits = net.forward_host(&batch, kv)?;
+        next = argmaxes(&net.forward_host(&batch, kv)?);
         // Step 0 warms this batch shape up.
         if step > 0 {
             times.push(started.elapsed().as_secs_f64());
         }
-        next = argmaxes(&logits);
     }
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
@@ -540,14 +554,23 @@ fn graphs(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
 
 fn host_copy(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
     let candle = net.candle()?;
-    let ways = [("pageable", false), ("page_locked", true)];
-    let set = |on| candle.set_pinned_logits(on);
+    // (page-locked buffers, greedy ids on the device)
+    let ways = [
+        ("pageable", (false, false)),
+        ("page_locked", (true, false)),
+        ("device_argmax", (true, true)),
+    ];
+    let set = |(pinned, argmax)| {
+        candle.set_pinned_logits(pinned);
+        candle.set_device_argmax(argmax);
+    };
     let c = compare(net, (&ways, &set), a)?;
     Ok(json!({
         "mode": "host-copy",
         "reference": "pageable",
         "decodes_per_sequence": c.decodes,
         "agreement": logprob_gap(&c.rows[0], &c.rows[1]),
+        "agreement_device_argmax": logprob_gap(&c.rows[0], &c.rows[2]),
         "ctx": a.speed.ctx,
         "speed": c.speed,
         "page_locked_after": candle.pinned_logits(),

@@ -10,6 +10,12 @@ pub enum Logits {
     Last,
     /// Every token's row: prompt log-probabilities, or scoring forced continuations.
     All,
+    /// The last token's row, of which the caller reads only the most likely id below `below`
+    /// (greedy sampling with nothing else to read in the row: no log-probabilities, bias,
+    /// penalties or grammar). A backend may answer with that id alone (the candle backend
+    /// does, so a GPU copies 4 bytes instead of the row; see [`crate::HostLogits::get`]) or
+    /// with the whole row, as for [`Logits::Last`] (the CPU kernels do).
+    Greedy { below: u32 },
 }
 
 /// One sequence's part of a batch.
@@ -50,10 +56,25 @@ impl StepBatch {
             .iter()
             .map(|s| match s.logits {
                 Logits::None => 0,
-                Logits::Last => usize::from(!s.tokens.is_empty()),
+                Logits::Last | Logits::Greedy { .. } => usize::from(!s.tokens.is_empty()),
                 Logits::All => s.tokens.len(),
             })
             .sum()
+    }
+
+    /// For each row the step returns, in order, the bound of the greedy id its sequence asks
+    /// for alone ([`Logits::Greedy`]), or `None` where it wants the whole row.
+    pub fn greedy_rows(&self) -> Vec<Option<u32>> {
+        let mut out = Vec::with_capacity(self.num_logit_rows());
+        for s in self.seqs.iter().filter(|s| !s.tokens.is_empty()) {
+            match s.logits {
+                Logits::None => {}
+                Logits::Last => out.push(None),
+                Logits::Greedy { below } => out.push(Some(below)),
+                Logits::All => out.extend(std::iter::repeat_n(None, s.tokens.len())),
+            }
+        }
+        out
     }
 
     /// The flat token indices whose logits the step returns, in order.
@@ -64,11 +85,47 @@ impl StepBatch {
             let len = s.tokens.len();
             match s.logits {
                 Logits::None => {}
-                Logits::Last => rows.extend(offset + len.saturating_sub(1)..offset + len),
+                Logits::Last | Logits::Greedy { .. } => {
+                    rows.extend(offset + len.saturating_sub(1)..offset + len)
+                }
                 Logits::All => rows.extend(offset..offset + len),
             }
             offset += len;
         }
         rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(n: usize, logits: Logits) -> SeqChunk {
+        SeqChunk {
+            tokens: vec![1; n],
+            start_pos: 0,
+            block_table: vec![0],
+            logits,
+        }
+    }
+
+    #[test]
+    fn greedy_rows_follow_the_returned_rows() {
+        let batch = StepBatch {
+            seqs: vec![
+                seq(3, Logits::Greedy { below: 7 }),
+                seq(2, Logits::All),
+                seq(4, Logits::None),
+                seq(1, Logits::Last),
+                seq(0, Logits::Greedy { below: 7 }),
+                seq(5, Logits::Greedy { below: 9 }),
+            ],
+        };
+        assert_eq!(batch.logit_rows(), vec![2, 3, 4, 9, 14]);
+        assert_eq!(
+            batch.greedy_rows(),
+            vec![Some(7), None, None, None, Some(9)]
+        );
+        assert_eq!(batch.num_logit_rows(), 5);
     }
 }

@@ -7,17 +7,21 @@
 //! ~1 ms each at batch 64 on the CPU side alone, where the batch-64 target allows a step
 //! 6.4 ms. Here a step's rows land once: on the CPU backends in the `Vec` the forward pass
 //! filled, on a GPU in a reused page-locked buffer the device copies into directly
-//! ([`crate::candle::pinned`]), and are read in place.
+//! ([`crate::candle::pinned`]), and are read in place. A row whose sequence asked only for
+//! its greedy id ([`crate::Logits::Greedy`]) may come back as that id alone.
 
 use candle_core::{Device, Tensor};
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 
-/// Logits `[rows, vocab]`, f32, row-major, on the host.
+/// Logits rows `[rows, vocab]`, f32, row-major, on the host; some rows possibly reduced to
+/// their greedy id.
 pub struct HostLogits {
+    /// The whole rows, one after another.
     buf: Buf,
-    rows: usize,
     vocab: usize,
+    /// Each row in step order; `None` while every row is whole (the common case).
+    slots: Option<Vec<Slot>>,
 }
 
 /// Where the rows live.
@@ -28,28 +32,44 @@ enum Buf {
     Pinned(crate::candle::pinned::Lease),
 }
 
+/// One row of a step with greedy ids in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// The `i`th whole row of the buffer.
+    Whole(usize),
+    Greedy(u32),
+}
+
+/// A row as the step returned it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Row<'a> {
+    Logits(&'a [f32]),
+    /// The most likely id, for a sequence that asked for nothing else.
+    Greedy(u32),
+}
+
 impl HostLogits {
-    /// `data` as rows of `vocab`.
+    /// `data` as whole rows of `vocab`.
     ///
     /// # Panics
     /// If `data` is not a whole number of rows (a bug in the backend that filled it).
     pub fn new(data: Vec<f32>, vocab: usize) -> Self {
-        let rows = rows_of(data.len(), vocab);
+        whole_rows(data.len(), vocab);
         Self {
             buf: Buf::Owned(data),
-            rows,
             vocab,
+            slots: None,
         }
     }
 
     /// Rows held in a page-locked buffer.
     #[cfg(feature = "cuda")]
     pub(crate) fn pinned(lease: crate::candle::pinned::Lease, vocab: usize) -> Self {
-        let rows = rows_of(lease.as_slice().len(), vocab);
+        whole_rows(lease.as_slice().len(), vocab);
         Self {
             buf: Buf::Pinned(lease),
-            rows,
             vocab,
+            slots: None,
         }
     }
 
@@ -59,16 +79,49 @@ impl HostLogits {
         Ok(Self::new(t.flatten_all()?.to_vec1::<f32>()?, vocab))
     }
 
+    /// A step's rows from `self`'s whole rows and the greedy ids computed apart: `greedy` has
+    /// an entry per row of the step, `Some` for the rows `ids` answer (in order), `None` for
+    /// those `self` holds (in order).
+    ///
+    /// # Panics
+    /// If the counts do not match (a bug in the backend).
+    pub(crate) fn with_greedy(self, greedy: &[Option<u32>], ids: &[u32]) -> Self {
+        let (mut whole, mut next_id) = (0, ids.iter());
+        let slots: Vec<Slot> = greedy
+            .iter()
+            .map(|g| match g {
+                Some(_) => Slot::Greedy(*next_id.next().expect("an id per greedy row")),
+                None => {
+                    whole += 1;
+                    Slot::Whole(whole - 1)
+                }
+            })
+            .collect();
+        assert!(
+            next_id.next().is_none() && whole == self.whole_rows(),
+            "greedy ids and whole rows do not make up the step"
+        );
+        Self {
+            slots: Some(slots),
+            ..self
+        }
+    }
+
+    /// Rows the step returned (whole or greedy).
     pub fn rows(&self) -> usize {
-        self.rows
+        self.slots.as_ref().map_or(self.whole_rows(), Vec::len)
     }
 
     pub fn vocab(&self) -> usize {
         self.vocab
     }
 
-    /// Every row, one after another.
-    pub fn as_slice(&self) -> &[f32] {
+    fn whole_rows(&self) -> usize {
+        self.whole().len() / self.vocab
+    }
+
+    /// The whole rows, one after another.
+    fn whole(&self) -> &[f32] {
         match &self.buf {
             Buf::Owned(v) => v,
             #[cfg(feature = "cuda")]
@@ -76,19 +129,44 @@ impl HostLogits {
         }
     }
 
-    /// Row `i`.
+    fn whole_row(&self, i: usize) -> &[f32] {
+        &self.whole()[i * self.vocab..(i + 1) * self.vocab]
+    }
+
+    /// Row `i` as the step returned it.
     ///
     /// # Panics
     /// If `i` is not below [`HostLogits::rows`].
+    pub fn get(&self, i: usize) -> Row<'_> {
+        assert!(i < self.rows(), "row {i} of {} logits rows", self.rows());
+        match self.slots.as_ref().map(|s| s[i]) {
+            None => Row::Logits(self.whole_row(i)),
+            Some(Slot::Whole(w)) => Row::Logits(self.whole_row(w)),
+            Some(Slot::Greedy(id)) => Row::Greedy(id),
+        }
+    }
+
+    /// Row `i`'s logits.
+    ///
+    /// # Panics
+    /// If `i` is not below [`HostLogits::rows`], or row `i` came back as its greedy id.
     pub fn row(&self, i: usize) -> &[f32] {
-        assert!(i < self.rows, "row {i} of {} logits rows", self.rows);
-        &self.as_slice()[i * self.vocab..(i + 1) * self.vocab]
+        match self.get(i) {
+            Row::Logits(r) => r,
+            Row::Greedy(_) => panic!("row {i} came back as its greedy id, not its logits"),
+        }
     }
 
     /// The rows as a CPU tensor, for callers that compute on them with candle (owned rows
-    /// move into it; a page-locked buffer's are copied and the buffer goes back).
+    /// move into it; a page-locked buffer's are copied and the buffer goes back). An error if
+    /// some rows came back as greedy ids.
     pub fn into_tensor(self) -> Result<Tensor> {
-        let shape = (self.rows, self.vocab);
+        if self.slots.is_some() {
+            return Err(ModelError::Unsupported(
+                "logits with greedy ids in them are not a tensor".into(),
+            ));
+        }
+        let shape = (self.whole_rows(), self.vocab);
         Ok(match self.buf {
             Buf::Owned(v) => Tensor::from_vec(v, shape, &Device::Cpu)?,
             #[cfg(feature = "cuda")]
@@ -96,9 +174,12 @@ impl HostLogits {
         })
     }
 
-    /// Each row as its own `Vec` (a copy).
+    /// Each row's logits as its own `Vec` (a copy).
+    ///
+    /// # Panics
+    /// As [`HostLogits::row`].
     pub fn to_vecs(&self) -> Vec<Vec<f32>> {
-        (0..self.rows).map(|i| self.row(i).to_vec()).collect()
+        (0..self.rows()).map(|i| self.row(i).to_vec()).collect()
     }
 }
 
@@ -110,20 +191,20 @@ impl std::fmt::Debug for HostLogits {
             Buf::Pinned(_) => "page-locked",
         };
         f.debug_struct("HostLogits")
-            .field("rows", &self.rows)
+            .field("rows", &self.rows())
+            .field("whole_rows", &self.whole_rows())
             .field("vocab", &self.vocab)
             .field("buffer", &place)
             .finish()
     }
 }
 
-/// Whole rows of `vocab` in `len` values.
-fn rows_of(len: usize, vocab: usize) -> usize {
+/// Checks that `len` values are whole rows of `vocab`.
+fn whole_rows(len: usize, vocab: usize) {
     assert!(
         vocab > 0 && len.is_multiple_of(vocab),
         "{len} logits are not whole rows of {vocab}"
     );
-    len / vocab
 }
 
 #[cfg(test)]
@@ -136,19 +217,44 @@ mod tests {
         let l = HostLogits::new(data.clone(), 4);
         assert_eq!((l.rows(), l.vocab()), (3, 4));
         assert_eq!(l.row(1), &[4.0, 5.0, 6.0, 7.0]);
-        assert_eq!(l.as_slice(), &data[..]);
+        assert_eq!(l.get(2), Row::Logits(&[8.0, 9.0, 10.0, 11.0]));
         assert_eq!(l.to_vecs()[2], vec![8.0, 9.0, 10.0, 11.0]);
         let t = l.into_tensor().unwrap();
         assert_eq!(t.dims(), &[3, 4]);
         let back = HostLogits::from_tensor(&t).unwrap();
-        assert_eq!(back.as_slice(), &data[..]);
+        assert_eq!(back.to_vecs().concat(), data);
+    }
+
+    #[test]
+    fn greedy_ids_take_their_rows_places_in_step_order() {
+        let whole: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let l = HostLogits::new(whole, 4).with_greedy(&[Some(9), None, Some(4), None], &[7, 1]);
+        assert_eq!(l.rows(), 4);
+        assert_eq!(l.get(0), Row::Greedy(7));
+        assert_eq!(l.row(1), &[0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(l.get(2), Row::Greedy(1));
+        assert_eq!(l.row(3), &[4.0, 5.0, 6.0, 7.0]);
+        assert!(l.into_tensor().is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "greedy id, not its logits")]
+    fn a_greedy_row_has_no_logits() {
+        HostLogits::new(Vec::new(), 4)
+            .with_greedy(&[Some(4)], &[2])
+            .row(0);
+    }
+
+    #[test]
+    #[should_panic(expected = "do not make up the step")]
+    fn ids_and_rows_must_make_up_the_step() {
+        HostLogits::new(vec![0.0; 4], 4).with_greedy(&[Some(4)], &[2]);
     }
 
     #[test]
     fn an_empty_step_has_no_rows() {
         let l = HostLogits::new(Vec::new(), 49_152);
         assert_eq!(l.rows(), 0);
-        assert!(l.as_slice().is_empty());
         assert_eq!(l.into_tensor().unwrap().dims(), &[0, 49_152]);
     }
 

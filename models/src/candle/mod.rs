@@ -13,6 +13,7 @@
 
 mod attention;
 mod fused;
+mod greedy;
 mod kv;
 mod linear;
 mod operands;
@@ -23,7 +24,7 @@ pub(crate) mod pinned;
 mod profile;
 mod replay;
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use candle_core::quantized::{QMatMul, QTensor};
@@ -33,7 +34,6 @@ use candle_nn::ops::rms_norm;
 pub use attention::{AttentionPath, PAGED_MAX_CHUNK};
 pub use kv::DeviceKv;
 use kv::StepRows;
-pub use pinned::from_env as pinned_logits_from_env;
 pub use replay::{from_env as cuda_graphs_from_env, GraphStatus};
 
 use crate::batch::StepBatch;
@@ -119,6 +119,8 @@ pub struct CandleLlama {
     replay: Mutex<Replay>,
     /// How the logits reach the host ([`pinned`]).
     pinned: PinnedLogits,
+    /// Whether greedy ids are picked on the device ([`greedy`]).
+    device_argmax: AtomicBool,
 }
 
 impl CandleLlama {
@@ -182,6 +184,7 @@ impl CandleLlama {
             attention: AtomicU8::new(attention as u8),
             replay: Mutex::new(Replay::new(replay::from_env())),
             pinned: PinnedLogits::new(pinned::from_env()),
+            device_argmax: AtomicBool::new(greedy::from_env()),
         })
     }
 
@@ -230,6 +233,12 @@ impl CandleLlama {
     /// allocation failed).
     pub fn pinned_logits(&self) -> bool {
         self.pinned.is_on()
+    }
+
+    /// Turns picking greedy ids on the device on or off (default: `SLUICE_DEVICE_ARGMAX`, see
+    /// [`greedy`]): off, rows that ask for their greedy id alone come back whole.
+    pub fn set_device_argmax(&self, on: bool) {
+        self.device_argmax.store(on, Ordering::Relaxed);
     }
 
     fn replay(&self) -> MutexGuard<'_, Replay> {
@@ -307,15 +316,36 @@ impl CandleLlama {
             return Ok(HostLogits::new(Vec::new(), c.vocab_size));
         }
         if let Some(logits) = self.replayed(batch, (block_size, pool), replay)? {
-            return self.pinned.to_host(&logits);
+            return self.to_host(&logits, batch);
         }
         let mut clock = self.profiler.clock(&self.device)?;
         let plan = StepPlan::new(batch, c, (block_size, self.attention()), &self.device)?;
         clock.mark(Phase::Plan)?;
         let logits = self.run(&plan, pool, &mut clock)?;
-        let logits = self.pinned.to_host(&logits)?;
+        let logits = self.to_host(&logits, batch)?;
         clock.mark(Phase::Logits)?;
         Ok(logits)
+    }
+
+    /// `logits` (the step's rows, on the device) on the host: the rows whose sequence asks
+    /// for its greedy id alone reduced to it on the device ([`greedy`]), the others copied
+    /// whole ([`pinned`]).
+    fn to_host(&self, logits: &Tensor, batch: &StepBatch) -> Result<HostLogits> {
+        let greedy = batch.greedy_rows();
+        if !self.device_argmax.load(Ordering::Relaxed) || greedy.iter().all(Option::is_none) {
+            return self.pinned.to_host(logits);
+        }
+        let ids = greedy::ids(logits, &greedy)?;
+        let whole: Vec<u32> = (0..greedy.len() as u32)
+            .filter(|&i| greedy[i as usize].is_none())
+            .collect();
+        let whole = if whole.is_empty() {
+            HostLogits::new(Vec::new(), self.config.vocab_size)
+        } else {
+            let at = Tensor::new(whole.as_slice(), logits.device())?;
+            self.pinned.to_host(&logits.index_select(&at, 0)?)?
+        };
+        Ok(whole.with_greedy(&greedy, &ids))
     }
 
     /// `batch` as a replayed decode step, when it is one and the path is on (and the step is
