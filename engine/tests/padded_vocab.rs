@@ -31,7 +31,11 @@ fn padded_model(backend: Backend) -> Arc<Model> {
         "{} missing: run `cargo build -p sluice-models --example synth` (make test does)",
         synth.display()
     );
-    let out = std::env::temp_dir().join(format!("sluice-padded-{}.gguf", std::process::id()));
+    // One file per call: the tests run at once in one process.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out =
+        std::env::temp_dir().join(format!("sluice-padded-{}-{call}.gguf", std::process::id()));
     let run = Command::new(&synth)
         .args([
             "--layers",
