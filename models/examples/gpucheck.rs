@@ -523,15 +523,7 @@ fn attention(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
     let set = |path| candle.set_attention(path);
     let c = compare(net, (&paths, &set), a)?;
     candle.set_attention(AttentionPath::Auto);
-    Ok(json!({
-        "mode": "attention",
-        "reference": "gather",
-        "decodes_per_sequence": c.decodes,
-        "paged": logprob_gap(&c.rows[0], &c.rows[1]),
-        "split": logprob_gap(&c.rows[0], &c.rows[2]),
-        "ctx": a.speed.ctx,
-        "speed": c.speed,
-    }))
+    Ok(c.report("attention", &paths, &["paged", "split"], a))
 }
 
 /// Decode steps replayed from CUDA graphs against eager ones: agreement, what was captured and
@@ -540,16 +532,9 @@ fn graphs(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
     let candle = net.candle()?;
     let ways = [("eager", false), ("graphs", true)];
     let set = |on| candle.set_cuda_graphs(on);
-    let c = compare(net, (&ways, &set), a)?;
-    Ok(json!({
-        "mode": "graphs",
-        "reference": "eager",
-        "decodes_per_sequence": c.decodes,
-        "agreement": logprob_gap(&c.rows[0], &c.rows[1]),
-        "ctx": a.speed.ctx,
-        "speed": c.speed,
-        "status": status_json(&candle.cuda_graphs()),
-    }))
+    let mut out = compare(net, (&ways, &set), a)?.report("graphs", &ways, &["agreement"], a);
+    out["status"] = status_json(&candle.cuda_graphs());
+    Ok(out)
 }
 
 fn host_copy(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
@@ -564,17 +549,10 @@ fn host_copy(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
         candle.set_pinned_logits(pinned);
         candle.set_device_argmax(argmax);
     };
-    let c = compare(net, (&ways, &set), a)?;
-    Ok(json!({
-        "mode": "host-copy",
-        "reference": "pageable",
-        "decodes_per_sequence": c.decodes,
-        "agreement": logprob_gap(&c.rows[0], &c.rows[1]),
-        "agreement_device_argmax": logprob_gap(&c.rows[0], &c.rows[2]),
-        "ctx": a.speed.ctx,
-        "speed": c.speed,
-        "page_locked_after": candle.pinned_logits(),
-    }))
+    let gaps = ["agreement", "agreement_device_argmax"];
+    let mut out = compare(net, (&ways, &set), a)?.report("host-copy", &ways, &gaps, a);
+    out["page_locked_after"] = json!(candle.pinned_logits());
+    Ok(out)
 }
 
 /// Ways of running the model, by name, and how to switch to one.
@@ -623,6 +601,30 @@ struct Compared {
     decodes: usize,
     rows: Vec<Vec<Vec<f32>>>,
     speed: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Compared {
+    /// A mode's report: the first of `ways` is the reference, and each other way's logprob
+    /// gap to it goes under its key in `gaps`, in order.
+    fn report<V>(
+        self,
+        mode: &str,
+        ways: &[(&str, V)],
+        gaps: &[&str],
+        a: &CompareArgs,
+    ) -> serde_json::Value {
+        let mut out = json!({
+            "mode": mode,
+            "reference": ways[0].0,
+            "decodes_per_sequence": self.decodes,
+            "ctx": a.speed.ctx,
+            "speed": self.speed,
+        });
+        for (i, key) in gaps.iter().enumerate() {
+            out[*key] = logprob_gap(&self.rows[0], &self.rows[i + 1]);
+        }
+        out
+    }
 }
 
 fn status_json(s: &sluice_models::candle::GraphStatus) -> serde_json::Value {
