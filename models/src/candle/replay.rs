@@ -116,7 +116,8 @@ impl Replay {
     }
 
     /// Runs `batch` on this path and returns its logits (f32, on the device, a view the next
-    /// step overwrites), or `None` when the step is not for it (the caller then runs it eagerly and tells [`Self::ran_eagerly`]).
+    /// step overwrites), or `None` when the step is not for it (the caller then runs it
+    /// eagerly and tells [`Self::ran_eagerly`]).
     pub(crate) fn step(
         &mut self,
         batch: &StepBatch,
@@ -158,11 +159,8 @@ impl Replay {
         }
         // A view of the fixed tensor, which the next step overwrites: the caller copies it
         // out before letting another step run.
-        Ok(Some(self.buckets[at].logits.narrow(
-            0,
-            0,
-            batch.seqs.len(),
-        )?))
+        let rows = batch.seqs.len();
+        Ok(Some(self.buckets[at].logits.narrow(0, 0, rows)?))
     }
 
     /// Notes an eager step of `rows` token rows: more than any before drops every graph.
