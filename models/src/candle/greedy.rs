@@ -15,8 +15,7 @@ use crate::error::Result;
 /// `false`; on by default): a switch for every binary, for measuring one way against the
 /// other.
 pub fn from_env() -> bool {
-    std::env::var("SLUICE_DEVICE_ARGMAX")
-        .map_or(true, |v| !matches!(v.trim(), "0" | "off" | "false"))
+    super::env_switch("SLUICE_DEVICE_ARGMAX", true)
 }
 
 /// The greedy id of each row of `logits` (`[rows, vocab]`, on the model's device) that

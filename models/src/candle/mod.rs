@@ -451,6 +451,17 @@ const ATTENTION_PATHS: [AttentionPath; 4] = [
     AttentionPath::Split,
 ];
 
+/// An on/off switch read from the environment, for measuring one way of running against
+/// another in any binary: `1`, `on` or `true` turn it on, `0`, `off` or `false` off; unset or
+/// anything else leaves `default`.
+fn env_switch(name: &str, default: bool) -> bool {
+    match std::env::var(name).as_deref().map(str::trim) {
+        Ok("1" | "on" | "true") => true,
+        Ok("0" | "off" | "false") => false,
+        _ => default,
+    }
+}
+
 /// The attention path a model starts with: `SLUICE_ATTENTION` (auto, gather, paged or split) when
 /// set, else [`AttentionPath::Auto`]. A switch for every binary, for measuring one path
 /// against the other.
@@ -568,5 +579,34 @@ pub(crate) fn device_memory(device: &Device) -> Result<Option<(usize, usize)>> {
             })
         }
         _ => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::env_switch;
+
+    /// Each case its own variable: tests run on threads of one process.
+    #[test]
+    fn switches_read_on_and_off_words_and_keep_their_default_otherwise() {
+        let cases = [
+            (None, false, false),
+            (None, true, true),
+            (Some(" on "), false, true),
+            (Some("1"), false, true),
+            (Some("true"), false, true),
+            (Some("0"), true, false),
+            (Some("off"), true, false),
+            (Some("false"), true, false),
+            (Some("yes"), false, false),
+            (Some("yes"), true, true),
+        ];
+        for (i, (value, default, want)) in cases.into_iter().enumerate() {
+            let name = format!("SLUICE_TEST_SWITCH_{i}");
+            if let Some(v) = value {
+                std::env::set_var(&name, v);
+            }
+            assert_eq!(env_switch(&name, default), want, "{name}={value:?}");
+        }
     }
 }

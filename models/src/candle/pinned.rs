@@ -30,8 +30,7 @@ const KEPT: usize = 2;
 /// Whether `SLUICE_PINNED_LOGITS` leaves the buffers on (anything but `0`, `off` or `false`;
 /// on by default): a switch for every binary, for measuring one copy against the other.
 pub fn from_env() -> bool {
-    std::env::var("SLUICE_PINNED_LOGITS")
-        .map_or(true, |v| !matches!(v.trim(), "0" | "off" | "false"))
+    super::env_switch("SLUICE_PINNED_LOGITS", true)
 }
 
 /// The model's page-locked buffers and whether steps use them.

@@ -36,7 +36,7 @@ pub(crate) const BUCKETS: [usize; 13] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128
 
 /// Whether `SLUICE_CUDA_GRAPHS` asks for replayed decode steps (`1`, `on` or `true`).
 pub fn from_env() -> bool {
-    std::env::var("SLUICE_CUDA_GRAPHS").is_ok_and(|v| matches!(v.trim(), "1" | "on" | "true"))
+    super::env_switch("SLUICE_CUDA_GRAPHS", false)
 }
 
 /// One step's model run over a plan: the logits of the plan's rows, f32, on the device.
