@@ -27,8 +27,9 @@
 //!   into a page-locked buffer (`SLUICE_PINNED_LOGITS`, the default), and with greedy rows
 //!   reduced to their id on the device besides (`SLUICE_DEVICE_ARGMAX`, the default):
 //!   teacher-forced logprobs each way (identical unless a copy is wrong), whether the buffers
-//!   stayed on (an allocation failure turns them off), then `bench`'s prefill and decode steps
-//!   timed each way. On the CPU nothing is pinned.
+//!   stayed on (an allocation failure turns them off), sixteen prompts' greedy ids picked on
+//!   the device against the host's from whole rows (`device_argmax_ids`), then `bench`'s
+//!   prefill and decode steps timed each way. On the CPU nothing is pinned.
 //!
 //! The timed decode steps ask for greedy ids alone ([`Logits::Greedy`]), as the engine does
 //! for a greedy request: a step is timed until its tokens are on the host (picked there from
@@ -549,10 +550,46 @@ fn host_copy(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
         candle.set_pinned_logits(pinned);
         candle.set_device_argmax(argmax);
     };
+    // The teacher-forced rows are whole rows whatever the switch: the third way's gap says
+    // only that picking ids leaves them alone; `device_argmax_ids` checks the ids.
     let gaps = ["agreement", "agreement_device_argmax"];
     let mut out = compare(net, (&ways, &set), a)?.report("host-copy", &ways, &gaps, a);
     out["page_locked_after"] = json!(candle.pinned_logits());
+    out["device_argmax_ids"] = greedy_ids_agree(net, candle, a.tokens)?;
+    candle.set_device_argmax(true);
     Ok(out)
+}
+
+/// Sixteen prompts' greedy ids picked on the device and on the host from whole rows, in one
+/// prefill step each way: how many agree (all of them, exact ties aside).
+fn greedy_ids_agree(
+    net: &Net,
+    candle: &sluice_models::CandleLlama,
+    n: usize,
+) -> Result<serde_json::Value> {
+    let vocab = net.config().vocab_size;
+    let seqs: Vec<Vec<u32>> = (0..16).map(|s| tokens(s + 40, n.max(2), vocab)).collect();
+    let per_seq = n.max(2);
+    let greedy = Logits::Greedy {
+        below: vocab as u32,
+    };
+    let mut picked = Vec::new();
+    for on_device in [true, false] {
+        candle.set_device_argmax(on_device);
+        let mut kv = net.new_kv(per_seq, seqs.len())?;
+        let batch = StepBatch {
+            seqs: (0..seqs.len())
+                .map(|s| chunk(seqs[s].clone(), 0, s, per_seq, greedy))
+                .collect(),
+        };
+        picked.push(argmaxes(&net.forward_host(&batch, &mut kv)?));
+    }
+    let same = picked[0]
+        .iter()
+        .zip(&picked[1])
+        .filter(|(a, b)| a == b)
+        .count();
+    Ok(json!({"rows": picked[0].len(), "same": same}))
 }
 
 /// Ways of running the model, by name, and how to switch to one.
