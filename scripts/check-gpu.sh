@@ -21,8 +21,9 @@
 #     capturing failed), decode tok/s at each batch size each way, for the truncated default
 #     model and both shapes;
 #   - a step's logits copied to the host through pageable memory, into page-locked buffers,
-#     and with greedy rows reduced to their id on the device (gpucheck host-copy, candle
-#     backend): logprobs each way, greedy decode tok/s at each batch size each way, for both
+#     and with greedy and sampled rows reduced to their token on the device (gpucheck
+#     host-copy, candle backend): logprobs each way, the tokens picked on the device against
+#     the host's, greedy and temperature-1 decode tok/s at each batch size each way, for both
 #     shapes;
 #   - whether greedy tokens are identical alone and in a batch of 16, for both shapes and the
 #     truncated default model (real weights: random ones leave near-ties that any rounding
@@ -199,10 +200,11 @@ graphs() {
     --tokens "$tokens" --batches "$batches" --ctx "$ctx" --steps "$steps"
 }
 # host_copy NAME MODEL: logits copied through pageable memory, into page-locked buffers, and
-# greedy ids picked on the device (candle on the device, whatever the backend under test).
+# tokens picked on the device (candle on the device, whatever the backend under test), with
+# greedy and sampled decode steps timed each way.
 host_copy() {
   step "$1" "$limit" "$bin/gpucheck" --model "$2" --device "$device" --backend candle host-copy \
-    --tokens "$tokens" --batches "$batches" --ctx "$ctx" --steps "$steps"
+    --tokens "$tokens" --batches "$batches" --ctx "$ctx" --steps "$steps" --sampled
 }
 # serve NAME MODEL [VAR=VALUE...]: `sluice serve` on the device over HTTP
 # (scripts/gpu-serve-check.py) with those variables set, when the carry holds the binary.

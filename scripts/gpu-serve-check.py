@@ -8,8 +8,10 @@ replica must show and prints one JSON object:
   - `vllm:cache_config_info` on `/metrics` (labels `num_gpu_blocks`, `block_size`);
   - one greedy chat completion (status, usage, latency), one streamed (time to first chunk,
     chunks), and `--concurrent` greedy completions at once (all 200, aggregate output tok/s);
-    then as many sampled at temperature 1, top-p 0.95 (`concurrent_sampled`): the difference
-    is what drawing from whole rows of logits costs the host per step.
+    then as many at temperature 1 alone, OpenAI's default (`concurrent_temperature`: drawn on
+    the device, two small copies a step), and at temperature 1, top-p 0.95
+    (`concurrent_sampled`: drawn on the host from whole rows of logits): the differences are
+    what each way of drawing costs per step.
 
 Standard library only: the GPU machine has Python but nothing can be installed there.
 """
@@ -53,6 +55,7 @@ def wait_ready(base, proc, limit):
 
 
 GREEDY = {"temperature": 0}
+TEMPERATURE = {"temperature": 1.0, "seed": 7}
 SAMPLED = {"temperature": 1.0, "top_p": 0.95, "seed": 7}
 
 
@@ -169,7 +172,7 @@ def failures(out):
         failed.append(f"chat answered {out['chat']['status']}: {out['chat']['error']}")
     if out["stream"]["errors"] or not out["stream"]["usage"]:
         failed.append(f"the stream broke: {out['stream']['errors']}")
-    for name in ("concurrent", "concurrent_sampled"):
+    for name in ("concurrent", "concurrent_temperature", "concurrent_sampled"):
         if out[name]["ok"] != out[name]["requests"]:
             failed.append(f"{name} statuses {out[name]['statuses']}")
     if not out["cache_config_info"]:
@@ -216,6 +219,9 @@ def main():
         }
         out["stream"] = stream(base, model, args.max_tokens)
         out["concurrent"] = concurrent(base, model, args.concurrent, args.max_tokens)
+        out["concurrent_temperature"] = concurrent(
+            base, model, args.concurrent, args.max_tokens, TEMPERATURE
+        )
         out["concurrent_sampled"] = concurrent(
             base, model, args.concurrent, args.max_tokens, SAMPLED
         )

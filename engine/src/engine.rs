@@ -21,7 +21,7 @@ use crate::error::{EngineError, SubmitError};
 use crate::event::{Event, Finish, FinishReason, MatchedStop, Stage, Usage};
 use crate::metrics::EngineMetrics;
 use crate::request::{Limits, Request};
-use crate::sampler::{greedy_id, sample_all, Draw, Sampled};
+use crate::sampler::{made, sample_all, Draw, Sampled};
 use crate::scheduler::{Budget, Plan, Scheduler};
 use crate::sequence::{Ended, RequestInfo, Seq};
 
@@ -572,10 +572,8 @@ impl Core {
                 block_table: s.blocks.clone(),
                 logits: if start + n < s.tokens.len() {
                     Logits::None
-                } else if s.reads_only_argmax() {
-                    Logits::Greedy { below: width }
                 } else {
-                    Logits::Last
+                    s.device_pick(width).map_or(Logits::Last, Logits::Pick)
                 },
             });
         }
@@ -698,12 +696,12 @@ impl Core {
         let mut ended: Vec<(usize, Ended)> = Vec::new();
         let mut forked: Vec<Seq> = Vec::new();
         let mut draws: Vec<(usize, usize, Prepared)> = Vec::new();
-        // Rows the model answered with their greedy id: their draw is made.
-        let mut made: Vec<(usize, Result<Sampled, String>)> = Vec::new();
+        // Rows the model answered with their token: their draw is made.
+        let mut picked: Vec<(usize, Result<Sampled, String>)> = Vec::new();
         for (i, row) in self.advance(scheduled, plan) {
             let s = &mut self.sched.running[i];
-            if let Row::Greedy(id) = logits.get(row) {
-                made.push((i, Ok(greedy_id(&mut s.sampler, id))));
+            if let Row::Picked(id) = logits.get(row) {
+                picked.push((i, Ok(made(&mut s.sampler, id))));
                 continue;
             }
             let mask = masks.remove(&i);
@@ -717,7 +715,7 @@ impl Core {
         }
         let sampled = self.draw_rows(&draws, row_of);
         let drawn = draws.iter().map(|(i, _, _)| *i).zip(sampled);
-        for (i, sampled) in made.into_iter().chain(drawn) {
+        for (i, sampled) in picked.into_iter().chain(drawn) {
             let s = &mut self.sched.running[i];
             if let Some(end) = Self::take_token(&self.model, &self.metrics, s, sampled, now) {
                 ended.push((i, end));

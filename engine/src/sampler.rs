@@ -14,7 +14,8 @@ use std::collections::{HashMap, HashSet};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
-use sluice_models::logits::{self, argmax, log_normaliser};
+use sluice_models::logits::{self, argmax, log_normaliser, pick, pick_in_row};
+use sluice_models::Pick;
 
 use crate::constraint::{self, Mask};
 use crate::event::TokenLogprob;
@@ -163,18 +164,31 @@ pub fn sample(
     Sampled { token, logprob }
 }
 
-/// Whether a draw under `p` reads nothing of its row but the most likely id (greedy, no
-/// log-probabilities, no bias or penalties), given no grammar mask and nothing suppressed:
-/// then the model may answer with that id alone ([`sluice_models::Logits::Greedy`]), and
-/// [`greedy_id`] takes it.
-pub fn reads_only_argmax(p: &SamplingParams) -> bool {
-    p.is_greedy() && p.logprobs.is_none() && untouched(p)
+/// The token the model may choose on its device for a draw under `p` at `state`'s position,
+/// given no grammar mask and nothing suppressed, over the ids below `below`; `None` when the
+/// draw reads more of its row than that token (log-probabilities, bias, penalties, top-k or
+/// top-p). Greedy draws are the most likely id ([`Pick::Argmax`]); draws at a temperature
+/// (min-p allowed) are [`sample`]'s whole-row draw, with the uniform number of this position
+/// ([`Pick::Draw`]). [`made`] takes the token the model answers with.
+pub fn device_pick(p: &SamplingParams, state: &SamplerState, below: u32) -> Option<Pick> {
+    if p.logprobs.is_some() || !untouched(p) {
+        return None;
+    }
+    if p.is_greedy() {
+        return Some(Pick::Argmax { below });
+    }
+    (p.top_k == 0 && p.top_p >= 1.0).then(|| Pick::Draw {
+        below,
+        temperature: p.temperature,
+        min_p: p.min_p.max(0.0),
+        uniform: state.uniform(),
+    })
 }
 
-/// The draw the model made on its device for a sequence that reads only the argmax
-/// ([`reads_only_argmax`]): the same token [`sample`] would pick (up to exact ties), its
-/// position passed.
-pub fn greedy_id(state: &mut SamplerState, token: u32) -> Sampled {
+/// The draw the model made on its device for [`device_pick`]'s pick: the token [`sample`]
+/// would choose from the whole row (up to exact ties and rounding at a boundary between two
+/// tokens' shares), its position passed.
+pub fn made(state: &mut SamplerState, token: u32) -> Sampled {
     state.skip();
     Sampled {
         token,
@@ -393,50 +407,6 @@ fn nucleus(cand: &mut [Ranked], target: f64) -> usize {
     hi
 }
 
-/// The token whose share of `total` holds `uniform × total`, walking `weighted` in order;
-/// `None` when rounding leaves the walk short of it.
-fn pick(weighted: impl Iterator<Item = (u32, f32)>, total: f64, uniform: f64) -> Option<u32> {
-    let mut r = uniform * total;
-    let mut last = None;
-    for (i, w) in weighted {
-        let w = f64::from(w);
-        if w > 0.0 {
-            if r < w {
-                return Some(i);
-            }
-            last = Some(i);
-        }
-        r -= w;
-    }
-    last
-}
-
-/// [`pick`] over a whole row of weights in token order: it skips whole blocks by their
-/// (vectorised) sums and walks token by token only inside the block that holds the draw.
-fn pick_in_row(w: &[f32], uniform: f64) -> Option<u32> {
-    const BLOCK: usize = 256;
-    let sums: Vec<f64> = w.chunks(BLOCK).map(|b| logits::sum_of(b, |x| x)).collect();
-    let tokens = |b: usize| {
-        let start = b * BLOCK;
-        (start as u32..).zip(w[start..(start + BLOCK).min(w.len())].iter().copied())
-    };
-    let mut r = uniform * sums.iter().sum::<f64>();
-    let mut last = None;
-    for (b, &sum) in sums.iter().enumerate() {
-        if sum <= 0.0 {
-            continue;
-        }
-        if r < sum {
-            // The block's own total, so rounding cannot carry the walk past it.
-            return pick(tokens(b), sum, r / sum);
-        }
-        r -= sum;
-        last = Some(b);
-    }
-    // Rounding left the draw past the last block: its last token of any weight.
-    last.and_then(|b| pick(tokens(b), sums[b], 1.0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -465,40 +435,81 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_greedy_draws_read_the_argmax_alone() {
-        let greedy = |f: fn(&mut SamplingParams)| {
-            params(|p| {
-                p.temperature = 0.0;
-                f(p)
+    fn only_draws_that_read_nothing_else_are_picked_on_the_device() {
+        let state = SamplerState::new(Some(3), 0, &[]);
+        let pick = |f: fn(&mut SamplingParams)| device_pick(&params(f), &state, 100);
+        assert_eq!(
+            pick(|p| p.temperature = 0.0),
+            Some(Pick::Argmax { below: 100 })
+        );
+        assert_eq!(
+            pick(|p| {
+                p.temperature = 0.7;
+                p.min_p = 0.05;
+            }),
+            Some(Pick::Draw {
+                below: 100,
+                temperature: 0.7,
+                min_p: 0.05,
+                uniform: state.uniform(),
             })
-        };
-        assert!(reads_only_argmax(&greedy(|_| {})));
-        assert!(!reads_only_argmax(&params(|p| p.temperature = 0.7)));
-        assert!(!reads_only_argmax(&greedy(|p| p.logprobs = Some(0))));
-        assert!(!reads_only_argmax(&greedy(|p| {
-            p.logit_bias.insert(5, 1.0);
-        })));
-        assert!(!reads_only_argmax(&greedy(|p| p.repetition_penalty = 1.1)));
-        assert!(!reads_only_argmax(&greedy(|p| p.presence_penalty = 0.5)));
-        assert!(!reads_only_argmax(&greedy(|p| p.frequency_penalty = -0.5)));
+        );
+        for temperature in [0.0, 1.0] {
+            let spoilt: [fn(&mut SamplingParams); 7] = [
+                |p| p.logprobs = Some(0),
+                |p| {
+                    p.logit_bias.insert(5, 1.0);
+                },
+                |p| p.repetition_penalty = 1.1,
+                |p| p.presence_penalty = 0.5,
+                |p| p.frequency_penalty = -0.5,
+                |p| p.top_p = 0.9,
+                |p| p.top_k = 40,
+            ];
+            for (i, f) in spoilt.into_iter().enumerate() {
+                let mut p = params(f);
+                p.temperature = temperature;
+                let greedy_ignores = temperature == 0.0 && i >= 5;
+                assert_eq!(
+                    device_pick(&p, &state, 100).is_some(),
+                    greedy_ignores,
+                    "case {i} at temperature {temperature}"
+                );
+            }
+        }
     }
 
-    /// A draw the model made is the one `sample` makes, and moves the state as far.
+    /// The token [`device_pick`]'s pick chooses from a whole row is the one `sample` draws,
+    /// and `made` moves the state as far, at every position.
     #[test]
-    fn a_greedy_id_from_the_model_is_the_sampled_one() {
+    fn a_token_the_model_picked_is_the_sampled_one() {
         let r = row(3, 5_000);
-        let p = params(|p| p.temperature = 0.0);
-        let (mut drawn, mut made) = (
-            SamplerState::new(Some(1), 0, &[]),
-            SamplerState::new(Some(1), 0, &[]),
-        );
-        let a = sample(&r, &p, &mut drawn, &[], None);
-        let b = greedy_id(&mut made, argmax(&r));
-        assert_eq!(
-            (a.token, a.logprob.is_none()),
-            (b.token, b.logprob.is_none())
-        );
-        assert_eq!(drawn.position, made.position);
+        let cases: [fn(&mut SamplingParams); 4] = [
+            |p| p.temperature = 0.0,
+            |_| {},
+            |p| p.temperature = 0.6,
+            |p| {
+                p.temperature = 1.4;
+                p.min_p = 0.02;
+            },
+        ];
+        for f in cases {
+            let p = params(f);
+            let (mut drawn, mut made_here) = (
+                SamplerState::new(Some(1), 0, &[]),
+                SamplerState::new(Some(1), 0, &[]),
+            );
+            for _ in 0..50 {
+                let a = sample(&r, &p, &mut drawn, &[], None);
+                let token = device_pick(&p, &made_here, 5_000).unwrap().on_host(&r);
+                let b = made(&mut made_here, token);
+                assert_eq!(
+                    (a.token, a.logprob.is_none()),
+                    (b.token, b.logprob.is_none())
+                );
+                assert_eq!(drawn.position, made_here.position);
+            }
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sluice_models::tokenizer::Tokenizer;
+use sluice_models::Pick;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::block_manager::BlockHash;
@@ -128,14 +129,14 @@ impl Seq {
         self.tokens.len() - self.num_computed
     }
 
-    /// Whether the next draw reads nothing of its row but the most likely id
-    /// ([`crate::sampler::reads_only_argmax`], with no grammar, nothing suppressed and no
-    /// choices to fork from the row), so the model may answer with that id alone.
-    pub fn reads_only_argmax(&self) -> bool {
-        crate::sampler::reads_only_argmax(&self.req.params)
-            && self.matcher.is_none()
-            && self.forks_left == 0
-            && self.suppressed().is_empty()
+    /// The token the model may choose on its device for the next draw, over the ids below
+    /// `below` ([`crate::sampler::device_pick`]), when the draw reads nothing else of its row:
+    /// no grammar, nothing suppressed and no choices to fork from the row.
+    pub fn device_pick(&self, below: u32) -> Option<Pick> {
+        if self.matcher.is_some() || self.forks_left > 0 || !self.suppressed().is_empty() {
+            return None;
+        }
+        crate::sampler::device_pick(&self.req.params, &self.sampler, below)
     }
 
     /// Tokens that must not be sampled now: until `min_tokens` exist, the end-of-sequence

@@ -104,45 +104,62 @@ fn ids_past_the_tokenizer_are_never_sampled_or_biased() {
     ));
 }
 
-/// Greedy choices on the candle backend, whose device picks a greedy id from the row alone
-/// (`Logits::Greedy`, bounded by the tokenizer's ids): the same tokens as the host sampler
-/// picks from whole rows, none past the tokenizer. (This random model's greedy path repeats a
-/// few ids below the bound; `models/tests/greedy_rows.rs` checks a bound that bites.)
+/// Greedy and seeded sampled choices on the candle backend, whose device picks the token from
+/// the row alone (`Logits::Pick`, bounded by the tokenizer's ids): the same tokens as the host
+/// sampler picks from whole rows, none past the tokenizer. This random model's greedy path
+/// repeats a few ids below the bound (`models/tests/picked_rows.rs` checks a bound that
+/// bites); its draws, over a near-uniform row, would land past it a quarter of the time.
 #[test]
-fn greedy_ids_picked_by_the_model_stay_below_the_tokenizer() {
+fn tokens_picked_by_the_model_stay_below_the_tokenizer() {
     let model = padded_model(Backend::Candle);
     let sluice_models::Network::Candle(net) = model.network() else {
         panic!("the candle backend loads a candle network");
     };
     let text_vocab = model.tokenizer().vocab_size();
     let prompt = model.tokenizer().encode("Hello there", true).unwrap();
-    let greedy = SamplingParams {
-        temperature: 0.0,
+    let plain = SamplingParams {
         max_tokens: Some(32),
         ignore_eos: true,
+        seed: Some(11),
         ..SamplingParams::default()
     };
-    let mut runs = Vec::new();
-    for on_device in [true, false] {
-        net.set_device_argmax(on_device);
-        let mut config = EngineConfig::for_model(&model);
-        config.num_kv_blocks = Some(256);
-        config.max_model_len = Some(512);
-        let engine = Engine::start(model.clone(), config).expect("the engine starts");
-        let stream = engine
-            .submit(request(prompt.clone(), greedy.clone()))
-            .expect("accepted");
-        let c = collect(stream, 1).remove(0);
-        assert_eq!(c.token_ids.len(), 32, "{c:?}");
-        assert!(
-            c.token_ids.iter().all(|&t| (t as usize) < text_vocab),
-            "picked an id past the tokenizer's {text_vocab}: {:?}",
-            c.token_ids
+    let cases = [
+        SamplingParams {
+            temperature: 0.0,
+            ..plain.clone()
+        },
+        plain.clone(),
+        SamplingParams {
+            temperature: 0.7,
+            min_p: 0.2,
+            ..plain.clone()
+        },
+    ];
+    for params in cases {
+        let mut runs = Vec::new();
+        for on_device in [true, false] {
+            net.set_device_argmax(on_device);
+            net.set_device_draws(on_device);
+            let mut config = EngineConfig::for_model(&model);
+            config.num_kv_blocks = Some(256);
+            config.max_model_len = Some(512);
+            let engine = Engine::start(model.clone(), config).expect("the engine starts");
+            let stream = engine
+                .submit(request(prompt.clone(), params.clone()))
+                .expect("accepted");
+            let c = collect(stream, 1).remove(0);
+            assert_eq!(c.token_ids.len(), 32, "{c:?}");
+            assert!(
+                c.token_ids.iter().all(|&t| (t as usize) < text_vocab),
+                "picked an id past the tokenizer's {text_vocab}: {:?}",
+                c.token_ids
+            );
+            runs.push(c.token_ids);
+        }
+        assert_eq!(
+            runs[0], runs[1],
+            "picked on the device and sampled on the host, at T {}",
+            params.temperature
         );
-        runs.push(c.token_ids);
     }
-    assert_eq!(
-        runs[0], runs[1],
-        "picked on the device and sampled on the host"
-    );
 }

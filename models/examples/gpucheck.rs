@@ -24,16 +24,19 @@
 //!   captured (or why capturing failed), then `bench`'s decode steps timed each way. On the
 //!   CPU the path runs eagerly: nothing is captured.
 //! - `host-copy` (candle only): a step's logits copied to the host through pageable memory,
-//!   into a page-locked buffer (`SLUICE_PINNED_LOGITS`, the default), and with greedy rows
-//!   reduced to their id on the device besides (`SLUICE_DEVICE_ARGMAX`, the default):
-//!   teacher-forced logprobs each way (identical unless a copy is wrong), whether the buffers
-//!   stayed on (an allocation failure turns them off), sixteen prompts' greedy ids picked on
-//!   the device against the host's from whole rows (`device_argmax_ids`), then `bench`'s
-//!   prefill and decode steps timed each way. On the CPU nothing is pinned.
+//!   into a page-locked buffer (`SLUICE_PINNED_LOGITS`, the default), and with the rows of
+//!   greedy and sampled sequences reduced to their token on the device besides
+//!   (`SLUICE_DEVICE_ARGMAX`, `SLUICE_DEVICE_DRAWS`, the defaults): teacher-forced logprobs
+//!   each way (identical unless a copy is wrong), whether the buffers stayed on (an
+//!   allocation failure turns them off), sixteen prompts' greedy and sampled tokens picked on
+//!   the device against the host's from whole rows (`device_picks_ids`), then `bench`'s
+//!   prefill and decode steps timed each way (with `--sampled`, sampled decode steps too).
+//!   On the CPU nothing is pinned.
 //!
-//! The timed decode steps ask for greedy ids alone ([`Logits::Greedy`]), as the engine does
-//! for a greedy request: a step is timed until its tokens are on the host (picked there from
-//! whole rows when the device does not pick them).
+//! The timed decode steps ask for their tokens alone ([`Logits::Pick`]), as the engine does
+//! for a request that reads nothing else: greedy ids, and with `--sampled` (`bench` and the
+//! comparisons) draws at temperature 1 besides. A step is timed until its tokens are on the
+//! host (picked there from whole rows, on all cores, when the device does not pick them).
 //!
 //! `--attention` (or `SLUICE_ATTENTION`) picks the candle backend's attention path for the
 //! other modes.
@@ -45,12 +48,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use rayon::prelude::*;
 use serde_json::json;
 use sluice_models::candle::AttentionPath;
 use sluice_models::host_logits::Row;
 use sluice_models::logits::{argmax, log_softmax};
 use sluice_models::{
-    Backend, DeviceSpec, HostLogits, KvStore, LlamaConfig, Logits, SeqChunk, StepBatch,
+    Backend, DeviceSpec, HostLogits, KvStore, LlamaConfig, Logits, Pick, SeqChunk, StepBatch,
 };
 
 #[derive(Parser, Debug)]
@@ -110,6 +114,10 @@ struct SpeedArgs {
     ctx: usize,
     #[arg(long, default_value_t = 32)]
     steps: usize,
+    /// Also time decode steps that draw at temperature 1 (OpenAI's default), beside greedy
+    /// ones (`decode_sampled`).
+    #[arg(long)]
+    sampled: bool,
 }
 
 /// What the comparisons of two ways of running (`attention`, `graphs`) measure.
@@ -191,7 +199,7 @@ fn main() -> Result<()> {
     let started = Instant::now();
     let mut out = match &args.mode {
         Mode::Agree { tokens } => agree(&net, &args, *tokens)?,
-        Mode::Bench(s) => bench(&net, &s.batches, s.ctx, s.steps)?,
+        Mode::Bench(s) => bench(&net, s)?,
         Mode::Identical { tokens } => identical(&net, *tokens)?,
         Mode::Profile {
             batches,
@@ -282,22 +290,48 @@ fn agree(net: &Net, args: &Args, n: usize) -> Result<serde_json::Value> {
     }))
 }
 
-fn bench(net: &Net, batches: &[usize], ctx: usize, steps: usize) -> Result<serde_json::Value> {
-    let most = batches.iter().copied().max().unwrap_or(1);
+fn bench(net: &Net, a: &SpeedArgs) -> Result<serde_json::Value> {
+    let (most, ctx) = (a.batches.iter().copied().max().unwrap_or(1), a.ctx);
+    let mut kv = net.new_kv(ctx + a.steps + 1, most)?;
+    let mut out = speed(net, &mut kv, a)?;
+    out["mode"] = json!("bench");
+    out["ctx"] = json!(ctx);
+    out["prefill_tokens"] = json!(most * ctx);
+    Ok(out)
+}
+
+/// Prefill tok/s over `a`'s largest batch of `a.ctx`-token prompts, then each batch size's
+/// decode steps (greedy, and sampled when `a.sampled`), in `kv` (room for the largest batch).
+fn speed(net: &Net, kv: &mut KvStore, a: &SpeedArgs) -> Result<serde_json::Value> {
+    let (ctx, steps) = (a.ctx, a.steps);
+    let most = a.batches.iter().copied().max().unwrap_or(1);
     let per_seq = ctx + steps + 1;
-    let mut kv = net.new_kv(per_seq, most)?;
-    let (last, prefill_s) = prefill(net, &mut kv, most, ctx, per_seq)?;
-    let mut decode = Vec::new();
-    for &b in batches {
-        decode.push(decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?);
+    let (last, prefill_s) = prefill(net, kv, most, ctx, per_seq)?;
+    let mut out = json!({"prefill_tok_s": (most * ctx) as f64 / prefill_s});
+    let kinds: &[(&str, Decode)] = if a.sampled {
+        &[
+            ("decode", Decode::Greedy),
+            ("decode_sampled", Decode::Sampled),
+        ]
+    } else {
+        &[("decode", Decode::Greedy)]
+    };
+    for &(key, decode) in kinds {
+        let mut timed = Vec::new();
+        for &b in &a.batches {
+            timed.push(decode_steps(
+                net,
+                kv,
+                &last[..b],
+                ctx,
+                per_seq,
+                steps,
+                decode,
+            )?);
+        }
+        out[key] = json!(timed);
     }
-    Ok(json!({
-        "mode": "bench",
-        "ctx": ctx,
-        "prefill_tokens": most * ctx,
-        "prefill_tok_s": (most * ctx) as f64 / prefill_s,
-        "decode": decode,
-    }))
+    Ok(out)
 }
 
 /// `bench`'s decode steps, profiled phase by phase for each batch size.
@@ -309,10 +343,26 @@ fn profile(net: &Net, batches: &[usize], ctx: usize, steps: usize) -> Result<ser
     let (last, _) = prefill(net, &mut kv, most, ctx, per_seq)?;
     let mut out = Vec::new();
     for &b in batches {
-        let plain = decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?;
+        let plain = decode_steps(
+            net,
+            &mut kv,
+            &last[..b],
+            ctx,
+            per_seq,
+            steps,
+            Decode::Greedy,
+        )?;
         candle.set_profiling(true);
         // `decode_steps` runs one unmeasured warm-up step more than it times.
-        let profiled = decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?;
+        let profiled = decode_steps(
+            net,
+            &mut kv,
+            &last[..b],
+            ctx,
+            per_seq,
+            steps,
+            Decode::Greedy,
+        )?;
         let phases = candle.take_profile();
         candle.set_profiling(false);
         let per_step = |s: f64| s * 1e3 / (steps + 1) as f64;
@@ -363,12 +413,51 @@ fn prefill(
     Ok((last, started.elapsed().as_secs_f64()))
 }
 
-/// Each row's greedy token.
+/// Each row's greedy token (whole rows only).
 fn argmaxes(logits: &HostLogits) -> Vec<u32> {
+    (0..logits.rows()).map(|i| argmax(logits.row(i))).collect()
+}
+
+/// How timed decode steps choose their tokens, as the engine asks for a request's.
+#[derive(Debug, Clone, Copy)]
+enum Decode {
+    /// Greedy ids ([`Pick::Argmax`]).
+    Greedy,
+    /// Draws at temperature 1 ([`Pick::Draw`]; OpenAI's default and the load tester's).
+    Sampled,
+}
+
+impl Decode {
+    /// Sequence `s`'s pick at decode step `step`, over the ids below `below`.
+    fn pick(self, below: u32, step: usize, s: usize) -> Pick {
+        match self {
+            Decode::Greedy => Pick::Argmax { below },
+            Decode::Sampled => Pick::Draw {
+                below,
+                temperature: 1.0,
+                min_p: 0.0,
+                uniform: uniform(step, s),
+            },
+        }
+    }
+}
+
+/// A fixed number in [0, 1) for sequence `s` at step `step` (splitmix64's finaliser).
+fn uniform(step: usize, s: usize) -> f64 {
+    let mut x = ((step as u64) << 32 | s as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (x ^ (x >> 31)) as f64 / 2f64.powi(64)
+}
+
+/// Each row's token under its pick: the device's where it made it, else made here from the
+/// whole row as the engine's sampler does (rows in parallel, as the engine draws them).
+fn picked(logits: &HostLogits, picks: &[Pick]) -> Vec<u32> {
     (0..logits.rows())
+        .into_par_iter()
         .map(|i| match logits.get(i) {
-            Row::Logits(r) => argmax(r),
-            Row::Greedy(id) => id,
+            Row::Picked(id) => id,
+            Row::Logits(r) => picks[i].on_host(r),
         })
         .collect()
 }
@@ -382,23 +471,24 @@ fn decode_steps(
     ctx: usize,
     per_seq: usize,
     steps: usize,
+    decode: Decode,
 ) -> Result<serde_json::Value> {
-    // Greedy decoding as a served greedy request asks for it: the id alone.
-    let greedy = Logits::Greedy {
-        below: net.config().vocab_size as u32,
-    };
+    let below = net.config().vocab_size as u32;
     let mut next = first.to_vec();
     let mut times = Vec::with_capacity(steps);
     for step in 0..=steps {
+        let picks: Vec<Pick> = (0..next.len())
+            .map(|s| decode.pick(below, step, s))
+            .collect();
         let batch = StepBatch {
             seqs: next
                 .iter()
                 .enumerate()
-                .map(|(s, &t)| chunk(vec![t], ctx + step, s, per_seq, greedy))
+                .map(|(s, &t)| chunk(vec![t], ctx + step, s, per_seq, Logits::Pick(picks[s])))
                 .collect(),
         };
         let started = Instant::now();
-        next = argmaxes(&net.forward_host(&batch, kv)?);
+        next = picked(&net.forward_host(&batch, kv)?, &picks);
         // Step 0 warms this batch shape up.
         if step > 0 {
             times.push(started.elapsed().as_secs_f64());
@@ -540,56 +630,58 @@ fn graphs(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
 
 fn host_copy(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
     let candle = net.candle()?;
-    // (page-locked buffers, greedy ids on the device)
+    // (page-locked buffers, tokens picked on the device)
     let ways = [
         ("pageable", (false, false)),
         ("page_locked", (true, false)),
-        ("device_argmax", (true, true)),
+        ("device_picks", (true, true)),
     ];
-    let set = |(pinned, argmax)| {
+    let set = |(pinned, picks)| {
         candle.set_pinned_logits(pinned);
-        candle.set_device_argmax(argmax);
+        candle.set_device_argmax(picks);
+        candle.set_device_draws(picks);
     };
     // The teacher-forced rows are whole rows whatever the switch: the third way's gap says
-    // only that picking ids leaves them alone; `device_argmax_ids` checks the ids.
-    let gaps = ["agreement", "agreement_device_argmax"];
+    // only that picking tokens leaves them alone; `device_picks_ids` checks the tokens.
+    let gaps = ["agreement", "agreement_device_picks"];
     let mut out = compare(net, (&ways, &set), a)?.report("host-copy", &ways, &gaps, a);
     out["page_locked_after"] = json!(candle.pinned_logits());
-    out["device_argmax_ids"] = greedy_ids_agree(net, candle, a.tokens)?;
-    candle.set_device_argmax(true);
+    out["device_picks_ids"] = json!({
+        "greedy": picks_agree(net, a.tokens, Decode::Greedy)?,
+        "sampled": picks_agree(net, a.tokens, Decode::Sampled)?,
+    });
+    set((true, true));
     Ok(out)
 }
 
-/// Sixteen prompts' greedy ids picked on the device and on the host from whole rows, in one
-/// prefill step each way: how many agree (all of them, exact ties aside).
-fn greedy_ids_agree(
-    net: &Net,
-    candle: &sluice_models::CandleLlama,
-    n: usize,
-) -> Result<serde_json::Value> {
+/// Sixteen prompts' tokens picked on the device and on the host from whole rows, in one
+/// prefill step each way: how many agree (all of them, exact ties and a draw's rounding at a
+/// boundary between two tokens aside).
+fn picks_agree(net: &Net, n: usize, decode: Decode) -> Result<serde_json::Value> {
+    let candle = net.candle()?;
     let vocab = net.config().vocab_size;
     let seqs: Vec<Vec<u32>> = (0..16).map(|s| tokens(s + 40, n.max(2), vocab)).collect();
     let per_seq = n.max(2);
-    let greedy = Logits::Greedy {
-        below: vocab as u32,
-    };
-    let mut picked = Vec::new();
+    let picks: Vec<Pick> = (0..seqs.len())
+        .map(|s| decode.pick(vocab as u32, 0, s))
+        .collect();
+    let mut tokens_each_way = Vec::new();
     for on_device in [true, false] {
         candle.set_device_argmax(on_device);
+        candle.set_device_draws(on_device);
         let mut kv = net.new_kv(per_seq, seqs.len())?;
         let batch = StepBatch {
             seqs: (0..seqs.len())
-                .map(|s| chunk(seqs[s].clone(), 0, s, per_seq, greedy))
+                .map(|s| chunk(seqs[s].clone(), 0, s, per_seq, Logits::Pick(picks[s])))
                 .collect(),
         };
-        picked.push(argmaxes(&net.forward_host(&batch, &mut kv)?));
+        tokens_each_way.push(picked(&net.forward_host(&batch, &mut kv)?, &picks));
     }
-    let same = picked[0]
-        .iter()
-        .zip(&picked[1])
-        .filter(|(a, b)| a == b)
-        .count();
-    Ok(json!({"rows": picked[0].len(), "same": same}))
+    let [device, host] = &tokens_each_way[..] else {
+        unreachable!("two ways")
+    };
+    let same = device.iter().zip(host).filter(|(a, b)| a == b).count();
+    Ok(json!({"rows": device.len(), "same": same}))
 }
 
 /// Ways of running the model, by name, and how to switch to one.
@@ -598,7 +690,7 @@ type Ways<'a, V> = (&'a [(&'a str, V)], &'a dyn Fn(V));
 /// Each way's teacher-forced logprobs of a ragged batch (four sequences of about `n` tokens,
 /// their last few decoded), then its prefill and decode speed.
 fn compare<V: Copy>(net: &Net, (ways, set): Ways<'_, V>, a: &CompareArgs) -> Result<Compared> {
-    let (n, batches, ctx, steps) = (a.tokens, &a.speed.batches[..], a.speed.ctx, a.speed.steps);
+    let n = a.tokens;
     let vocab = net.config().vocab_size;
     let seqs: Vec<Vec<u32>> = (0..4)
         .map(|s| tokens(s + 20, n.saturating_sub(7 * s).max(2), vocab))
@@ -609,27 +701,17 @@ fn compare<V: Copy>(net: &Net, (ways, set): Ways<'_, V>, a: &CompareArgs) -> Res
         set(way);
         rows.push(forced_steps(net, &seqs, decodes)?);
     }
-    let most = batches.iter().copied().max().unwrap_or(1);
-    let per_seq = ctx + steps + 1;
-    let mut kv = net.new_kv(per_seq, most)?;
-    let mut speed = serde_json::Map::new();
+    let most = a.speed.batches.iter().copied().max().unwrap_or(1);
+    let mut kv = net.new_kv(a.speed.ctx + a.speed.steps + 1, most)?;
+    let mut speeds = serde_json::Map::new();
     for &(name, way) in ways {
         set(way);
-        let (last, prefill_s) = prefill(net, &mut kv, most, ctx, per_seq)?;
-        let mut decode = Vec::new();
-        for &b in batches {
-            decode.push(decode_steps(net, &mut kv, &last[..b], ctx, per_seq, steps)?);
-        }
-        let prefill_tok_s = (most * ctx) as f64 / prefill_s;
-        speed.insert(
-            name.into(),
-            json!({"prefill_tok_s": prefill_tok_s, "decode": decode}),
-        );
+        speeds.insert(name.into(), speed(net, &mut kv, &a.speed)?);
     }
     Ok(Compared {
         decodes,
         rows,
-        speed,
+        speed: speeds,
     })
 }
 

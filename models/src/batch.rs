@@ -1,8 +1,10 @@
 //! The ragged batch one forward call runs: any mix of prefill chunks and decode tokens from
 //! different sequences, flattened into one token list.
 
+use crate::logits;
+
 /// Which of a sequence's rows the caller wants logits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Logits {
     /// None: a prefill chunk that is not the end of its prompt.
     None,
@@ -10,16 +12,68 @@ pub enum Logits {
     Last,
     /// Every token's row: prompt log-probabilities, or scoring forced continuations.
     All,
-    /// The last token's row, of which the caller reads only the most likely id below `below`
-    /// (greedy sampling with nothing else to read in the row: no log-probabilities, bias,
-    /// penalties or grammar). A backend may answer with that id alone (the candle backend
-    /// does, so a GPU copies 4 bytes instead of the row; see [`crate::HostLogits::get`]) or
-    /// with the whole row, as for [`Logits::Last`] (the CPU kernels do).
-    Greedy { below: u32 },
+    /// The last token's row, of which the caller needs only the token [`Pick`] chooses from
+    /// it (a sequence that reads nothing else in the row: no log-probabilities, bias,
+    /// penalties or grammar). A backend may answer with that token alone (the candle backend
+    /// does, so a GPU copies a few kilobytes instead of the row; see
+    /// [`crate::HostLogits::get`]) or with the whole row, as for [`Logits::Last`] (the CPU
+    /// kernels do).
+    Pick(Pick),
+}
+
+/// The token a row's sequence takes from it, for a model that chooses it on its device
+/// ([`Logits::Pick`]): what the engine's sampler would choose from the whole row, the same
+/// token up to exact ties and rounding at a boundary between two tokens' shares.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pick {
+    /// The most likely id below `below` (greedy).
+    Argmax { below: u32 },
+    /// A draw over the ids below `below` from the softmax at `temperature` (> 0), ids whose
+    /// weight relative to the most likely one's is below `min_p` (0: none) left out: the
+    /// id whose share of the cumulative weights in id order holds `uniform` (in [0, 1)) of
+    /// the total, found block by block ([`crate::logits::pick_in_row`]).
+    Draw {
+        below: u32,
+        temperature: f32,
+        min_p: f32,
+        uniform: f64,
+    },
+}
+
+impl Pick {
+    /// The ids the pick chooses among are those below this.
+    pub fn below(&self) -> u32 {
+        match *self {
+            Pick::Argmax { below } | Pick::Draw { below, .. } => below,
+        }
+    }
+
+    /// The token this pick chooses from a whole row of logits, made on the host: what a
+    /// model that picks on its device answers (up to exact ties and rounding), and what a
+    /// caller that got the row whole makes of it.
+    pub fn on_host(&self, row: &[f32]) -> u32 {
+        let l = &row[..(self.below() as usize).min(row.len())];
+        let max = logits::max(l);
+        match *self {
+            Pick::Draw {
+                temperature,
+                min_p,
+                uniform,
+                ..
+            } if max.is_finite() => {
+                let mut w = Vec::new();
+                logits::softmax_weights(l, max, 1.0 / temperature, &mut w);
+                w.iter_mut().filter(|x| **x < min_p).for_each(|x| *x = 0.0);
+                logits::pick_in_row(&w, uniform).unwrap_or_else(|| logits::argmax(l))
+            }
+            // Greedy, or a row with no weights to draw by (a logit of +∞, or every one −∞).
+            _ => logits::argmax(l),
+        }
+    }
 }
 
 /// One sequence's part of a batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SeqChunk {
     /// The tokens this step feeds for the sequence (a prefill chunk, or one decode token).
     pub tokens: Vec<u32>,
@@ -31,7 +85,7 @@ pub struct SeqChunk {
 }
 
 /// A whole step: sequences in the order their logits come back.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepBatch {
     pub seqs: Vec<SeqChunk>,
 }
@@ -56,21 +110,21 @@ impl StepBatch {
             .iter()
             .map(|s| match s.logits {
                 Logits::None => 0,
-                Logits::Last | Logits::Greedy { .. } => usize::from(!s.tokens.is_empty()),
+                Logits::Last | Logits::Pick(_) => usize::from(!s.tokens.is_empty()),
                 Logits::All => s.tokens.len(),
             })
             .sum()
     }
 
-    /// For each row the step returns, in order, the bound of the greedy id its sequence asks
-    /// for alone ([`Logits::Greedy`]), or `None` where it wants the whole row.
-    pub fn greedy_rows(&self) -> Vec<Option<u32>> {
+    /// For each row the step returns, in order, the token its sequence asks for alone
+    /// ([`Logits::Pick`]), or `None` where it wants the whole row.
+    pub fn picks(&self) -> Vec<Option<Pick>> {
         let mut out = Vec::with_capacity(self.num_logit_rows());
         for s in self.seqs.iter().filter(|s| !s.tokens.is_empty()) {
             match s.logits {
                 Logits::None => {}
                 Logits::Last => out.push(None),
-                Logits::Greedy { below } => out.push(Some(below)),
+                Logits::Pick(pick) => out.push(Some(pick)),
                 Logits::All => out.extend(std::iter::repeat_n(None, s.tokens.len())),
             }
         }
@@ -85,7 +139,7 @@ impl StepBatch {
             let len = s.tokens.len();
             match s.logits {
                 Logits::None => {}
-                Logits::Last | Logits::Greedy { .. } => {
+                Logits::Last | Logits::Pick(_) => {
                     rows.extend(offset + len.saturating_sub(1)..offset + len)
                 }
                 Logits::All => rows.extend(offset..offset + len),
@@ -110,22 +164,36 @@ mod tests {
     }
 
     #[test]
-    fn greedy_rows_follow_the_returned_rows() {
+    fn picks_follow_the_returned_rows() {
+        let argmax = |below| Logits::Pick(Pick::Argmax { below });
+        let draw = Pick::Draw {
+            below: 9,
+            temperature: 0.7,
+            min_p: 0.0,
+            uniform: 0.25,
+        };
         let batch = StepBatch {
             seqs: vec![
-                seq(3, Logits::Greedy { below: 7 }),
+                seq(3, argmax(7)),
                 seq(2, Logits::All),
                 seq(4, Logits::None),
                 seq(1, Logits::Last),
-                seq(0, Logits::Greedy { below: 7 }),
-                seq(5, Logits::Greedy { below: 9 }),
+                seq(0, argmax(7)),
+                seq(5, Logits::Pick(draw)),
             ],
         };
         assert_eq!(batch.logit_rows(), vec![2, 3, 4, 9, 14]);
         assert_eq!(
-            batch.greedy_rows(),
-            vec![Some(7), None, None, None, Some(9)]
+            batch.picks(),
+            vec![
+                Some(Pick::Argmax { below: 7 }),
+                None,
+                None,
+                None,
+                Some(draw)
+            ]
         );
+        assert_eq!(draw.below(), 9);
         assert_eq!(batch.num_logit_rows(), 5);
     }
 }

@@ -8,14 +8,15 @@
 //! 6.4 ms. Here a step's rows land once: on the CPU backends in the `Vec` the forward pass
 //! filled, on a GPU in a reused page-locked buffer the device copies into directly
 //! ([`crate::candle::pinned`]), and are read in place. A row whose sequence asked only for
-//! its greedy id ([`crate::Logits::Greedy`]) may come back as that id alone.
+//! the token a [`crate::Pick`] chooses ([`crate::Logits::Pick`]) may come back as that token
+//! alone.
 
 use candle_core::{Device, Tensor};
 
 use crate::error::{ModelError, Result};
 
 /// Logits rows `[rows, vocab]`, f32, row-major, on the host; some rows possibly reduced to
-/// their greedy id.
+/// the token picked from them.
 pub struct HostLogits {
     /// The whole rows, one after another.
     buf: Buf,
@@ -32,20 +33,21 @@ enum Buf {
     Pinned(crate::candle::pinned::Lease),
 }
 
-/// One row of a step with greedy ids in it.
+/// One row of a step with picked tokens in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
     /// The `i`th whole row of the buffer.
     Whole(usize),
-    Greedy(u32),
+    Picked(u32),
 }
 
 /// A row as the step returned it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Row<'a> {
     Logits(&'a [f32]),
-    /// The most likely id, for a sequence that asked for nothing else.
-    Greedy(u32),
+    /// The token picked from the row on the model's device ([`crate::Pick`]), for a sequence
+    /// that asked for nothing else.
+    Picked(u32),
 }
 
 impl HostLogits {
@@ -79,19 +81,20 @@ impl HostLogits {
         Ok(Self::new(t.flatten_all()?.to_vec1::<f32>()?, vocab))
     }
 
-    /// A step's rows from `self`'s whole rows and the greedy ids computed apart: `greedy` has
-    /// an entry per row of the step, `Some` for the rows `ids` answer (in order), `None` for
+    /// A step's rows from `self`'s whole rows and the tokens picked apart: `picked` has an
+    /// entry per row of the step, `true` for the rows `ids` answer (in order), `false` for
     /// those `self` holds (in order).
     ///
     /// # Panics
     /// If the counts do not match (a bug in the backend).
-    pub(crate) fn with_greedy(self, greedy: &[Option<u32>], ids: &[u32]) -> Self {
+    pub(crate) fn with_picked(self, picked: &[bool], ids: &[u32]) -> Self {
         let (mut whole, mut next_id) = (0, ids.iter());
-        let slots: Vec<Slot> = greedy
+        let slots: Vec<Slot> = picked
             .iter()
-            .map(|g| match g {
-                Some(_) => Slot::Greedy(*next_id.next().expect("an id per greedy row")),
-                None => {
+            .map(|&p| {
+                if p {
+                    Slot::Picked(*next_id.next().expect("an id per picked row"))
+                } else {
                     whole += 1;
                     Slot::Whole(whole - 1)
                 }
@@ -99,7 +102,7 @@ impl HostLogits {
             .collect();
         assert!(
             next_id.next().is_none() && whole == self.whole_rows(),
-            "greedy ids and whole rows do not make up the step"
+            "picked ids and whole rows do not make up the step"
         );
         Self {
             slots: Some(slots),
@@ -107,7 +110,7 @@ impl HostLogits {
         }
     }
 
-    /// Rows the step returned (whole or greedy).
+    /// Rows the step returned (whole or picked).
     pub fn rows(&self) -> usize {
         self.slots.as_ref().map_or(self.whole_rows(), Vec::len)
     }
@@ -142,28 +145,28 @@ impl HostLogits {
         match self.slots.as_ref().map(|s| s[i]) {
             None => Row::Logits(self.whole_row(i)),
             Some(Slot::Whole(w)) => Row::Logits(self.whole_row(w)),
-            Some(Slot::Greedy(id)) => Row::Greedy(id),
+            Some(Slot::Picked(id)) => Row::Picked(id),
         }
     }
 
     /// Row `i`'s logits.
     ///
     /// # Panics
-    /// If `i` is not below [`HostLogits::rows`], or row `i` came back as its greedy id.
+    /// If `i` is not below [`HostLogits::rows`], or row `i` came back as its picked token.
     pub fn row(&self, i: usize) -> &[f32] {
         match self.get(i) {
             Row::Logits(r) => r,
-            Row::Greedy(_) => panic!("row {i} came back as its greedy id, not its logits"),
+            Row::Picked(_) => panic!("row {i} came back as its picked token, not its logits"),
         }
     }
 
     /// The rows as a CPU tensor, for callers that compute on them with candle (owned rows
     /// move into it; a page-locked buffer's are copied and the buffer goes back). An error if
-    /// some rows came back as greedy ids.
+    /// some rows came back as picked tokens.
     pub fn into_tensor(self) -> Result<Tensor> {
         if self.slots.is_some() {
             return Err(ModelError::Unsupported(
-                "logits with greedy ids in them are not a tensor".into(),
+                "logits with picked tokens in them are not a tensor".into(),
             ));
         }
         let shape = (self.whole_rows(), self.vocab);
@@ -226,29 +229,29 @@ mod tests {
     }
 
     #[test]
-    fn greedy_ids_take_their_rows_places_in_step_order() {
+    fn picked_tokens_take_their_rows_places_in_step_order() {
         let whole: Vec<f32> = (0..8).map(|i| i as f32).collect();
-        let l = HostLogits::new(whole, 4).with_greedy(&[Some(9), None, Some(4), None], &[7, 1]);
+        let l = HostLogits::new(whole, 4).with_picked(&[true, false, true, false], &[7, 1]);
         assert_eq!(l.rows(), 4);
-        assert_eq!(l.get(0), Row::Greedy(7));
+        assert_eq!(l.get(0), Row::Picked(7));
         assert_eq!(l.row(1), &[0.0, 1.0, 2.0, 3.0]);
-        assert_eq!(l.get(2), Row::Greedy(1));
+        assert_eq!(l.get(2), Row::Picked(1));
         assert_eq!(l.row(3), &[4.0, 5.0, 6.0, 7.0]);
         assert!(l.into_tensor().is_err());
     }
 
     #[test]
-    #[should_panic(expected = "greedy id, not its logits")]
-    fn a_greedy_row_has_no_logits() {
+    #[should_panic(expected = "picked token, not its logits")]
+    fn a_picked_row_has_no_logits() {
         HostLogits::new(Vec::new(), 4)
-            .with_greedy(&[Some(4)], &[2])
+            .with_picked(&[true], &[2])
             .row(0);
     }
 
     #[test]
     #[should_panic(expected = "do not make up the step")]
     fn ids_and_rows_must_make_up_the_step() {
-        HostLogits::new(vec![0.0; 4], 4).with_greedy(&[Some(4)], &[2]);
+        HostLogits::new(vec![0.0; 4], 4).with_picked(&[true], &[2]);
     }
 
     #[test]

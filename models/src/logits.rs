@@ -1,6 +1,6 @@
 //! Small operations on one row of logits that tests, examples and the engine's sampler share:
-//! argmax, the softmax's normaliser and weights, log-softmax and the top-k most likely tokens;
-//! and how far apart two sets of rows are.
+//! argmax, the softmax's normaliser and weights, log-softmax, the top-k most likely tokens and
+//! the walk that turns a uniform number into a token; and how far apart two sets of rows are.
 //!
 //! A row is 49,152 logits for the default model and 128,256 for Llama-3, and a batch-64 step
 //! samples 64 of them, so the exponentials here run vectorised ([`exp_le_zero`]): with the C
@@ -145,6 +145,59 @@ pub fn exp_le_zero(x: f32) -> f32 {
     } else {
         0.0
     }
+}
+
+/// Tokens per block of a row's weights that a draw skips whole by its sum ([`pick_in_row`]);
+/// a model that draws on its device sums the same blocks there.
+pub const DRAW_BLOCK: usize = 256;
+
+/// The token whose share of `total` holds `uniform × total`, walking `weighted` in order;
+/// `None` when rounding leaves the walk short of it.
+pub fn pick(weighted: impl Iterator<Item = (u32, f32)>, total: f64, uniform: f64) -> Option<u32> {
+    let mut r = uniform * total;
+    let mut last = None;
+    for (i, w) in weighted {
+        let w = f64::from(w);
+        if w > 0.0 {
+            if r < w {
+                return Some(i);
+            }
+            last = Some(i);
+        }
+        r -= w;
+    }
+    last
+}
+
+/// The block of [`DRAW_BLOCK`] tokens whose share of the row holds `uniform` of its weight,
+/// given each block's sum, and where in that block the draw falls (a uniform number for
+/// [`pick`] over the block); `None` when no block has weight.
+pub fn block_of(sums: &[f64], uniform: f64) -> Option<(usize, f64)> {
+    let mut r = uniform * sums.iter().sum::<f64>();
+    let mut last = None;
+    for (b, &sum) in sums.iter().enumerate() {
+        if sum <= 0.0 {
+            continue;
+        }
+        if r < sum {
+            // Within the block's own total, so rounding cannot carry the walk past it.
+            return Some((b, r / sum));
+        }
+        r -= sum;
+        last = Some(b);
+    }
+    // Rounding left the draw past the last block: its last token of any weight.
+    last.map(|b| (b, 1.0))
+}
+
+/// [`pick`] over a whole row of weights in token order: it skips whole blocks by their
+/// (vectorised) sums and walks token by token only inside the block that holds the draw.
+pub fn pick_in_row(w: &[f32], uniform: f64) -> Option<u32> {
+    let sums: Vec<f64> = w.chunks(DRAW_BLOCK).map(|b| sum_of(b, |x| x)).collect();
+    let (b, within) = block_of(&sums, uniform)?;
+    let start = b * DRAW_BLOCK;
+    let block = &w[start..(start + DRAW_BLOCK).min(w.len())];
+    pick((start as u32..).zip(block.iter().copied()), sums[b], within)
 }
 
 /// The largest absolute difference between two equally shaped sets of rows (the

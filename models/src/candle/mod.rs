@@ -13,13 +13,13 @@
 
 mod attention;
 mod fused;
-mod greedy;
 mod kv;
 mod linear;
 mod operands;
 mod paged;
 #[cfg(test)]
 mod paged_tests;
+mod picks;
 pub(crate) mod pinned;
 mod profile;
 mod replay;
@@ -36,7 +36,7 @@ pub use kv::DeviceKv;
 use kv::StepRows;
 pub use replay::{from_env as cuda_graphs_from_env, GraphStatus};
 
-use crate::batch::StepBatch;
+use crate::batch::{Pick, StepBatch};
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::host_logits::HostLogits;
@@ -119,8 +119,10 @@ pub struct CandleLlama {
     replay: Mutex<Replay>,
     /// How the logits reach the host ([`pinned`]).
     pinned: PinnedLogits,
-    /// Whether greedy ids are picked on the device ([`greedy`]).
+    /// Whether greedy ids are picked on the device ([`picks`]).
     device_argmax: AtomicBool,
+    /// Whether draws at a temperature are made on the device ([`picks`]).
+    device_draws: AtomicBool,
 }
 
 impl CandleLlama {
@@ -184,7 +186,8 @@ impl CandleLlama {
             attention: AtomicU8::new(attention as u8),
             replay: Mutex::new(Replay::new(replay::from_env())),
             pinned: PinnedLogits::new(pinned::from_env()),
-            device_argmax: AtomicBool::new(greedy::from_env()),
+            device_argmax: AtomicBool::new(picks::argmax_from_env()),
+            device_draws: AtomicBool::new(picks::draws_from_env()),
         })
     }
 
@@ -236,9 +239,23 @@ impl CandleLlama {
     }
 
     /// Turns picking greedy ids on the device on or off (default: `SLUICE_DEVICE_ARGMAX`, see
-    /// [`greedy`]): off, rows that ask for their greedy id alone come back whole.
+    /// [`picks`]): off, rows that ask for their greedy id alone come back whole.
     pub fn set_device_argmax(&self, on: bool) {
         self.device_argmax.store(on, Ordering::Relaxed);
+    }
+
+    /// Turns draws at a temperature on the device on or off (default: `SLUICE_DEVICE_DRAWS`,
+    /// see [`picks`]): off, rows that ask for a draw alone come back whole.
+    pub fn set_device_draws(&self, on: bool) {
+        self.device_draws.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether this model picks `pick`'s token on its device rather than returning the row.
+    fn picks_on_device(&self, pick: &Pick) -> bool {
+        match pick {
+            Pick::Argmax { .. } => self.device_argmax.load(Ordering::Relaxed),
+            Pick::Draw { .. } => self.device_draws.load(Ordering::Relaxed),
+        }
     }
 
     fn replay(&self) -> MutexGuard<'_, Replay> {
@@ -328,16 +345,21 @@ impl CandleLlama {
     }
 
     /// `logits` (the step's rows, on the device) on the host: the rows whose sequence asks
-    /// for its greedy id alone reduced to it on the device ([`greedy`]), the others copied
+    /// for a picked token alone reduced to it on the device ([`picks`]), the others copied
     /// whole ([`pinned`]).
     fn to_host(&self, logits: &Tensor, batch: &StepBatch) -> Result<HostLogits> {
-        let greedy = batch.greedy_rows();
-        if !self.device_argmax.load(Ordering::Relaxed) || greedy.iter().all(Option::is_none) {
+        let picks: Vec<Option<Pick>> = batch
+            .picks()
+            .into_iter()
+            .map(|p| p.filter(|p| self.picks_on_device(p)))
+            .collect();
+        if picks.iter().all(Option::is_none) {
             return self.pinned.to_host(logits);
         }
-        let ids = greedy::ids(logits, &greedy)?;
-        let whole: Vec<u32> = (0..greedy.len() as u32)
-            .filter(|&i| greedy[i as usize].is_none())
+        let ids = picks::ids(logits, &picks)?;
+        let picked: Vec<bool> = picks.iter().map(Option::is_some).collect();
+        let whole: Vec<u32> = (0..picked.len() as u32)
+            .filter(|&i| !picked[i as usize])
             .collect();
         let whole = if whole.is_empty() {
             HostLogits::new(Vec::new(), self.config.vocab_size)
@@ -345,7 +367,7 @@ impl CandleLlama {
             let at = Tensor::new(whole.as_slice(), logits.device())?;
             self.pinned.to_host(&logits.index_select(&at, 0)?)?
         };
-        Ok(whole.with_greedy(&greedy, &ids))
+        Ok(whole.with_picked(&picked, &ids))
     }
 
     /// `batch` as a replayed decode step, when it is one and the path is on (and the step is

@@ -1,14 +1,15 @@
-//! Rows that ask for their greedy id alone ([`Logits::Greedy`]), through the real model: the
-//! candle backend answers them with the id the sampler would pick from the whole row (below
-//! the row's bound), in an ordinary step beside whole rows and in a decode step on the fixed
-//! inputs a GPU replays; with `set_device_argmax(false)` it answers them whole, and the CPU
-//! kernels always do. Whole rows come back as they would without greedy rows beside them.
+//! Rows that ask for a picked token alone ([`Logits::Pick`]: a greedy id, or a draw at a
+//! temperature), through the real model: the candle backend answers them with the token the
+//! pick chooses from the whole row on the host (below the row's bound), in an ordinary step
+//! beside whole rows and in a decode step on the fixed inputs a GPU replays; with
+//! `set_device_argmax(false)` and `set_device_draws(false)` it answers them whole, and the CPU
+//! kernels always do. Whole rows come back as they would without picked rows beside them.
 
 mod common;
 
 use sluice_models::host_logits::Row;
-use sluice_models::logits::{argmax, max_abs_diff};
-use sluice_models::{Backend, HostLogits, Logits, Model, Network, SeqChunk, StepBatch};
+use sluice_models::logits::max_abs_diff;
+use sluice_models::{Backend, HostLogits, Logits, Model, Network, Pick, SeqChunk, StepBatch};
 
 const BLOCK: usize = 16;
 const PER_SEQ: usize = 4;
@@ -59,17 +60,18 @@ fn run(m: &Model, lens: &[usize], ask: &[Logits]) -> Vec<HostLogits> {
 }
 
 /// Checks `got` against whole rows `want` for sequences asking `ask` (every sampled sequence
-/// has a row): greedy rows as `greedy_whole` says (whole, or their id), whole rows equal.
-fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], greedy_whole: bool) {
+/// has a row): picked rows as `picks_whole` says (whole, or their token), whole rows equal.
+fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], picks_whole: bool) {
     let sampled: Vec<&Logits> = ask.iter().filter(|a| **a != Logits::None).collect();
     assert_eq!(got.rows(), sampled.len());
     for (i, a) in sampled.into_iter().enumerate() {
         let whole = want.row(i);
         match (a, got.get(i)) {
-            (Logits::Greedy { below }, Row::Greedy(id)) if !greedy_whole => {
-                assert_eq!(id, argmax(&whole[..*below as usize]), "row {i}");
+            (Logits::Pick(pick), Row::Picked(id)) if !picks_whole => {
+                assert!(id < pick.below(), "row {i}: {id} past {pick:?}");
+                assert_eq!(id, pick.on_host(whole), "row {i}: {pick:?}");
             }
-            (_, Row::Logits(r)) if greedy_whole || *a == Logits::Last => {
+            (_, Row::Logits(r)) if picks_whole || *a == Logits::Last => {
                 let d = max_abs_diff(&[r.to_vec()], &[whole.to_vec()]);
                 assert!(d <= 1e-4, "row {i}: max |Δ logit| {d}");
             }
@@ -79,22 +81,33 @@ fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], greedy_whole: bool
 }
 
 #[test]
-fn greedy_rows_come_back_as_the_sampler_s_greedy_id_or_whole() {
-    let lens = [9, 17, 4, 30, 12];
+fn picked_rows_come_back_as_the_token_picked_on_the_host_or_whole() {
+    let lens = [9, 17, 4, 30, 12, 21, 6];
     let vocab = 49_152;
+    let draw = |below, temperature, min_p, uniform| {
+        Logits::Pick(Pick::Draw {
+            below,
+            temperature,
+            min_p,
+            uniform,
+        })
+    };
     let ask = [
-        Logits::Greedy { below: vocab },
+        Logits::Pick(Pick::Argmax { below: vocab }),
         Logits::Last,
         Logits::None,
         // Below the ids a prompt's argmax lands on: the bound must bite.
-        Logits::Greedy { below: 100 },
-        Logits::Greedy { below: vocab },
+        Logits::Pick(Pick::Argmax { below: 100 }),
+        draw(vocab, 0.8, 0.0, 0.37),
+        // Flattened, floored, and bounded below the likely ids again.
+        draw(vocab, 1.7, 0.02, 0.91),
+        draw(100, 1.0, 0.0, 0.5),
     ];
     // Every sampled row whole: the reference.
     let all_whole: Vec<Logits> = ask
         .iter()
         .map(|a| match a {
-            Logits::Greedy { .. } => Logits::Last,
+            Logits::Pick(_) => Logits::Last,
             other => *other,
         })
         .collect();
@@ -113,8 +126,10 @@ fn greedy_rows_come_back_as_the_sampler_s_greedy_id_or_whole() {
         "the decode step took the fixed inputs"
     );
     net.set_device_argmax(false);
+    net.set_device_draws(false);
     let whole = run(candle, &lens, &ask);
     net.set_device_argmax(true);
+    net.set_device_draws(true);
     net.set_cuda_graphs(false);
     let eager = run(candle, &lens, &ask);
     for (step, ask) in [ask.to_vec(), decode_ask(&ask)].iter().enumerate() {

@@ -1,0 +1,277 @@
+//! Tokens picked on the model's device, for rows whose sequence asked for nothing else
+//! ([`Logits::Pick`](crate::Logits::Pick)): on a GPU a few kilobytes a row cross to the host
+//! instead of the row (196 kB for the default model, 513 kB for Llama-3), and the host neither
+//! scans nor samples it.
+//!
+//! - **Greedy** ([`Pick::Argmax`]): candle's `argmax`. It keeps the first maximum it meets,
+//!   which on a GPU is not always the lowest id among exact ties (threads take strided
+//!   columns); any of them is a greedy choice. The CPU's and the sampler's pick the lowest.
+//! - **A draw** ([`Pick::Draw`]): the weights `e^((logit − max) / T)` (min-p's floor applied)
+//!   are summed per block of [`DRAW_BLOCK`] ids on the device; the sums cross to the host,
+//!   where [`logits::block_of`] finds the block holding the draw; that block's weights cross
+//!   too, and [`logits::pick`] finds the token. That is the engine's sampler's own walk over a
+//!   whole row ([`logits::pick_in_row`]), so a seeded request draws the same tokens either
+//!   way, up to rounding: the device's `exp` and sums differ from the host's in the last bits,
+//!   which moves a draw only when its uniform number falls within ~1e-6 of a boundary
+//!   between two tokens' shares. Two small copies (at batch 64 on the default model 49 kB of
+//!   sums and 65 kB of blocks) take the place of the rows (12.6 MB) and of the host's
+//!   sampling of them (~4.5 ms on one core).
+
+use candle_core::{DType, Device, Tensor, D};
+
+use crate::batch::Pick;
+use crate::error::Result;
+use crate::logits::{self, DRAW_BLOCK};
+
+/// Whether `SLUICE_DEVICE_ARGMAX` leaves greedy ids to the device (anything but `0`, `off` or
+/// `false`; on by default): a switch for every binary, for measuring one way against the
+/// other.
+pub fn argmax_from_env() -> bool {
+    super::env_switch("SLUICE_DEVICE_ARGMAX", true)
+}
+
+/// Whether `SLUICE_DEVICE_DRAWS` leaves draws at a temperature to the device (as
+/// [`argmax_from_env`]; on by default).
+pub fn draws_from_env() -> bool {
+    super::env_switch("SLUICE_DEVICE_DRAWS", true)
+}
+
+/// The token each row of `logits` (`[rows, vocab]`, on the model's device) that `picks`
+/// names (`Some`) asks for, in row order.
+pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<u32>> {
+    let (rows, vocab) = logits.dims2()?;
+    assert_eq!(rows, picks.len(), "a pick or none per row");
+    // One pass per kind of pick and bound: every row of a model has the same bound.
+    let group = |p: &Pick| (matches!(p, Pick::Draw { .. }), p.below());
+    let mut groups: Vec<(bool, u32)> = picks.iter().flatten().map(group).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    let mut ids = vec![0u32; rows];
+    for (draw, below) in groups {
+        let (at, members): (Vec<u32>, Vec<Pick>) = (0..rows as u32)
+            .filter_map(|i| picks[i as usize].map(|p| (i, p)))
+            .filter(|(_, p)| group(p) == (draw, below))
+            .unzip();
+        let width = (below as usize).clamp(1, vocab);
+        let selected = logits
+            .index_select(&Tensor::new(at.as_slice(), logits.device())?, 0)?
+            .narrow(1, 0, width)?;
+        let picked = if draw {
+            let draws: Vec<Draw> = members.iter().filter_map(Draw::of).collect();
+            drawn(&selected, &draws)?
+        } else {
+            argmaxes(&selected)?
+        };
+        for (&i, id) in at.iter().zip(picked) {
+            ids[i as usize] = id;
+        }
+    }
+    Ok(picks
+        .iter()
+        .zip(ids)
+        .filter_map(|(p, id)| p.map(|_| id))
+        .collect())
+}
+
+/// A draw's numbers, as the sampler uses them.
+#[derive(Debug, Clone, Copy)]
+struct Draw {
+    /// The inverse temperature.
+    scale: f32,
+    /// min-p's floor on a weight relative to the most likely id's (0: none).
+    floor: f32,
+    uniform: f64,
+}
+
+impl Draw {
+    fn of(p: &Pick) -> Option<Self> {
+        match *p {
+            Pick::Draw {
+                temperature,
+                min_p,
+                uniform,
+                ..
+            } => Some(Self {
+                scale: 1.0 / temperature,
+                floor: min_p.max(0.0),
+                uniform,
+            }),
+            Pick::Argmax { .. } => None,
+        }
+    }
+}
+
+/// Each row's most likely id.
+fn argmaxes(rows: &Tensor) -> Result<Vec<u32>> {
+    Ok(rows
+        .argmax(D::Minus1)?
+        .to_dtype(DType::U32)?
+        .to_device(&Device::Cpu)?
+        .to_vec1::<u32>()?)
+}
+
+/// Each row's draw (one of `draws` per row): block sums on the device, the
+/// block holding the draw found on the host, then that block's weights walked on the host.
+/// A row with no weight to draw by (a logit of +∞, or not a number) takes its argmax, as the
+/// sampler does.
+fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<u32>> {
+    let (n, width) = rows.dims2()?;
+    let device = rows.device();
+    let per_row = |f: fn(&Draw) -> f32| -> Result<Tensor> {
+        Ok(Tensor::from_vec(
+            draws.iter().map(f).collect(),
+            (n, 1),
+            device,
+        )?)
+    };
+    let max = rows.max_keepdim(D::Minus1)?;
+    let mut w = rows
+        .broadcast_sub(&max)?
+        .broadcast_mul(&per_row(|d| d.scale)?)?
+        .exp()?;
+    if draws.iter().any(|d| d.floor > 0.0) {
+        // As the sampler: a weight below the floor is dropped.
+        let kept = w.broadcast_ge(&per_row(|d| d.floor)?)?;
+        w = kept.to_dtype(DType::F32)?.mul(&w)?;
+    }
+    let blocks = width.div_ceil(DRAW_BLOCK);
+    if blocks * DRAW_BLOCK > width {
+        w = w.pad_with_zeros(D::Minus1, 0, blocks * DRAW_BLOCK - width)?;
+    }
+    let w = w.reshape((n * blocks, DRAW_BLOCK))?;
+    let sums = w.sum(D::Minus1)?.reshape((n, blocks))?.to_vec2::<f32>()?;
+    let found: Vec<Option<(usize, f64)>> = sums
+        .iter()
+        .zip(draws)
+        .map(|(s, d)| {
+            let s: Vec<f64> = s.iter().map(|&x| f64::from(x)).collect();
+            logits::block_of(&s, d.uniform)
+        })
+        .collect();
+    let held: Vec<u32> = (0..n)
+        .map(|r| (r * blocks + found[r].map_or(0, |(b, _)| b)) as u32)
+        .collect();
+    let held = w
+        .index_select(&Tensor::new(held.as_slice(), device)?, 0)?
+        .to_vec2::<f32>()?;
+    let picked: Vec<Option<u32>> = (0..n)
+        .map(|r| {
+            let (b, within) = found[r]?;
+            let first = (b * DRAW_BLOCK) as u32;
+            let weighted = (first..).zip(held[r].iter().copied());
+            logits::pick(weighted, f64::from(sums[r][b]), within)
+        })
+        .collect();
+    let unweighted: Vec<u32> = (0..n as u32)
+        .filter(|&r| picked[r as usize].is_none())
+        .collect();
+    let mut fallback = if unweighted.is_empty() {
+        Vec::new()
+    } else {
+        argmaxes(&rows.index_select(&Tensor::new(unweighted.as_slice(), device)?, 0)?)?
+    }
+    .into_iter();
+    Ok(picked
+        .into_iter()
+        .map(|p| p.unwrap_or_else(|| fallback.next().expect("an argmax per unweighted row")))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows of `vocab` logits with a peaked head, each its own.
+    fn rows(n: usize, vocab: usize) -> Vec<Vec<f32>> {
+        (0..n)
+            .map(|r| {
+                (0..vocab)
+                    .map(|i| ((i * 7919 + r * 104_729) % 997) as f32 * 0.01 - (r as f32))
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn tensor(rows: &[Vec<f32>]) -> Tensor {
+        Tensor::new(rows.concat(), &Device::Cpu)
+            .unwrap()
+            .reshape((rows.len(), rows[0].len()))
+            .unwrap()
+    }
+
+    /// The picked rows' tokens, as the host makes them from whole rows.
+    fn on_host(rows: &[Vec<f32>], picks: &[Option<Pick>]) -> Vec<u32> {
+        picks
+            .iter()
+            .zip(rows)
+            .filter_map(|(p, r)| p.map(|p| p.on_host(r)))
+            .collect()
+    }
+
+    #[test]
+    fn each_bounded_row_gets_the_sampler_s_greedy_id_below_its_bound() {
+        let rows = rows(6, 1000);
+        let argmax = |below| Some(Pick::Argmax { below });
+        let picks = [
+            argmax(1000),
+            None,
+            argmax(300),
+            argmax(1000),
+            None,
+            argmax(5000),
+        ];
+        let got = ids(&tensor(&rows), &picks).unwrap();
+        assert_eq!(got, on_host(&rows, &picks));
+        assert_eq!(got.len(), 4);
+    }
+
+    /// Draws at several temperatures, floors, bounds (a width that is not whole blocks among
+    /// them) and uniform numbers from 0 to just below 1, beside greedy rows and whole ones:
+    /// the host's tokens from whole rows.
+    #[test]
+    fn draws_are_the_host_s_draws_from_whole_rows() {
+        let vocab = 1000;
+        let rows = rows(40, vocab);
+        let picks: Vec<Option<Pick>> = (0..rows.len())
+            .map(|r| match r % 5 {
+                0 => None,
+                1 => Some(Pick::Argmax { below: 700 }),
+                k => Some(Pick::Draw {
+                    below: [1000, 700, 1000][k - 2],
+                    temperature: [0.3, 1.0, 2.5][k - 2],
+                    min_p: [0.0, 0.0, 0.05][k - 2],
+                    uniform: (r as f64 * 0.618_034).fract().min(0.999_999),
+                }),
+            })
+            .collect();
+        let got = ids(&tensor(&rows), &picks).unwrap();
+        assert_eq!(got, on_host(&rows, &picks));
+        let drawn: std::collections::HashSet<u32> = got.iter().copied().collect();
+        assert!(
+            drawn.len() > 10,
+            "the draws spread over the rows: {drawn:?}"
+        );
+    }
+
+    /// A row with a logit of +∞ has no weights to draw by: its argmax, as the sampler. A row
+    /// with one finite logit draws it whatever the uniform number.
+    #[test]
+    fn rows_without_weights_to_draw_by_take_their_argmax() {
+        let mut rows = rows(3, 600);
+        rows[0][321] = f32::INFINITY;
+        rows[1].iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+        rows[1][512] = 0.5;
+        let draw = |uniform| {
+            Some(Pick::Draw {
+                below: 600,
+                temperature: 1.0,
+                min_p: 0.0,
+                uniform,
+            })
+        };
+        let picks = [draw(0.5), draw(0.999), draw(0.0)];
+        let got = ids(&tensor(&rows), &picks).unwrap();
+        assert_eq!(&got[..2], &[321, 512]);
+        assert_eq!(got, on_host(&rows, &picks));
+    }
+}
