@@ -53,9 +53,13 @@ pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<u32>> {
             .filter(|(_, p)| group(p) == (draw, below))
             .unzip();
         let width = (below as usize).clamp(1, vocab);
-        let selected = logits
-            .index_select(&Tensor::new(at.as_slice(), logits.device())?, 0)?
-            .narrow(1, 0, width)?;
+        // Every row alike (the common step) needs no gathered copy of them.
+        let selected = if at.len() == rows {
+            logits.clone()
+        } else {
+            logits.index_select(&Tensor::new(at.as_slice(), logits.device())?, 0)?
+        }
+        .narrow(1, 0, width)?;
         let picked = if draw {
             let draws: Vec<Draw> = members.iter().filter_map(Draw::of).collect();
             drawn(&selected, &draws)?
