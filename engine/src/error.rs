@@ -9,15 +9,17 @@ use crate::request::Invalid;
 /// so a refused request costs the engine nothing.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum SubmitError {
-    /// Prompt plus `max_tokens` does not fit the model's context.
+    /// Prompt plus `max_tokens` does not fit the model's context (`max_tokens` `None`: the
+    /// request set none, and the prompt leaves no room for even one completion token).
     #[error(
         "this model's maximum context length is {max_model_len} tokens; the request asks for \
-         {prompt_tokens} prompt tokens plus {max_tokens} completion tokens"
+         {}",
+        asked(*prompt_tokens, *max_tokens)
     )]
     ContextLength {
         max_model_len: usize,
         prompt_tokens: usize,
-        max_tokens: usize,
+        max_tokens: Option<usize>,
     },
     /// The waiting queue already holds `max_waiting` requests.
     #[error("the engine's queue is full ({max_waiting} requests waiting); retry later")]
@@ -28,6 +30,14 @@ pub enum SubmitError {
     /// A field is out of range or inconsistent; the error names it.
     #[error("{0}")]
     InvalidRequest(Invalid),
+}
+
+/// What a request that overflows the context asked for, in words.
+fn asked(prompt_tokens: usize, max_tokens: Option<usize>) -> String {
+    match max_tokens {
+        Some(m) => format!("{prompt_tokens} prompt tokens plus {m} completion tokens"),
+        None => format!("{prompt_tokens} prompt tokens, which leave no room for a completion"),
+    }
 }
 
 impl SubmitError {

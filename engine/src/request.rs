@@ -350,10 +350,10 @@ impl SamplingParams {
             max_tokens,
         };
         if prompt_tokens >= max_model_len {
-            return Err(overflow(self.max_tokens.unwrap_or(1)));
+            return Err(overflow(self.max_tokens));
         }
         match self.max_tokens {
-            Some(m) if prompt_tokens + m > max_model_len => Err(overflow(m)),
+            Some(m) if prompt_tokens + m > max_model_len => Err(overflow(Some(m))),
             Some(m) => Ok(m),
             None => Ok(max_model_len - prompt_tokens),
         }
@@ -460,9 +460,12 @@ mod tests {
             SubmitError::ContextLength {
                 max_model_len: 50,
                 prompt_tokens: 10,
-                max_tokens: 41
+                max_tokens: Some(41)
             }
         );
+        assert!(e
+            .to_string()
+            .ends_with("10 prompt tokens plus 41 completion tokens"));
         assert!(matches!(
             req(50, SamplingParams::default()).validate(&LIMITS),
             Err(SubmitError::ContextLength { .. })
@@ -571,12 +574,24 @@ mod tests {
         assert_eq!(SamplingParams::greedy(40).budget(10, 50), Ok(40));
         assert!(matches!(
             SamplingParams::greedy(41).budget(10, 50),
-            Err(SubmitError::ContextLength { max_tokens: 41, .. })
+            Err(SubmitError::ContextLength {
+                max_tokens: Some(41),
+                ..
+            })
         ));
+        let full = p.budget(50, 50).unwrap_err();
         assert!(matches!(
-            p.budget(50, 50),
-            Err(SubmitError::ContextLength { max_tokens: 1, .. })
+            full,
+            SubmitError::ContextLength {
+                max_tokens: None,
+                ..
+            }
         ));
+        assert!(
+            full.to_string()
+                .ends_with("50 prompt tokens, which leave no room for a completion"),
+            "{full}"
+        );
     }
 
     #[test]
