@@ -59,7 +59,10 @@ pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<u32>> {
         } else {
             logits.index_select(&Tensor::new(at.as_slice(), logits.device())?, 0)?
         }
-        .narrow(1, 0, width)?;
+        .narrow(1, 0, width)?
+        // A bound below the vocabulary (a padded one) leaves a strided view: the reductions
+        // get rows laid out as they expect.
+        .contiguous()?;
         let picked = if draw {
             let draws: Vec<Draw> = members.iter().filter_map(Draw::of).collect();
             drawn(&selected, &draws)?
