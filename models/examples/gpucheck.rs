@@ -343,26 +343,21 @@ fn profile(net: &Net, batches: &[usize], ctx: usize, steps: usize) -> Result<ser
     let (last, _) = prefill(net, &mut kv, most, ctx, per_seq)?;
     let mut out = Vec::new();
     for &b in batches {
-        let plain = decode_steps(
-            net,
-            &mut kv,
-            &last[..b],
-            ctx,
-            per_seq,
-            steps,
-            Decode::Greedy,
-        )?;
+        let mut timed = || {
+            decode_steps(
+                net,
+                &mut kv,
+                &last[..b],
+                ctx,
+                per_seq,
+                steps,
+                Decode::Greedy,
+            )
+        };
+        let plain = timed()?;
         candle.set_profiling(true);
         // `decode_steps` runs one unmeasured warm-up step more than it times.
-        let profiled = decode_steps(
-            net,
-            &mut kv,
-            &last[..b],
-            ctx,
-            per_seq,
-            steps,
-            Decode::Greedy,
-        )?;
+        let profiled = timed()?;
         let phases = candle.take_profile();
         candle.set_profiling(false);
         let per_step = |s: f64| s * 1e3 / (steps + 1) as f64;
