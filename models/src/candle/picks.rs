@@ -117,10 +117,9 @@ fn argmaxes(rows: &Tensor) -> Result<Vec<u32>> {
         .to_vec1::<u32>()?)
 }
 
-/// Each row's draw (one of `draws` per row): block sums on the device, the
-/// block holding the draw found on the host, then that block's weights walked on the host.
-/// A row with no weight to draw by (a logit of +∞, or not a number) takes its argmax, as the
-/// sampler does.
+/// Each row's draw (one of `draws` per row): block sums on the device, the block holding the
+/// draw found on the host, then that block's weights walked on the host. A row with no weight
+/// to draw by (a logit of +∞, or not a number) takes its argmax, as the sampler does.
 fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<u32>> {
     let (n, width) = rows.dims2()?;
     let device = rows.device();
