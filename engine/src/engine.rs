@@ -700,8 +700,8 @@ impl Core {
         let mut picked: Vec<(usize, Result<Sampled, String>)> = Vec::new();
         for (i, row) in self.advance(scheduled, plan) {
             let s = &mut self.sched.running[i];
-            if let Row::Picked(id) = logits.get(row) {
-                picked.push((i, Ok(made(&mut s.sampler, id))));
+            if let Row::Picked(token) = logits.get(row) {
+                picked.push((i, Ok(made(&mut s.sampler, &s.req.params, token))));
                 continue;
             }
             let mask = masks.remove(&i);

@@ -14,6 +14,7 @@ use std::collections::{HashMap, HashSet};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
+use sluice_models::host_logits::Picked;
 use sluice_models::logits::{self, argmax, log_normaliser, pick, pick_in_row};
 use sluice_models::Pick;
 
@@ -166,12 +167,13 @@ pub fn sample(
 
 /// The token the model may choose on its device for a draw under `p` at `state`'s position,
 /// given no grammar mask and nothing suppressed, over the ids below `below`; `None` when the
-/// draw reads more of its row than that token (log-probabilities, bias, penalties, top-k or
-/// top-p). Greedy draws are the most likely id ([`Pick::Argmax`]); draws at a temperature
-/// (min-p allowed) are [`sample`]'s whole-row draw, with the uniform number of this position
-/// ([`Pick::Draw`]). [`made`] takes the token the model answers with.
+/// draw reads more of its row than that token and its log-probability (alternatives' log-
+/// probabilities, bias, penalties, top-k or top-p). Greedy draws are the most likely id
+/// ([`Pick::Argmax`]); draws at a temperature (min-p allowed) are [`sample`]'s whole-row draw,
+/// with the uniform number of this position ([`Pick::Draw`]). [`made`] takes the token the
+/// model answers with.
 pub fn device_pick(p: &SamplingParams, state: &SamplerState, below: u32) -> Option<Pick> {
-    if p.logprobs.is_some() || !untouched(p) {
+    if p.logprobs.is_some_and(|k| k > 0) || !untouched(p) {
         return None;
     }
     if p.is_greedy() {
@@ -185,14 +187,19 @@ pub fn device_pick(p: &SamplingParams, state: &SamplerState, below: u32) -> Opti
     })
 }
 
-/// The draw the model made on its device for [`device_pick`]'s pick: the token [`sample`]
-/// would choose from the whole row (up to exact ties and rounding at a boundary between two
-/// tokens' shares), its position passed.
-pub fn made(state: &mut SamplerState, token: u32) -> Sampled {
+/// The draw the model made on its device for [`device_pick`]'s pick under `p`: the token
+/// [`sample`] would choose from the whole row (up to exact ties and rounding at a boundary
+/// between two tokens' shares) and, when `p` asks for it, its log-probability; its position
+/// passed.
+pub fn made(state: &mut SamplerState, p: &SamplingParams, picked: Picked) -> Sampled {
     state.skip();
     Sampled {
-        token,
-        logprob: None,
+        token: picked.id,
+        logprob: p.logprobs.map(|_| TokenLogprob {
+            token: picked.id,
+            logprob: picked.logprob,
+            top: Vec::new(),
+        }),
     }
 }
 
@@ -454,9 +461,10 @@ mod tests {
                 uniform: state.uniform(),
             })
         );
+        assert!(pick(|p| p.logprobs = Some(0)).is_some());
         for temperature in [0.0, 1.0] {
             let spoilt: [fn(&mut SamplingParams); 7] = [
-                |p| p.logprobs = Some(0),
+                |p| p.logprobs = Some(1),
                 |p| {
                     p.logit_bias.insert(5, 1.0);
                 },
@@ -480,11 +488,13 @@ mod tests {
     }
 
     /// The token [`device_pick`]'s pick chooses from a whole row is the one `sample` draws,
-    /// and `made` moves the state as far, at every position.
+    /// with its log-probability where asked, and `made` moves the state as far, at every
+    /// position.
     #[test]
     fn a_token_the_model_picked_is_the_sampled_one() {
         let r = row(3, 5_000);
-        let cases: [fn(&mut SamplingParams); 4] = [
+        let log_softmax = logits::log_softmax(&r);
+        let cases: [fn(&mut SamplingParams); 5] = [
             |p| p.temperature = 0.0,
             |_| {},
             |p| p.temperature = 0.6,
@@ -492,6 +502,7 @@ mod tests {
                 p.temperature = 1.4;
                 p.min_p = 0.02;
             },
+            |p| p.logprobs = Some(0),
         ];
         for f in cases {
             let p = params(f);
@@ -501,12 +512,10 @@ mod tests {
             );
             for _ in 0..50 {
                 let a = sample(&r, &p, &mut drawn, &[], None);
-                let token = device_pick(&p, &made_here, 5_000).unwrap().on_host(&r);
-                let b = made(&mut made_here, token);
-                assert_eq!(
-                    (a.token, a.logprob.is_none()),
-                    (b.token, b.logprob.is_none())
-                );
+                let id = device_pick(&p, &made_here, 5_000).unwrap().on_host(&r);
+                let logprob = log_softmax[id as usize];
+                let b = made(&mut made_here, &p, Picked { id, logprob });
+                assert_eq!((a.token, a.logprob), (b.token, b.logprob));
                 assert_eq!(drawn.position, made_here.position);
             }
         }

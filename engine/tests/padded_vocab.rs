@@ -105,8 +105,9 @@ fn ids_past_the_tokenizer_are_never_sampled_or_biased() {
 }
 
 /// Greedy and seeded sampled choices on the candle backend, whose device picks the token from
-/// the row alone (`Logits::Pick`, bounded by the tokenizer's ids): the same tokens as the host
-/// sampler picks from whole rows, none past the tokenizer. This random model's greedy path
+/// the row alone (`Logits::Pick`, bounded by the tokenizer's ids): the same tokens (and, where
+/// asked, log-probabilities) as the host sampler picks from whole rows, none past the
+/// tokenizer. This random model's greedy path
 /// repeats a few ids below the bound (`models/tests/picked_rows.rs` checks a bound that
 /// bites); its draws, over a near-uniform row, would land past it a quarter of the time.
 #[test]
@@ -134,6 +135,15 @@ fn tokens_picked_by_the_model_stay_below_the_tokenizer() {
             min_p: 0.2,
             ..plain.clone()
         },
+        SamplingParams {
+            temperature: 0.0,
+            logprobs: Some(0),
+            ..plain.clone()
+        },
+        SamplingParams {
+            logprobs: Some(0),
+            ..plain.clone()
+        },
     ];
     for params in cases {
         let mut runs = Vec::new();
@@ -154,12 +164,23 @@ fn tokens_picked_by_the_model_stay_below_the_tokenizer() {
                 "picked an id past the tokenizer's {text_vocab}: {:?}",
                 c.token_ids
             );
-            runs.push(c.token_ids);
+            assert_eq!(
+                c.logprobs.len(),
+                if params.logprobs.is_some() { 32 } else { 0 }
+            );
+            runs.push((c.token_ids, c.logprobs));
         }
+        let [(device, device_lp), (host, host_lp)] = &runs[..] else {
+            unreachable!("two runs")
+        };
         assert_eq!(
-            runs[0], runs[1],
+            device, host,
             "picked on the device and sampled on the host, at T {}",
             params.temperature
         );
+        for (d, h) in device_lp.iter().zip(host_lp) {
+            assert!(d.top.is_empty() && h.top.is_empty());
+            assert!((d.logprob - h.logprob).abs() <= 1e-4, "{d:?} against {h:?}");
+        }
     }
 }

@@ -451,7 +451,7 @@ fn picked(logits: &HostLogits, picks: &[Pick]) -> Vec<u32> {
     (0..logits.rows())
         .into_par_iter()
         .map(|i| match logits.get(i) {
-            Row::Picked(id) => id,
+            Row::Picked(p) => p.id,
             Row::Logits(r) => picks[i].on_host(r),
         })
         .collect()

@@ -13,11 +13,11 @@ pub enum Logits {
     /// Every token's row: prompt log-probabilities, or scoring forced continuations.
     All,
     /// The last token's row, of which the caller needs only the token [`Pick`] chooses from
-    /// it (a sequence that reads nothing else in the row: no log-probabilities, bias,
-    /// penalties or grammar). A backend may answer with that token alone (the candle backend
-    /// does, so a GPU copies a few kilobytes instead of the row; see
-    /// [`crate::HostLogits::get`]) or with the whole row, as for [`Logits::Last`] (the CPU
-    /// kernels do).
+    /// it and that token's log-probability (a sequence that reads nothing else in the row: no
+    /// alternatives' log-probabilities, bias, penalties or grammar). A backend may answer with
+    /// that token alone ([`crate::host_logits::Picked`]: the candle backend does, so a GPU
+    /// copies a few kilobytes instead of the row; see [`crate::HostLogits::get`]) or with the
+    /// whole row, as for [`Logits::Last`] (the CPU kernels do).
     Pick(Pick),
 }
 

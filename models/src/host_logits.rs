@@ -34,11 +34,20 @@ enum Buf {
 }
 
 /// One row of a step with picked tokens in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Slot {
     /// The `i`th whole row of the buffer.
     Whole(usize),
-    Picked(u32),
+    Picked(Picked),
+}
+
+/// A token picked from its row on the model's device ([`crate::Pick`]), with its
+/// log-probability under the softmax of the row's raw logits over the pick's ids (what a
+/// request's `logprobs` report, whatever its temperature).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Picked {
+    pub id: u32,
+    pub logprob: f32,
 }
 
 /// A row as the step returned it.
@@ -47,7 +56,7 @@ pub enum Row<'a> {
     Logits(&'a [f32]),
     /// The token picked from the row on the model's device ([`crate::Pick`]), for a sequence
     /// that asked for nothing else.
-    Picked(u32),
+    Picked(Picked),
 }
 
 impl HostLogits {
@@ -87,7 +96,7 @@ impl HostLogits {
     ///
     /// # Panics
     /// If the counts do not match (a bug in the backend).
-    pub(crate) fn with_picked(self, picked: &[bool], ids: &[u32]) -> Self {
+    pub(crate) fn with_picked(self, picked: &[bool], ids: &[Picked]) -> Self {
         let (mut whole, mut next_id) = (0, ids.iter());
         let slots: Vec<Slot> = picked
             .iter()
@@ -214,6 +223,13 @@ fn whole_rows(len: usize, vocab: usize) {
 mod tests {
     use super::*;
 
+    fn picked(id: u32) -> Picked {
+        Picked {
+            id,
+            logprob: -(id as f32),
+        }
+    }
+
     #[test]
     fn rows_are_read_in_place_and_copied_out_whole() {
         let data: Vec<f32> = (0..12).map(|i| i as f32).collect();
@@ -231,11 +247,12 @@ mod tests {
     #[test]
     fn picked_tokens_take_their_rows_places_in_step_order() {
         let whole: Vec<f32> = (0..8).map(|i| i as f32).collect();
-        let l = HostLogits::new(whole, 4).with_picked(&[true, false, true, false], &[7, 1]);
+        let (a, b) = (picked(7), picked(1));
+        let l = HostLogits::new(whole, 4).with_picked(&[true, false, true, false], &[a, b]);
         assert_eq!(l.rows(), 4);
-        assert_eq!(l.get(0), Row::Picked(7));
+        assert_eq!(l.get(0), Row::Picked(a));
         assert_eq!(l.row(1), &[0.0, 1.0, 2.0, 3.0]);
-        assert_eq!(l.get(2), Row::Picked(1));
+        assert_eq!(l.get(2), Row::Picked(b));
         assert_eq!(l.row(3), &[4.0, 5.0, 6.0, 7.0]);
         assert!(l.into_tensor().is_err());
     }
@@ -244,14 +261,14 @@ mod tests {
     #[should_panic(expected = "picked token, not its logits")]
     fn a_picked_row_has_no_logits() {
         HostLogits::new(Vec::new(), 4)
-            .with_picked(&[true], &[2])
+            .with_picked(&[true], &[picked(2)])
             .row(0);
     }
 
     #[test]
     #[should_panic(expected = "do not make up the step")]
     fn ids_and_rows_must_make_up_the_step() {
-        HostLogits::new(vec![0.0; 4], 4).with_picked(&[true], &[2]);
+        HostLogits::new(vec![0.0; 4], 4).with_picked(&[true], &[picked(2)]);
     }
 
     #[test]

@@ -1,14 +1,15 @@
 //! Rows that ask for a picked token alone ([`Logits::Pick`]: a greedy id, or a draw at a
 //! temperature), through the real model: the candle backend answers them with the token the
-//! pick chooses from the whole row on the host (below the row's bound), in an ordinary step
-//! beside whole rows and in a decode step on the fixed inputs a GPU replays; with
-//! `set_device_argmax(false)` and `set_device_draws(false)` it answers them whole, and the CPU
-//! kernels always do. Whole rows come back as they would without picked rows beside them.
+//! pick chooses from the whole row on the host (below the row's bound) and its log-probability
+//! there, in an ordinary step beside whole rows and in a decode step on the fixed inputs a GPU
+//! replays; with `set_device_argmax(false)` and `set_device_draws(false)` it answers them
+//! whole, and the CPU kernels always do. Whole rows come back as they would without picked
+//! rows beside them.
 
 mod common;
 
 use sluice_models::host_logits::Row;
-use sluice_models::logits::max_abs_diff;
+use sluice_models::logits::{log_softmax, max_abs_diff};
 use sluice_models::{Backend, HostLogits, Logits, Model, Network, Pick, SeqChunk, StepBatch};
 
 const BLOCK: usize = 16;
@@ -67,9 +68,12 @@ fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], picks_whole: bool)
     for (i, a) in sampled.into_iter().enumerate() {
         let whole = want.row(i);
         match (a, got.get(i)) {
-            (Logits::Pick(pick), Row::Picked(id)) if !picks_whole => {
-                assert!(id < pick.below(), "row {i}: {id} past {pick:?}");
-                assert_eq!(id, pick.on_host(whole), "row {i}: {pick:?}");
+            (Logits::Pick(pick), Row::Picked(p)) if !picks_whole => {
+                assert!(p.id < pick.below(), "row {i}: {} past {pick:?}", p.id);
+                assert_eq!(p.id, pick.on_host(whole), "row {i}: {pick:?}");
+                let want = log_softmax(&whole[..pick.below() as usize])[p.id as usize];
+                let d = (p.logprob - want).abs();
+                assert!(d <= 1e-4, "row {i}: logprob {} against {want}", p.logprob);
             }
             (_, Row::Logits(r)) if picks_whole || *a == Logits::Last => {
                 let d = max_abs_diff(&[r.to_vec()], &[whole.to_vec()]);

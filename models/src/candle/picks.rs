@@ -16,11 +16,17 @@
 //!   between two tokens' shares. Two small copies (at batch 64 on the default model 49 kB of
 //!   sums and 65 kB of blocks) take the place of the rows (12.6 MB) and of the host's
 //!   sampling of them (~4.5 ms on one core).
+//!
+//! Either way the token comes with its log-probability under the raw logits' softmax (what a
+//! request with `logprobs` and no alternatives reads): `−ln Σ e^(logit − max)` for the most
+//! likely id, and for a drawn one `T ln w − ln Σ e^(logit − max)` from its weight `w`. The
+//! normaliser rides along in the first copy.
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Tensor, D};
 
 use crate::batch::Pick;
 use crate::error::Result;
+use crate::host_logits::Picked;
 use crate::logits::{self, DRAW_BLOCK};
 
 /// Whether `SLUICE_DEVICE_ARGMAX` leaves greedy ids to the device (anything but `0`, `off` or
@@ -37,8 +43,8 @@ pub fn draws_from_env() -> bool {
 }
 
 /// The token each row of `logits` (`[rows, vocab]`, on the model's device) that `picks`
-/// names (`Some`) asks for, in row order.
-pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<u32>> {
+/// names (`Some`) asks for, with its log-probability, in row order.
+pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Picked>> {
     let (rows, vocab) = logits.dims2()?;
     assert_eq!(rows, picks.len(), "a pick or none per row");
     // One pass per kind of pick and bound: every row of a model has the same bound.
@@ -46,7 +52,11 @@ pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<u32>> {
     let mut groups: Vec<(bool, u32)> = picks.iter().flatten().map(group).collect();
     groups.sort_unstable();
     groups.dedup();
-    let mut ids = vec![0u32; rows];
+    let none = Picked {
+        id: 0,
+        logprob: 0.0,
+    };
+    let mut ids = vec![none; rows];
     for (draw, below) in groups {
         let (at, members): (Vec<u32>, Vec<Pick>) = (0..rows as u32)
             .filter_map(|i| picks[i as usize].map(|p| (i, p)))
@@ -67,7 +77,7 @@ pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<u32>> {
             let draws: Vec<Draw> = members.iter().filter_map(Draw::of).collect();
             drawn(&selected, &draws)?
         } else {
-            argmaxes(&selected)?
+            greedy(&selected)?
         };
         for (&i, id) in at.iter().zip(picked) {
             ids[i as usize] = id;
@@ -108,19 +118,33 @@ impl Draw {
     }
 }
 
-/// Each row's most likely id.
-fn argmaxes(rows: &Tensor) -> Result<Vec<u32>> {
-    Ok(rows
-        .argmax(D::Minus1)?
-        .to_dtype(DType::U32)?
-        .to_device(&Device::Cpu)?
-        .to_vec1::<u32>()?)
+/// `Σ e^(logit − max)` of each row (`[rows, 1]`), given its `shifted` logits (`logit − max`):
+/// the most likely id's log-probability is `−ln` of it, any other's its shifted logit less
+/// that.
+fn normalisers(shifted: &Tensor) -> Result<Tensor> {
+    Ok(shifted.exp()?.sum_keepdim(D::Minus1)?)
+}
+
+/// Each row's most likely id and its log-probability, in one copy.
+fn greedy(rows: &Tensor) -> Result<Vec<Picked>> {
+    let max = rows.max_keepdim(D::Minus1)?;
+    let z = normalisers(&rows.broadcast_sub(&max)?)?;
+    // Ids below 2^24 are exact in f32 (vocabularies are below 2^18).
+    let id = rows.argmax_keepdim(D::Minus1)?.to_dtype(DType::F32)?;
+    let both = Tensor::cat(&[&id, &z], D::Minus1)?.to_vec2::<f32>()?;
+    Ok(both
+        .iter()
+        .map(|r| Picked {
+            id: r[0] as u32,
+            logprob: -r[1].ln(),
+        })
+        .collect())
 }
 
 /// Each row's draw (one of `draws` per row): block sums on the device, the block holding the
 /// draw found on the host, then that block's weights walked on the host. A row with no weight
 /// to draw by (a logit of +∞, or not a number) takes its argmax, as the sampler does.
-fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<u32>> {
+fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<Picked>> {
     let (n, width) = rows.dims2()?;
     let device = rows.device();
     let per_row = |f: fn(&Draw) -> f32| -> Result<Tensor> {
@@ -130,11 +154,9 @@ fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<u32>> {
             device,
         )?)
     };
-    let max = rows.max_keepdim(D::Minus1)?;
-    let mut w = rows
-        .broadcast_sub(&max)?
-        .broadcast_mul(&per_row(|d| d.scale)?)?
-        .exp()?;
+    let shifted = rows.broadcast_sub(&rows.max_keepdim(D::Minus1)?)?;
+    let z = normalisers(&shifted)?;
+    let mut w = shifted.broadcast_mul(&per_row(|d| d.scale)?)?.exp()?;
     if draws.iter().any(|d| d.floor > 0.0) {
         // As the sampler: a weight below the floor is dropped.
         let kept = w.broadcast_ge(&per_row(|d| d.floor)?)?;
@@ -145,12 +167,14 @@ fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<u32>> {
         w = w.pad_with_zeros(D::Minus1, 0, blocks * DRAW_BLOCK - width)?;
     }
     let w = w.reshape((n * blocks, DRAW_BLOCK))?;
-    let sums = w.sum(D::Minus1)?.reshape((n, blocks))?.to_vec2::<f32>()?;
+    // Each row's block sums and, last, its normaliser: one copy.
+    let sums = Tensor::cat(&[&w.sum(D::Minus1)?.reshape((n, blocks))?, &z], D::Minus1)?
+        .to_vec2::<f32>()?;
     let found: Vec<Option<(usize, f64)>> = sums
         .iter()
         .zip(draws)
         .map(|(s, d)| {
-            let s: Vec<f64> = s.iter().map(|&x| f64::from(x)).collect();
+            let s: Vec<f64> = s[..blocks].iter().map(|&x| f64::from(x)).collect();
             logits::block_of(&s, d.uniform)
         })
         .collect();
@@ -160,12 +184,16 @@ fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<u32>> {
     let held = w
         .index_select(&Tensor::new(held.as_slice(), device)?, 0)?
         .to_vec2::<f32>()?;
-    let picked: Vec<Option<u32>> = (0..n)
+    let picked: Vec<Option<Picked>> = (0..n)
         .map(|r| {
             let (b, within) = found[r]?;
             let first = (b * DRAW_BLOCK) as u32;
             let weighted = (first..).zip(held[r].iter().copied());
-            logits::pick(weighted, f64::from(sums[r][b]), within)
+            let id = logits::pick(weighted, f64::from(sums[r][b]), within)?;
+            // The drawn weight is e^((logit − max) / T): T ln of it is the shifted logit.
+            let w = held[r][(id - first) as usize];
+            let logprob = w.ln() / draws[r].scale - sums[r][blocks].ln();
+            Some(Picked { id, logprob })
         })
         .collect();
     let unweighted: Vec<u32> = (0..n as u32)
@@ -174,7 +202,7 @@ fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<u32>> {
     let mut fallback = if unweighted.is_empty() {
         Vec::new()
     } else {
-        argmaxes(&rows.index_select(&Tensor::new(unweighted.as_slice(), device)?, 0)?)?
+        greedy(&rows.index_select(&Tensor::new(unweighted.as_slice(), device)?, 0)?)?
     }
     .into_iter();
     Ok(picked
@@ -186,6 +214,7 @@ fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     /// Rows of `vocab` logits with a peaked head, each its own.
     fn rows(n: usize, vocab: usize) -> Vec<Vec<f32>> {
@@ -214,6 +243,27 @@ mod tests {
             .collect()
     }
 
+    /// `picks`' tokens from the device, after checking each one's log-probability against
+    /// the host's log-softmax over the pick's ids.
+    fn checked(rows: &[Vec<f32>], picks: &[Option<Pick>]) -> Vec<u32> {
+        let got = ids(&tensor(rows), picks).unwrap();
+        let picked = picks
+            .iter()
+            .zip(rows)
+            .filter_map(|(p, r)| p.map(|p| (p, r)));
+        for (g, (p, r)) in got.iter().zip(picked) {
+            let want = logits::log_softmax(&r[..p.below().min(r.len() as u32) as usize]);
+            let want = want[g.id as usize];
+            let close = (g.logprob - want).abs() <= 1e-4 * want.abs().max(1.0);
+            assert!(
+                close || want.is_nan(),
+                "{p:?}: {} against {want}",
+                g.logprob
+            );
+        }
+        got.iter().map(|g| g.id).collect()
+    }
+
     #[test]
     fn each_bounded_row_gets_the_sampler_s_greedy_id_below_its_bound() {
         let rows = rows(6, 1000);
@@ -226,7 +276,7 @@ mod tests {
             None,
             argmax(5000),
         ];
-        let got = ids(&tensor(&rows), &picks).unwrap();
+        let got = checked(&rows, &picks);
         assert_eq!(got, on_host(&rows, &picks));
         assert_eq!(got.len(), 4);
     }
@@ -250,7 +300,7 @@ mod tests {
                 }),
             })
             .collect();
-        let got = ids(&tensor(&rows), &picks).unwrap();
+        let got = checked(&rows, &picks);
         assert_eq!(got, on_host(&rows, &picks));
         let drawn: std::collections::HashSet<u32> = got.iter().copied().collect();
         assert!(
@@ -276,7 +326,7 @@ mod tests {
             })
         };
         let picks = [draw(0.5), draw(0.999), draw(0.0)];
-        let got = ids(&tensor(&rows), &picks).unwrap();
+        let got = checked(&rows, &picks);
         assert_eq!(&got[..2], &[321, 512]);
         assert_eq!(got, on_host(&rows, &picks));
     }
