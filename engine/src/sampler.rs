@@ -165,40 +165,49 @@ pub fn sample(
     Sampled { token, logprob }
 }
 
+/// Up to this many alternatives' log-probabilities a device reports with its pick (OpenAI's
+/// largest `top_logprobs`); more are read from the whole row.
+pub const DEVICE_TOP_LOGPROBS: usize = 20;
+
 /// The token the model may choose on its device for a draw under `p` at `state`'s position,
-/// given no grammar mask and nothing suppressed, over the ids below `below`; `None` when the
-/// draw reads more of its row than that token and its log-probability (alternatives' log-
-/// probabilities, bias, penalties, top-k or top-p). Greedy draws are the most likely id
-/// ([`Pick::Argmax`]); draws at a temperature (min-p allowed) are [`sample`]'s whole-row draw,
-/// with the uniform number of this position ([`Pick::Draw`]). [`made`] takes the token the
-/// model answers with.
+/// given no grammar mask and nothing suppressed, over the ids below `below`, with the
+/// log-probabilities `p` asks for; `None` when the draw reads more of its row than that (bias,
+/// penalties, top-k, top-p, or more than [`DEVICE_TOP_LOGPROBS`] alternatives). Greedy draws
+/// are the most likely id ([`Pick::Argmax`]); draws at a temperature (min-p allowed) are
+/// [`sample`]'s whole-row draw, with the uniform number of this position ([`Pick::Draw`]).
+/// [`made`] takes the token the model answers with.
 pub fn device_pick(p: &SamplingParams, state: &SamplerState, below: u32) -> Option<Pick> {
-    if p.logprobs.is_some_and(|k| k > 0) || !untouched(p) {
+    let top_logprobs = p.logprobs.unwrap_or(0);
+    if top_logprobs > DEVICE_TOP_LOGPROBS || !untouched(p) {
         return None;
     }
     if p.is_greedy() {
-        return Some(Pick::Argmax { below });
+        return Some(Pick::Argmax {
+            below,
+            top_logprobs,
+        });
     }
     (p.top_k == 0 && p.top_p >= 1.0).then(|| Pick::Draw {
         below,
         temperature: p.temperature,
         min_p: p.min_p.max(0.0),
         uniform: state.uniform(),
+        top_logprobs,
     })
 }
 
 /// The draw the model made on its device for [`device_pick`]'s pick under `p`: the token
 /// [`sample`] would choose from the whole row (up to exact ties and rounding at a boundary
-/// between two tokens' shares) and, when `p` asks for it, its log-probability; its position
-/// passed.
-pub fn made(state: &mut SamplerState, p: &SamplingParams, picked: Picked) -> Sampled {
+/// between two tokens' shares) and, when `p` asks for them, the log-probabilities; its
+/// position passed.
+pub fn made(state: &mut SamplerState, p: &SamplingParams, picked: &Picked) -> Sampled {
     state.skip();
     Sampled {
         token: picked.id,
         logprob: p.logprobs.map(|_| TokenLogprob {
             token: picked.id,
             logprob: picked.logprob,
-            top: Vec::new(),
+            top: picked.top.clone(),
         }),
     }
 }
@@ -447,24 +456,29 @@ mod tests {
         let pick = |f: fn(&mut SamplingParams)| device_pick(&params(f), &state, 100);
         assert_eq!(
             pick(|p| p.temperature = 0.0),
-            Some(Pick::Argmax { below: 100 })
+            Some(Pick::Argmax {
+                below: 100,
+                top_logprobs: 0
+            })
         );
         assert_eq!(
             pick(|p| {
                 p.temperature = 0.7;
                 p.min_p = 0.05;
+                p.logprobs = Some(DEVICE_TOP_LOGPROBS);
             }),
             Some(Pick::Draw {
                 below: 100,
                 temperature: 0.7,
                 min_p: 0.05,
                 uniform: state.uniform(),
+                top_logprobs: DEVICE_TOP_LOGPROBS,
             })
         );
-        assert!(pick(|p| p.logprobs = Some(0)).is_some());
+        assert_eq!(pick(|p| p.logprobs = Some(0)).unwrap().top_logprobs(), 0);
         for temperature in [0.0, 1.0] {
             let spoilt: [fn(&mut SamplingParams); 7] = [
-                |p| p.logprobs = Some(1),
+                |p| p.logprobs = Some(DEVICE_TOP_LOGPROBS + 1),
                 |p| {
                     p.logit_bias.insert(5, 1.0);
                 },
@@ -488,13 +502,13 @@ mod tests {
     }
 
     /// The token [`device_pick`]'s pick chooses from a whole row is the one `sample` draws,
-    /// with its log-probability where asked, and `made` moves the state as far, at every
+    /// with the log-probabilities where asked, and `made` moves the state as far, at every
     /// position.
     #[test]
     fn a_token_the_model_picked_is_the_sampled_one() {
         let r = row(3, 5_000);
         let log_softmax = logits::log_softmax(&r);
-        let cases: [fn(&mut SamplingParams); 5] = [
+        let cases: [fn(&mut SamplingParams); 6] = [
             |p| p.temperature = 0.0,
             |_| {},
             |p| p.temperature = 0.6,
@@ -503,6 +517,7 @@ mod tests {
                 p.min_p = 0.02;
             },
             |p| p.logprobs = Some(0),
+            |p| p.logprobs = Some(5),
         ];
         for f in cases {
             let p = params(f);
@@ -512,9 +527,11 @@ mod tests {
             );
             for _ in 0..50 {
                 let a = sample(&r, &p, &mut drawn, &[], None);
-                let id = device_pick(&p, &made_here, 5_000).unwrap().on_host(&r);
+                let pick = device_pick(&p, &made_here, 5_000).unwrap();
+                let id = pick.on_host(&r);
+                let top = logits::top_logprobs(&r, pick.top_logprobs());
                 let logprob = log_softmax[id as usize];
-                let b = made(&mut made_here, &p, Picked { id, logprob });
+                let b = made(&mut made_here, &p, &Picked { id, logprob, top });
                 assert_eq!((a.token, a.logprob), (b.token, b.logprob));
                 assert_eq!(drawn.position, made_here.position);
             }

@@ -106,8 +106,8 @@ fn ids_past_the_tokenizer_are_never_sampled_or_biased() {
 
 /// Greedy and seeded sampled choices on the candle backend, whose device picks the token from
 /// the row alone (`Logits::Pick`, bounded by the tokenizer's ids): the same tokens (and, where
-/// asked, log-probabilities) as the host sampler picks from whole rows, none past the
-/// tokenizer. This random model's greedy path
+/// asked, log-probabilities, the top ones' too) as the host sampler picks from whole rows,
+/// none past the tokenizer. This random model's greedy path
 /// repeats a few ids below the bound (`models/tests/picked_rows.rs` checks a bound that
 /// bites); its draws, over a near-uniform row, would land past it a quarter of the time.
 #[test]
@@ -142,6 +142,15 @@ fn tokens_picked_by_the_model_stay_below_the_tokenizer() {
         },
         SamplingParams {
             logprobs: Some(0),
+            ..plain.clone()
+        },
+        SamplingParams {
+            temperature: 0.0,
+            logprobs: Some(5),
+            ..plain.clone()
+        },
+        SamplingParams {
+            logprobs: Some(20),
             ..plain.clone()
         },
     ];
@@ -179,8 +188,12 @@ fn tokens_picked_by_the_model_stay_below_the_tokenizer() {
             params.temperature
         );
         for (d, h) in device_lp.iter().zip(host_lp) {
-            assert!(d.top.is_empty() && h.top.is_empty());
-            assert!((d.logprob - h.logprob).abs() <= 1e-4, "{d:?} against {h:?}");
+            let ids = |t: &[(u32, f32)]| t.iter().map(|x| x.0).collect::<Vec<_>>();
+            assert_eq!(ids(&d.top), ids(&h.top));
+            assert_eq!(d.top.len(), params.logprobs.unwrap_or(0));
+            let close = |a: f32, b: f32| (a - b).abs() <= 1e-4;
+            assert!(close(d.logprob, h.logprob), "{d:?} against {h:?}");
+            assert!(d.top.iter().zip(&h.top).all(|(a, b)| close(a.1, b.1)));
         }
     }
 }

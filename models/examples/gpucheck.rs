@@ -426,12 +426,16 @@ impl Decode {
     /// Sequence `s`'s pick at decode step `step`, over the ids below `below`.
     fn pick(self, below: u32, step: usize, s: usize) -> Pick {
         match self {
-            Decode::Greedy => Pick::Argmax { below },
+            Decode::Greedy => Pick::Argmax {
+                below,
+                top_logprobs: 0,
+            },
             Decode::Sampled => Pick::Draw {
                 below,
                 temperature: 1.0,
                 min_p: 0.0,
                 uniform: uniform(step, s),
+                top_logprobs: 0,
             },
         }
     }

@@ -13,21 +13,23 @@ pub enum Logits {
     /// Every token's row: prompt log-probabilities, or scoring forced continuations.
     All,
     /// The last token's row, of which the caller needs only the token [`Pick`] chooses from
-    /// it and that token's log-probability (a sequence that reads nothing else in the row: no
-    /// alternatives' log-probabilities, bias, penalties or grammar). A backend may answer with
-    /// that token alone ([`crate::host_logits::Picked`]: the candle backend does, so a GPU
-    /// copies a few kilobytes instead of the row; see [`crate::HostLogits::get`]) or with the
-    /// whole row, as for [`Logits::Last`] (the CPU kernels do).
+    /// it and the log-probabilities the pick names (a sequence that reads nothing else in the
+    /// row: no bias, penalties or grammar). A backend may answer with that token alone
+    /// ([`crate::host_logits::Picked`]: the candle backend does, so a GPU copies a few
+    /// kilobytes instead of the row; see [`crate::HostLogits::get`]) or with the whole row, as
+    /// for [`Logits::Last`] (the CPU kernels do).
     Pick(Pick),
 }
 
 /// The token a row's sequence takes from it, for a model that chooses it on its device
 /// ([`Logits::Pick`]): what the engine's sampler would choose from the whole row, the same
-/// token up to exact ties and rounding at a boundary between two tokens' shares.
+/// token up to exact ties and rounding at a boundary between two tokens' shares; with it, its
+/// log-probability and those of the `top_logprobs` most likely ids
+/// ([`crate::host_logits::Picked`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Pick {
     /// The most likely id below `below` (greedy).
-    Argmax { below: u32 },
+    Argmax { below: u32, top_logprobs: usize },
     /// A draw over the ids below `below` from the softmax at `temperature` (> 0), ids whose
     /// weight relative to the most likely one's is below `min_p` (0: none) left out: the
     /// id whose share of the cumulative weights in id order holds `uniform` (in [0, 1)) of
@@ -37,6 +39,7 @@ pub enum Pick {
         temperature: f32,
         min_p: f32,
         uniform: f64,
+        top_logprobs: usize,
     },
 }
 
@@ -44,7 +47,14 @@ impl Pick {
     /// The ids the pick chooses among are those below this.
     pub fn below(&self) -> u32 {
         match *self {
-            Pick::Argmax { below } | Pick::Draw { below, .. } => below,
+            Pick::Argmax { below, .. } | Pick::Draw { below, .. } => below,
+        }
+    }
+
+    /// How many of the most likely ids the caller reads the log-probabilities of.
+    pub fn top_logprobs(&self) -> usize {
+        match *self {
+            Pick::Argmax { top_logprobs, .. } | Pick::Draw { top_logprobs, .. } => top_logprobs,
         }
     }
 
@@ -165,12 +175,18 @@ mod tests {
 
     #[test]
     fn picks_follow_the_returned_rows() {
-        let argmax = |below| Logits::Pick(Pick::Argmax { below });
+        let argmax = |below| {
+            Logits::Pick(Pick::Argmax {
+                below,
+                top_logprobs: 0,
+            })
+        };
         let draw = Pick::Draw {
             below: 9,
             temperature: 0.7,
             min_p: 0.0,
             uniform: 0.25,
+            top_logprobs: 3,
         };
         let batch = StepBatch {
             seqs: vec![
@@ -186,14 +202,17 @@ mod tests {
         assert_eq!(
             batch.picks(),
             vec![
-                Some(Pick::Argmax { below: 7 }),
+                Some(Pick::Argmax {
+                    below: 7,
+                    top_logprobs: 0
+                }),
                 None,
                 None,
                 None,
                 Some(draw)
             ]
         );
-        assert_eq!(draw.below(), 9);
+        assert_eq!((draw.below(), draw.top_logprobs()), (9, 3));
         assert_eq!(batch.num_logit_rows(), 5);
     }
 }

@@ -34,7 +34,7 @@ enum Buf {
 }
 
 /// One row of a step with picked tokens in it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 enum Slot {
     /// The `i`th whole row of the buffer.
     Whole(usize),
@@ -43,11 +43,13 @@ enum Slot {
 
 /// A token picked from its row on the model's device ([`crate::Pick`]), with its
 /// log-probability under the softmax of the row's raw logits over the pick's ids (what a
-/// request's `logprobs` report, whatever its temperature).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// request's `logprobs` report, whatever its temperature), and the pick's `top_logprobs` most
+/// likely ids with theirs, most likely first (the lower id first on ties).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Picked {
     pub id: u32,
     pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 /// A row as the step returned it.
@@ -56,7 +58,7 @@ pub enum Row<'a> {
     Logits(&'a [f32]),
     /// The token picked from the row on the model's device ([`crate::Pick`]), for a sequence
     /// that asked for nothing else.
-    Picked(Picked),
+    Picked(&'a Picked),
 }
 
 impl HostLogits {
@@ -96,13 +98,13 @@ impl HostLogits {
     ///
     /// # Panics
     /// If the counts do not match (a bug in the backend).
-    pub(crate) fn with_picked(self, picked: &[bool], ids: &[Picked]) -> Self {
-        let (mut whole, mut next_id) = (0, ids.iter());
+    pub(crate) fn with_picked(self, picked: &[bool], ids: Vec<Picked>) -> Self {
+        let (mut whole, mut next_id) = (0, ids.into_iter());
         let slots: Vec<Slot> = picked
             .iter()
             .map(|&p| {
                 if p {
-                    Slot::Picked(*next_id.next().expect("an id per picked row"))
+                    Slot::Picked(next_id.next().expect("an id per picked row"))
                 } else {
                     whole += 1;
                     Slot::Whole(whole - 1)
@@ -151,10 +153,10 @@ impl HostLogits {
     /// If `i` is not below [`HostLogits::rows`].
     pub fn get(&self, i: usize) -> Row<'_> {
         assert!(i < self.rows(), "row {i} of {} logits rows", self.rows());
-        match self.slots.as_ref().map(|s| s[i]) {
+        match self.slots.as_ref().map(|s| &s[i]) {
             None => Row::Logits(self.whole_row(i)),
-            Some(Slot::Whole(w)) => Row::Logits(self.whole_row(w)),
-            Some(Slot::Picked(id)) => Row::Picked(id),
+            Some(&Slot::Whole(w)) => Row::Logits(self.whole_row(w)),
+            Some(Slot::Picked(p)) => Row::Picked(p),
         }
     }
 
@@ -227,6 +229,7 @@ mod tests {
         Picked {
             id,
             logprob: -(id as f32),
+            top: vec![(id, -(id as f32))],
         }
     }
 
@@ -248,11 +251,12 @@ mod tests {
     fn picked_tokens_take_their_rows_places_in_step_order() {
         let whole: Vec<f32> = (0..8).map(|i| i as f32).collect();
         let (a, b) = (picked(7), picked(1));
-        let l = HostLogits::new(whole, 4).with_picked(&[true, false, true, false], &[a, b]);
+        let both = vec![a.clone(), b.clone()];
+        let l = HostLogits::new(whole, 4).with_picked(&[true, false, true, false], both);
         assert_eq!(l.rows(), 4);
-        assert_eq!(l.get(0), Row::Picked(a));
+        assert_eq!(l.get(0), Row::Picked(&a));
         assert_eq!(l.row(1), &[0.0, 1.0, 2.0, 3.0]);
-        assert_eq!(l.get(2), Row::Picked(b));
+        assert_eq!(l.get(2), Row::Picked(&b));
         assert_eq!(l.row(3), &[4.0, 5.0, 6.0, 7.0]);
         assert!(l.into_tensor().is_err());
     }
@@ -261,14 +265,14 @@ mod tests {
     #[should_panic(expected = "picked token, not its logits")]
     fn a_picked_row_has_no_logits() {
         HostLogits::new(Vec::new(), 4)
-            .with_picked(&[true], &[picked(2)])
+            .with_picked(&[true], vec![picked(2)])
             .row(0);
     }
 
     #[test]
     #[should_panic(expected = "do not make up the step")]
     fn ids_and_rows_must_make_up_the_step() {
-        HostLogits::new(vec![0.0; 4], 4).with_picked(&[true], &[picked(2)]);
+        HostLogits::new(vec![0.0; 4], 4).with_picked(&[true], vec![picked(2)]);
     }
 
     #[test]

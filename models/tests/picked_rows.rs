@@ -9,7 +9,7 @@
 mod common;
 
 use sluice_models::host_logits::Row;
-use sluice_models::logits::{log_softmax, max_abs_diff};
+use sluice_models::logits::{log_softmax, max_abs_diff, top_logprobs};
 use sluice_models::{Backend, HostLogits, Logits, Model, Network, Pick, SeqChunk, StepBatch};
 
 const BLOCK: usize = 16;
@@ -71,9 +71,18 @@ fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], picks_whole: bool)
             (Logits::Pick(pick), Row::Picked(p)) if !picks_whole => {
                 assert!(p.id < pick.below(), "row {i}: {} past {pick:?}", p.id);
                 assert_eq!(p.id, pick.on_host(whole), "row {i}: {pick:?}");
-                let want = log_softmax(&whole[..pick.below() as usize])[p.id as usize];
+                let row = &whole[..pick.below() as usize];
+                let want = log_softmax(row)[p.id as usize];
                 let d = (p.logprob - want).abs();
                 assert!(d <= 1e-4, "row {i}: logprob {} against {want}", p.logprob);
+                let top = top_logprobs(row, pick.top_logprobs());
+                assert_eq!(p.top.len(), top.len(), "row {i}");
+                for (g, w) in p.top.iter().zip(&top) {
+                    assert!(
+                        g.0 == w.0 && (g.1 - w.1).abs() <= 1e-4,
+                        "row {i}: {g:?} against {w:?}"
+                    );
+                }
             }
             (_, Row::Logits(r)) if picks_whole || *a == Logits::Last => {
                 let d = max_abs_diff(&[r.to_vec()], &[whole.to_vec()]);
@@ -88,24 +97,31 @@ fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], picks_whole: bool)
 fn picked_rows_come_back_as_the_token_picked_on_the_host_or_whole() {
     let lens = [9, 17, 4, 30, 12, 21, 6];
     let vocab = 49_152;
-    let draw = |below, temperature, min_p, uniform| {
+    let draw = |below, temperature, min_p, uniform, top_logprobs| {
         Logits::Pick(Pick::Draw {
             below,
             temperature,
             min_p,
             uniform,
+            top_logprobs,
+        })
+    };
+    let argmax = |below, top_logprobs| {
+        Logits::Pick(Pick::Argmax {
+            below,
+            top_logprobs,
         })
     };
     let ask = [
-        Logits::Pick(Pick::Argmax { below: vocab }),
+        argmax(vocab, 0),
         Logits::Last,
         Logits::None,
         // Below the ids a prompt's argmax lands on: the bound must bite.
-        Logits::Pick(Pick::Argmax { below: 100 }),
-        draw(vocab, 0.8, 0.0, 0.37),
+        argmax(100, 5),
+        draw(vocab, 0.8, 0.0, 0.37, 20),
         // Flattened, floored, and bounded below the likely ids again.
-        draw(vocab, 1.7, 0.02, 0.91),
-        draw(100, 1.0, 0.0, 0.5),
+        draw(vocab, 1.7, 0.02, 0.91, 0),
+        draw(100, 1.0, 0.0, 0.5, 3),
     ];
     // Every sampled row whole: the reference.
     let all_whole: Vec<Logits> = ask

@@ -367,7 +367,7 @@ impl CandleLlama {
             let at = Tensor::new(whole.as_slice(), logits.device())?;
             self.pinned.to_host(&logits.index_select(&at, 0)?)?
         };
-        Ok(whole.with_picked(&picked, &ids))
+        Ok(whole.with_picked(&picked, ids))
     }
 
     /// `batch` as a replayed decode step, when it is one and the path is on (and the step is

@@ -18,9 +18,11 @@
 //!   sampling of them (~4.5 ms on one core).
 //!
 //! Either way the token comes with its log-probability under the raw logits' softmax (what a
-//! request with `logprobs` and no alternatives reads): `−ln Σ e^(logit − max)` for the most
-//! likely id, and for a drawn one `T ln w − ln Σ e^(logit − max)` from its weight `w`. The
-//! normaliser rides along in the first copy.
+//! request's `logprobs` report): `−ln Σ e^(logit − max)` for the most likely id, and for a
+//! drawn one `T ln w − ln Σ e^(logit − max)` from its weight `w`; the normaliser rides along
+//! in the first copy. A pick that asks for the top log-probabilities too (at most 20, OpenAI's
+//! `top_logprobs`) gets them from the blocks with the highest maxima ([`with_tops`]): two more
+//! small copies, for those rows only.
 
 use candle_core::{DType, Tensor, D};
 
@@ -43,7 +45,8 @@ pub fn draws_from_env() -> bool {
 }
 
 /// The token each row of `logits` (`[rows, vocab]`, on the model's device) that `picks`
-/// names (`Some`) asks for, with its log-probability, in row order.
+/// names (`Some`) asks for, with its log-probability and the top ones asked for, in row
+/// order.
 pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Picked>> {
     let (rows, vocab) = logits.dims2()?;
     assert_eq!(rows, picks.len(), "a pick or none per row");
@@ -52,11 +55,7 @@ pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Picked>
     let mut groups: Vec<(bool, u32)> = picks.iter().flatten().map(group).collect();
     groups.sort_unstable();
     groups.dedup();
-    let none = Picked {
-        id: 0,
-        logprob: 0.0,
-    };
-    let mut ids = vec![none; rows];
+    let mut ids: Vec<Option<Picked>> = vec![None; rows];
     for (draw, below) in groups {
         let (at, members): (Vec<u32>, Vec<Pick>) = (0..rows as u32)
             .filter_map(|i| picks[i as usize].map(|p| (i, p)))
@@ -73,21 +72,97 @@ pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Picked>
         // A bound below the vocabulary (a padded one) leaves a strided view: the reductions
         // get rows laid out as they expect.
         .contiguous()?;
-        let picked = if draw {
+        let mut picked = if draw {
             let draws: Vec<Draw> = members.iter().filter_map(Draw::of).collect();
             drawn(&selected, &draws)?
         } else {
             greedy(&selected)?
         };
+        with_tops(&selected, &members, &mut picked)?;
         for (&i, id) in at.iter().zip(picked) {
-            ids[i as usize] = id;
+            ids[i as usize] = Some(id);
         }
     }
     Ok(picks
         .iter()
         .zip(ids)
-        .filter_map(|(p, id)| p.map(|_| id))
+        .filter_map(|(p, id)| p.map(|_| id.expect("every pick answered")))
         .collect())
+}
+
+/// Fills in the top log-probabilities of the `picked` rows of `rows` whose pick asks for
+/// some ([`Pick::top_logprobs`]).
+///
+/// The `k` most likely ids of a row lie in the `k` blocks of [`DRAW_BLOCK`] ids with the
+/// highest maxima (a block holding one of them has a maximum at least the `k`th logit, and
+/// at most `k` blocks do), so two small copies find them: each block's maximum, then the
+/// chosen blocks' logits (at most 20 × 256 a row, OpenAI's largest `top_logprobs`), whose
+/// `k` best the host keeps as the sampler does ([`logits::top_k`]: the lower id first on
+/// ties).
+fn with_tops(rows: &Tensor, picks: &[Pick], picked: &mut [Picked]) -> Result<()> {
+    let asking: Vec<u32> = (0..picks.len() as u32)
+        .filter(|&r| picks[r as usize].top_logprobs() > 0)
+        .collect();
+    if asking.is_empty() {
+        return Ok(());
+    }
+    let rows = rows.index_select(&Tensor::new(asking.as_slice(), rows.device())?, 0)?;
+    let (n, width) = rows.dims2()?;
+    let blocks = width.div_ceil(DRAW_BLOCK);
+    let max = rows.max_keepdim(D::Minus1)?;
+    let log_z = normalisers(&rows.broadcast_sub(&max)?)?.log()?.add(&max)?;
+    let pad = blocks * DRAW_BLOCK - width;
+    let padded = if pad > 0 {
+        let none = Tensor::full(f32::NEG_INFINITY, (n, pad), rows.device())?;
+        Tensor::cat(&[&rows, &none], D::Minus1)?
+    } else {
+        rows
+    }
+    .reshape((n * blocks, DRAW_BLOCK))?;
+    let block_max = padded.max(D::Minus1)?.reshape((n, blocks))?;
+    // Each row's normaliser's log, then its blocks' maxima: one copy.
+    let head = Tensor::cat(&[&log_z, &block_max], D::Minus1)?.to_vec2::<f32>()?;
+    let chosen: Vec<Vec<usize>> = asking
+        .iter()
+        .zip(&head)
+        .map(|(&r, h)| {
+            let maxima = &h[1..];
+            let k = picks[r as usize].top_logprobs().min(blocks);
+            let mut best: Vec<usize> = logits::top_k(maxima, k)
+                .into_iter()
+                .map(|b| b as usize)
+                .collect();
+            // In id order, so ties among the candidates keep the lower id first.
+            best.sort_unstable();
+            best
+        })
+        .collect();
+    let at: Vec<u32> = chosen
+        .iter()
+        .enumerate()
+        .flat_map(|(j, bs)| bs.iter().map(move |&b| (j * blocks + b) as u32))
+        .collect();
+    let held = padded
+        .index_select(&Tensor::new(at.as_slice(), padded.device())?, 0)?
+        .to_vec2::<f32>()?;
+    let mut held = held.into_iter();
+    for ((&r, h), bs) in asking.iter().zip(&head).zip(&chosen) {
+        let mut ids = Vec::with_capacity(bs.len() * DRAW_BLOCK);
+        let mut values = Vec::with_capacity(bs.len() * DRAW_BLOCK);
+        for &b in bs {
+            let block = held.next().expect("a block per chosen block");
+            // The padding past the bound is no id.
+            let end = ((b + 1) * DRAW_BLOCK).min(width);
+            ids.extend((b * DRAW_BLOCK) as u32..end as u32);
+            values.extend(&block[..end - b * DRAW_BLOCK]);
+        }
+        let k = picks[r as usize].top_logprobs();
+        picked[r as usize].top = logits::top_k(&values, k)
+            .into_iter()
+            .map(|c| (ids[c as usize], values[c as usize] - h[0]))
+            .collect();
+    }
+    Ok(())
 }
 
 /// A draw's numbers, as the sampler uses them.
@@ -137,6 +212,7 @@ fn greedy(rows: &Tensor) -> Result<Vec<Picked>> {
         .map(|r| Picked {
             id: r[0] as u32,
             logprob: -r[1].ln(),
+            top: Vec::new(),
         })
         .collect())
 }
@@ -193,7 +269,11 @@ fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<Picked>> {
             // The drawn weight is e^((logit − max) / T): T ln of it is the shifted logit.
             let w = held[r][(id - first) as usize];
             let logprob = w.ln() / draws[r].scale - sums[r][blocks].ln();
-            Some(Picked { id, logprob })
+            Some(Picked {
+                id,
+                logprob,
+                top: Vec::new(),
+            })
         })
         .collect();
     let unweighted: Vec<u32> = (0..n as u32)
@@ -244,7 +324,8 @@ mod tests {
     }
 
     /// `picks`' tokens from the device, after checking each one's log-probability against
-    /// the host's log-softmax over the pick's ids.
+    /// the host's log-softmax over the pick's ids, and its top ones against the host's (ids
+    /// exactly, ties included).
     fn checked(rows: &[Vec<f32>], picks: &[Option<Pick>]) -> Vec<u32> {
         let got = ids(&tensor(rows), picks).unwrap();
         let picked = picks
@@ -252,8 +333,16 @@ mod tests {
             .zip(rows)
             .filter_map(|(p, r)| p.map(|p| (p, r)));
         for (g, (p, r)) in got.iter().zip(picked) {
-            let want = logits::log_softmax(&r[..p.below().min(r.len() as u32) as usize]);
-            let want = want[g.id as usize];
+            let r = &r[..p.below().min(r.len() as u32) as usize];
+            let top = logits::top_logprobs(r, p.top_logprobs());
+            let ids = |t: &[(u32, f32)]| t.iter().map(|x| x.0).collect::<Vec<_>>();
+            assert_eq!(ids(&g.top), ids(&top), "{p:?}");
+            for (a, b) in g.top.iter().zip(&top) {
+                // Equal infinities, both not numbers (a row with +∞ has no normaliser), or close.
+                let same = a.1 == b.1 || (a.1 - b.1).abs() <= 1e-4 || a.1.is_nan() && b.1.is_nan();
+                assert!(same, "{p:?}: {a:?} against {b:?}");
+            }
+            let want = logits::log_softmax(r)[g.id as usize];
             let close = (g.logprob - want).abs() <= 1e-4 * want.abs().max(1.0);
             assert!(
                 close || want.is_nan(),
@@ -267,14 +356,19 @@ mod tests {
     #[test]
     fn each_bounded_row_gets_the_sampler_s_greedy_id_below_its_bound() {
         let rows = rows(6, 1000);
-        let argmax = |below| Some(Pick::Argmax { below });
+        let argmax = |below, top_logprobs| {
+            Some(Pick::Argmax {
+                below,
+                top_logprobs,
+            })
+        };
         let picks = [
-            argmax(1000),
+            argmax(1000, 0),
             None,
-            argmax(300),
-            argmax(1000),
+            argmax(300, 20),
+            argmax(1000, 3),
             None,
-            argmax(5000),
+            argmax(5000, 1),
         ];
         let got = checked(&rows, &picks);
         assert_eq!(got, on_host(&rows, &picks));
@@ -291,12 +385,16 @@ mod tests {
         let picks: Vec<Option<Pick>> = (0..rows.len())
             .map(|r| match r % 5 {
                 0 => None,
-                1 => Some(Pick::Argmax { below: 700 }),
+                1 => Some(Pick::Argmax {
+                    below: 700,
+                    top_logprobs: r % 7,
+                }),
                 k => Some(Pick::Draw {
                     below: [1000, 700, 1000][k - 2],
                     temperature: [0.3, 1.0, 2.5][k - 2],
                     min_p: [0.0, 0.0, 0.05][k - 2],
                     uniform: (r as f64 * 0.618_034).fract().min(0.999_999),
+                    top_logprobs: [0, 5, 20][k - 2],
                 }),
             })
             .collect();
@@ -323,6 +421,7 @@ mod tests {
                 temperature: 1.0,
                 min_p: 0.0,
                 uniform,
+                top_logprobs: 2,
             })
         };
         let picks = [draw(0.5), draw(0.999), draw(0.0)];
