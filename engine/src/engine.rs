@@ -21,7 +21,7 @@ use crate::error::{EngineError, SubmitError};
 use crate::event::{Event, Finish, FinishReason, MatchedStop, Stage, Usage};
 use crate::metrics::EngineMetrics;
 use crate::request::{Limits, Request};
-use crate::sampler::{made, sample_all, Draw, Sampled};
+use crate::sampler::{made, sample_all, sample_top, Draw, Sampled};
 use crate::scheduler::{Budget, Plan, Scheduler};
 use crate::sequence::{Ended, RequestInfo, Seq};
 
@@ -700,9 +700,16 @@ impl Core {
         let mut picked: Vec<(usize, Result<Sampled, String>)> = Vec::new();
         for (i, row) in self.advance(scheduled, plan) {
             let s = &mut self.sched.running[i];
-            if let Row::Picked(token) = logits.get(row) {
-                picked.push((i, Ok(made(&mut s.sampler, &s.req.params, token))));
-                continue;
+            match logits.get(row) {
+                Row::Picked(token) => {
+                    picked.push((i, Ok(made(&mut s.sampler, &s.req.params, token))));
+                    continue;
+                }
+                Row::Top(top) => {
+                    picked.push((i, Ok(sample_top(top, &s.req.params, &mut s.sampler))));
+                    continue;
+                }
+                Row::Logits(_) => {}
             }
             let mask = masks.remove(&i);
             if s.forks_left > 0 {

@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
-use sluice_models::host_logits::Picked;
+use sluice_models::host_logits::{Picked, Top};
 use sluice_models::logits::{self, argmax, log_normaliser, pick, pick_in_row};
 use sluice_models::Pick;
 
@@ -169,13 +169,19 @@ pub fn sample(
 /// largest `top_logprobs`); more are read from the whole row.
 pub const DEVICE_TOP_LOGPROBS: usize = 20;
 
+/// Up to this `top_k` a draw takes its candidates from the device ([`Pick::Top`]: at most 64
+/// blocks of 256 logits, 64 kB a row); a larger one reads the whole row.
+pub const DEVICE_TOP_K: usize = 64;
+
 /// The token the model may choose on its device for a draw under `p` at `state`'s position,
 /// given no grammar mask and nothing suppressed, over the ids below `below`, with the
 /// log-probabilities `p` asks for; `None` when the draw reads more of its row than that (bias,
-/// penalties, top-k, top-p, or more than [`DEVICE_TOP_LOGPROBS`] alternatives). Greedy draws
-/// are the most likely id ([`Pick::Argmax`]); draws at a temperature (min-p allowed) are
-/// [`sample`]'s whole-row draw, with the uniform number of this position ([`Pick::Draw`]).
-/// [`made`] takes the token the model answers with.
+/// penalties, top-p over the whole row, top-k past [`DEVICE_TOP_K`], or more than
+/// [`DEVICE_TOP_LOGPROBS`] alternatives). Greedy draws are the most likely id
+/// ([`Pick::Argmax`]); draws at a temperature (min-p allowed) are [`sample`]'s whole-row draw,
+/// with the uniform number of this position ([`Pick::Draw`]); draws from the top `k` (top-p
+/// and min-p within them allowed) ask for the row's top list ([`Pick::Top`]) and draw from it
+/// here ([`sample_top`]). [`made`] takes the token the model answers with.
 pub fn device_pick(p: &SamplingParams, state: &SamplerState, below: u32) -> Option<Pick> {
     let top_logprobs = p.logprobs.unwrap_or(0);
     if top_logprobs > DEVICE_TOP_LOGPROBS || !untouched(p) {
@@ -185,6 +191,12 @@ pub fn device_pick(p: &SamplingParams, state: &SamplerState, below: u32) -> Opti
         return Some(Pick::Argmax {
             below,
             top_logprobs,
+        });
+    }
+    if (1..=DEVICE_TOP_K).contains(&p.top_k) {
+        return Some(Pick::Top {
+            below,
+            k: p.top_k.max(top_logprobs),
         });
     }
     (p.top_k == 0 && p.top_p >= 1.0).then(|| Pick::Draw {
@@ -208,6 +220,44 @@ pub fn made(state: &mut SamplerState, p: &SamplingParams, picked: &Picked) -> Sa
             token: picked.id,
             logprob: picked.logprob,
             top: picked.top.clone(),
+        }),
+    }
+}
+
+/// [`sample`] for a draw from the top `k` ([`device_pick`]'s [`Pick::Top`]), from the row's
+/// top list the model answered with instead of the row: the same candidates, weights, nucleus
+/// and walk (the top-k path reads nothing else of the row), so the same token and
+/// log-probabilities.
+pub fn sample_top(top: &Top, p: &SamplingParams, state: &mut SamplerState) -> Sampled {
+    let (first, max) = top
+        .logits
+        .first()
+        .copied()
+        .unwrap_or((0, f32::NEG_INFINITY));
+    let token = if max.is_finite() {
+        let k = p.top_k.min(top.logits.len());
+        let cand = top_candidates(top.logits[..k].iter().copied(), max, p);
+        drawn_among(&cand, p.min_p.max(0.0), state.uniform()).unwrap_or(first)
+    } else {
+        // One logit at +∞ (which takes the draw): no weights to draw by.
+        first
+    };
+    state.position += 1;
+    let logprob = |id: u32| {
+        let logit = top.logits.iter().find(|c| c.0 == id).map(|c| c.1);
+        logit.unwrap_or(f32::NEG_INFINITY) - top.log_z
+    };
+    Sampled {
+        token,
+        logprob: p.logprobs.map(|n| TokenLogprob {
+            token,
+            logprob: logprob(token),
+            top: top
+                .logits
+                .iter()
+                .take(n)
+                .map(|&(id, l)| (id, l - top.log_z))
+                .collect(),
         }),
     }
 }
@@ -307,11 +357,15 @@ fn draw(l: &[f32], p: &SamplingParams, uniform: f64) -> u32 {
         }
         return pick_in_row(&w, uniform).unwrap_or_else(|| argmax(l));
     }
-    let cand = candidates(l, max, p);
+    drawn_among(&candidates(l, max, p), floor, uniform).unwrap_or_else(|| argmax(l))
+}
+
+/// The draw among `cand` (most likely first) of those whose weight reaches `floor`; the most
+/// likely candidate when rounding leaves the walk short; `None` without candidates.
+fn drawn_among(cand: &[Ranked], floor: f32, uniform: f64) -> Option<u32> {
     let kept = || cand.iter().filter(|c| c.weight >= floor);
     let total: f64 = kept().map(|c| f64::from(c.weight)).sum();
-    let first = cand.first().map_or_else(|| argmax(l), |c| c.id);
-    pick(kept().map(|c| (c.id, c.weight)), total, uniform).unwrap_or(first)
+    pick(kept().map(|c| (c.id, c.weight)), total, uniform).or(cand.first().map(|c| c.id))
 }
 
 /// The candidates top-k and top-p keep, most likely first, with their weights: the `top_k`
@@ -326,13 +380,8 @@ fn candidates(l: &[f32], max: f32, p: &SamplingParams) -> Vec<Ranked> {
     };
     if p.top_k > 0 && p.top_k <= TOP_K_STREAMED {
         // A few candidates: only their weights are needed.
-        let top: Vec<Ranked> = logits::top_k(l, p.top_k)
-            .into_iter()
-            .map(|i| ranked(i, logits::exp_le_zero((l[i as usize] - max) * scale)))
-            .filter(|c| c.weight > 0.0)
-            .collect();
-        let total = mass(&top);
-        return nucleus_sorted(top, total, p.top_p);
+        let top = logits::top_k(l, p.top_k).into_iter();
+        return top_candidates(top.map(|i| (i, l[i as usize])), max, p);
     }
     let mut w = Vec::new();
     logits::softmax_weights(l, max, scale, &mut w);
@@ -357,6 +406,26 @@ fn candidates(l: &[f32], max: f32, p: &SamplingParams) -> Vec<Ranked> {
     }
     let total = mass(&cand);
     nucleus_sorted(cand, total, p.top_p)
+}
+
+/// The candidates of the `top_k` most likely tokens (`top`, `(id, logit)`, the row's maximum
+/// `max`) that top-p keeps, most likely first, with their weights.
+fn top_candidates(
+    top: impl Iterator<Item = (u32, f32)>,
+    max: f32,
+    p: &SamplingParams,
+) -> Vec<Ranked> {
+    let scale = 1.0 / p.temperature;
+    let top: Vec<Ranked> = top
+        .map(|(id, logit)| Ranked {
+            logit,
+            weight: logits::exp_le_zero((logit - max) * scale),
+            id,
+        })
+        .filter(|c| c.weight > 0.0)
+        .collect();
+    let total = mass(&top);
+    nucleus_sorted(top, total, p.top_p)
 }
 
 /// `cand` cut to its top-p nucleus (`total` is the mass `top_p` is a share of), most likely
@@ -476,6 +545,21 @@ mod tests {
             })
         );
         assert_eq!(pick(|p| p.logprobs = Some(0)).unwrap().top_logprobs(), 0);
+        assert_eq!(
+            pick(|p| {
+                p.top_k = 10;
+                p.top_p = 0.9;
+                p.logprobs = Some(20);
+            }),
+            Some(Pick::Top { below: 100, k: 20 })
+        );
+        assert_eq!(
+            pick(|p| p.top_k = DEVICE_TOP_K),
+            Some(Pick::Top {
+                below: 100,
+                k: DEVICE_TOP_K
+            })
+        );
         for temperature in [0.0, 1.0] {
             let spoilt: [fn(&mut SamplingParams); 7] = [
                 |p| p.logprobs = Some(DEVICE_TOP_LOGPROBS + 1),
@@ -486,7 +570,7 @@ mod tests {
                 |p| p.presence_penalty = 0.5,
                 |p| p.frequency_penalty = -0.5,
                 |p| p.top_p = 0.9,
-                |p| p.top_k = 40,
+                |p| p.top_k = DEVICE_TOP_K + 1,
             ];
             for (i, f) in spoilt.into_iter().enumerate() {
                 let mut p = params(f);
@@ -534,6 +618,60 @@ mod tests {
                 let b = made(&mut made_here, &p, &Picked { id, logprob, top });
                 assert_eq!((a.token, a.logprob), (b.token, b.logprob));
                 assert_eq!(drawn.position, made_here.position);
+            }
+        }
+    }
+
+    /// A draw from the top `k` made from the row's top list (what a device answers for
+    /// [`Pick::Top`]) is `sample`'s from the whole row: token, log-probabilities, position.
+    #[test]
+    fn a_draw_from_a_top_list_is_the_sampled_one() {
+        let r = row(5, 5_000);
+        let log_z = log_normaliser(&r);
+        let cases: [fn(&mut SamplingParams); 6] = [
+            |p| p.top_k = 5,
+            |p| p.top_k = DEVICE_TOP_K,
+            |p| {
+                p.top_k = 40;
+                p.top_p = 0.9;
+                p.temperature = 0.7;
+            },
+            |p| {
+                p.top_k = 40;
+                p.min_p = 0.05;
+                p.temperature = 1.3;
+            },
+            |p| {
+                p.top_k = 10;
+                p.logprobs = Some(0);
+            },
+            |p| {
+                p.top_k = 3;
+                p.top_p = 0.5;
+                p.logprobs = Some(20);
+            },
+        ];
+        for f in cases {
+            let p = params(f);
+            let (mut drawn, mut from_top) = (
+                SamplerState::new(Some(4), 1, &[]),
+                SamplerState::new(Some(4), 1, &[]),
+            );
+            let Some(Pick::Top { k, .. }) = device_pick(&p, &from_top, 5_000) else {
+                panic!("{p:?} is a top pick");
+            };
+            let top = Top {
+                logits: logits::top_k(&r, k)
+                    .into_iter()
+                    .map(|i| (i, r[i as usize]))
+                    .collect(),
+                log_z,
+            };
+            for _ in 0..50 {
+                let a = sample(&r, &p, &mut drawn, &[], None);
+                let b = sample_top(&top, &p, &mut from_top);
+                assert_eq!((a.token, a.logprob), (b.token, b.logprob), "{p:?}");
+                assert_eq!(drawn.position, from_top.position);
             }
         }
     }

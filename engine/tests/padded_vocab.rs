@@ -153,6 +153,17 @@ fn tokens_picked_by_the_model_stay_below_the_tokenizer() {
             logprobs: Some(20),
             ..plain.clone()
         },
+        SamplingParams {
+            top_k: 40,
+            top_p: 0.9,
+            ..plain.clone()
+        },
+        SamplingParams {
+            top_k: 5,
+            temperature: 1.5,
+            logprobs: Some(3),
+            ..plain.clone()
+        },
     ];
     for params in cases {
         let mut runs = Vec::new();

@@ -456,6 +456,8 @@ fn picked(logits: &HostLogits, picks: &[Pick]) -> Vec<u32> {
         .into_par_iter()
         .map(|i| match logits.get(i) {
             Row::Picked(p) => p.id,
+            // Not asked for here; its most likely id, as `on_host` says.
+            Row::Top(t) => t.logits[0].0,
             Row::Logits(r) => picks[i].on_host(r),
         })
         .collect()

@@ -41,13 +41,19 @@ pub enum Pick {
         uniform: f64,
         top_logprobs: usize,
     },
+    /// The `k` most likely ids below `below` with their logits, and the row's log normaliser
+    /// ([`crate::host_logits::Top`]): all that a draw from the top `k` (top-p within them
+    /// included) and its log-probabilities read, so the caller draws it itself.
+    Top { below: u32, k: usize },
 }
 
 impl Pick {
     /// The ids the pick chooses among are those below this.
     pub fn below(&self) -> u32 {
         match *self {
-            Pick::Argmax { below, .. } | Pick::Draw { below, .. } => below,
+            Pick::Argmax { below, .. } | Pick::Draw { below, .. } | Pick::Top { below, .. } => {
+                below
+            }
         }
     }
 
@@ -55,6 +61,7 @@ impl Pick {
     pub fn top_logprobs(&self) -> usize {
         match *self {
             Pick::Argmax { top_logprobs, .. } | Pick::Draw { top_logprobs, .. } => top_logprobs,
+            Pick::Top { .. } => 0,
         }
     }
 
@@ -76,7 +83,8 @@ impl Pick {
                 w.iter_mut().filter(|x| **x < min_p).for_each(|x| *x = 0.0);
                 logits::pick_in_row(&w, uniform).unwrap_or_else(|| logits::argmax(l))
             }
-            // Greedy, or a row with no weights to draw by (a logit of +∞, or every one −∞).
+            // Greedy, or a row with no weights to draw by (a logit of +∞, or every one −∞); a
+            // top list's first id.
             _ => logits::argmax(l),
         }
     }

@@ -39,6 +39,24 @@ enum Slot {
     /// The `i`th whole row of the buffer.
     Whole(usize),
     Picked(Picked),
+    Top(Top),
+}
+
+/// A row's most likely ids for a caller that draws among them itself ([`crate::Pick::Top`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Top {
+    /// `(id, logit)`, most likely first (the lower id first on ties).
+    pub logits: Vec<(u32, f32)>,
+    /// `ln Σ e^logit` over the row's ids below the pick's bound: a logit less it is that id's
+    /// log-probability.
+    pub log_z: f32,
+}
+
+/// What a model answers for a [`crate::Pick`] on its device.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Picked(Picked),
+    Top(Top),
 }
 
 /// A token picked from its row on the model's device ([`crate::Pick`]), with its
@@ -59,6 +77,8 @@ pub enum Row<'a> {
     /// The token picked from the row on the model's device ([`crate::Pick`]), for a sequence
     /// that asked for nothing else.
     Picked(&'a Picked),
+    /// The row's most likely ids ([`crate::Pick::Top`]).
+    Top(&'a Top),
 }
 
 impl HostLogits {
@@ -98,13 +118,16 @@ impl HostLogits {
     ///
     /// # Panics
     /// If the counts do not match (a bug in the backend).
-    pub(crate) fn with_picked(self, picked: &[bool], ids: Vec<Picked>) -> Self {
+    pub(crate) fn with_picked(self, picked: &[bool], ids: Vec<Answer>) -> Self {
         let (mut whole, mut next_id) = (0, ids.into_iter());
         let slots: Vec<Slot> = picked
             .iter()
             .map(|&p| {
                 if p {
-                    Slot::Picked(next_id.next().expect("an id per picked row"))
+                    match next_id.next().expect("an answer per picked row") {
+                        Answer::Picked(p) => Slot::Picked(p),
+                        Answer::Top(t) => Slot::Top(t),
+                    }
                 } else {
                     whole += 1;
                     Slot::Whole(whole - 1)
@@ -157,6 +180,7 @@ impl HostLogits {
             None => Row::Logits(self.whole_row(i)),
             Some(&Slot::Whole(w)) => Row::Logits(self.whole_row(w)),
             Some(Slot::Picked(p)) => Row::Picked(p),
+            Some(Slot::Top(t)) => Row::Top(t),
         }
     }
 
@@ -167,7 +191,9 @@ impl HostLogits {
     pub fn row(&self, i: usize) -> &[f32] {
         match self.get(i) {
             Row::Logits(r) => r,
-            Row::Picked(_) => panic!("row {i} came back as its picked token, not its logits"),
+            Row::Picked(_) | Row::Top(_) => {
+                panic!("row {i} came back as its picked token, not its logits")
+            }
         }
     }
 
@@ -251,7 +277,7 @@ mod tests {
     fn picked_tokens_take_their_rows_places_in_step_order() {
         let whole: Vec<f32> = (0..8).map(|i| i as f32).collect();
         let (a, b) = (picked(7), picked(1));
-        let both = vec![a.clone(), b.clone()];
+        let both = vec![Answer::Picked(a.clone()), Answer::Picked(b.clone())];
         let l = HostLogits::new(whole, 4).with_picked(&[true, false, true, false], both);
         assert_eq!(l.rows(), 4);
         assert_eq!(l.get(0), Row::Picked(&a));
@@ -265,14 +291,14 @@ mod tests {
     #[should_panic(expected = "picked token, not its logits")]
     fn a_picked_row_has_no_logits() {
         HostLogits::new(Vec::new(), 4)
-            .with_picked(&[true], vec![picked(2)])
+            .with_picked(&[true], vec![Answer::Picked(picked(2))])
             .row(0);
     }
 
     #[test]
     #[should_panic(expected = "do not make up the step")]
     fn ids_and_rows_must_make_up_the_step() {
-        HostLogits::new(vec![0.0; 4], 4).with_picked(&[true], vec![picked(2)]);
+        HostLogits::new(vec![0.0; 4], 4).with_picked(&[true], vec![Answer::Picked(picked(2))]);
     }
 
     #[test]

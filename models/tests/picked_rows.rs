@@ -9,7 +9,7 @@
 mod common;
 
 use sluice_models::host_logits::Row;
-use sluice_models::logits::{log_softmax, max_abs_diff, top_logprobs};
+use sluice_models::logits::{log_normaliser, log_softmax, max_abs_diff, top_k, top_logprobs};
 use sluice_models::{Backend, HostLogits, Logits, Model, Network, Pick, SeqChunk, StepBatch};
 
 const BLOCK: usize = 16;
@@ -68,6 +68,17 @@ fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], picks_whole: bool)
     for (i, a) in sampled.into_iter().enumerate() {
         let whole = want.row(i);
         match (a, got.get(i)) {
+            (Logits::Pick(pick @ Pick::Top { k, .. }), Row::Top(t)) if !picks_whole => {
+                let row = &whole[..pick.below() as usize];
+                let want: Vec<u32> = top_k(row, *k);
+                let got: Vec<u32> = t.logits.iter().map(|c| c.0).collect();
+                assert_eq!(got, want, "row {i}");
+                for &(id, l) in &t.logits {
+                    assert!((l - row[id as usize]).abs() <= 1e-4, "row {i}: id {id}");
+                }
+                let d = (t.log_z - log_normaliser(row)).abs();
+                assert!(d <= 1e-4, "row {i}: log normaliser off by {d}");
+            }
             (Logits::Pick(pick), Row::Picked(p)) if !picks_whole => {
                 assert!(p.id < pick.below(), "row {i}: {} past {pick:?}", p.id);
                 assert_eq!(p.id, pick.on_host(whole), "row {i}: {pick:?}");
@@ -95,7 +106,7 @@ fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], picks_whole: bool)
 
 #[test]
 fn picked_rows_come_back_as_the_token_picked_on_the_host_or_whole() {
-    let lens = [9, 17, 4, 30, 12, 21, 6];
+    let lens = [9, 17, 4, 30, 12, 21, 6, 15];
     let vocab = 49_152;
     let draw = |below, temperature, min_p, uniform, top_logprobs| {
         Logits::Pick(Pick::Draw {
@@ -122,6 +133,10 @@ fn picked_rows_come_back_as_the_token_picked_on_the_host_or_whole() {
         // Flattened, floored, and bounded below the likely ids again.
         draw(vocab, 1.7, 0.02, 0.91, 0),
         draw(100, 1.0, 0.0, 0.5, 3),
+        Logits::Pick(Pick::Top {
+            below: vocab,
+            k: 40,
+        }),
     ];
     // Every sampled row whole: the reference.
     let all_whole: Vec<Logits> = ask

@@ -245,7 +245,7 @@ impl CandleLlama {
     }
 
     /// Turns draws at a temperature on the device on or off (default: `SLUICE_DEVICE_DRAWS`,
-    /// see [`picks`]): off, rows that ask for a draw alone come back whole.
+    /// see [`picks`]): off, rows that ask for a draw or a top list alone come back whole.
     pub fn set_device_draws(&self, on: bool) {
         self.device_draws.store(on, Ordering::Relaxed);
     }
@@ -254,7 +254,7 @@ impl CandleLlama {
     fn picks_on_device(&self, pick: &Pick) -> bool {
         match pick {
             Pick::Argmax { .. } => self.device_argmax.load(Ordering::Relaxed),
-            Pick::Draw { .. } => self.device_draws.load(Ordering::Relaxed),
+            Pick::Draw { .. } | Pick::Top { .. } => self.device_draws.load(Ordering::Relaxed),
         }
     }
 

@@ -17,6 +17,11 @@
 //!   sums and 65 kB of blocks) take the place of the rows (12.6 MB) and of the host's
 //!   sampling of them (~4.5 ms on one core).
 //!
+//! - **A top list** ([`Pick::Top`], for a draw from the top `k`, top-p within them
+//!   included): the `k` most likely ids with their logits and the row's log normaliser
+//!   ([`tops`]); the engine's sampler draws among them as it would from the whole row, since
+//!   its top-k path reads nothing else.
+//!
 //! Either way the token comes with its log-probability under the raw logits' softmax (what a
 //! request's `logprobs` report): `−ln Σ e^(logit − max)` for the most likely id, and for a
 //! drawn one `T ln w − ln Σ e^(logit − max)` from its weight `w`; the normaliser rides along
@@ -28,7 +33,7 @@ use candle_core::{DType, Tensor, D};
 
 use crate::batch::Pick;
 use crate::error::Result;
-use crate::host_logits::Picked;
+use crate::host_logits::{Answer, Picked, Top};
 use crate::logits::{self, DRAW_BLOCK};
 
 /// Whether `SLUICE_DEVICE_ARGMAX` leaves greedy ids to the device (anything but `0`, `off` or
@@ -44,22 +49,22 @@ pub fn draws_from_env() -> bool {
     super::env_switch("SLUICE_DEVICE_DRAWS", true)
 }
 
-/// The token each row of `logits` (`[rows, vocab]`, on the model's device) that `picks`
-/// names (`Some`) asks for, with its log-probability and the top ones asked for, in row
-/// order.
-pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Picked>> {
+/// The answer to each row of `logits` (`[rows, vocab]`, on the model's device) that `picks`
+/// names (`Some`): its token with its log-probability and the top ones asked for, or its top
+/// list, in row order.
+pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Answer>> {
     let (rows, vocab) = logits.dims2()?;
     assert_eq!(rows, picks.len(), "a pick or none per row");
     // One pass per kind of pick and bound: every row of a model has the same bound.
-    let group = |p: &Pick| (matches!(p, Pick::Draw { .. }), p.below());
-    let mut groups: Vec<(bool, u32)> = picks.iter().flatten().map(group).collect();
+    let group = |p: &Pick| (kind(p), p.below());
+    let mut groups: Vec<(u8, u32)> = picks.iter().flatten().map(group).collect();
     groups.sort_unstable();
     groups.dedup();
-    let mut ids: Vec<Option<Picked>> = vec![None; rows];
-    for (draw, below) in groups {
+    let mut answers: Vec<Option<Answer>> = vec![None; rows];
+    for (kind, below) in groups {
         let (at, members): (Vec<u32>, Vec<Pick>) = (0..rows as u32)
             .filter_map(|i| picks[i as usize].map(|p| (i, p)))
-            .filter(|(_, p)| group(p) == (draw, below))
+            .filter(|(_, p)| group(p) == (kind, below))
             .unzip();
         let width = (below as usize).clamp(1, vocab);
         // Every row alike (the common step) needs no gathered copy of them.
@@ -72,39 +77,87 @@ pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Picked>
         // A bound below the vocabulary (a padded one) leaves a strided view: the reductions
         // get rows laid out as they expect.
         .contiguous()?;
-        let mut picked = if draw {
-            let draws: Vec<Draw> = members.iter().filter_map(Draw::of).collect();
-            drawn(&selected, &draws)?
-        } else {
-            greedy(&selected)?
+        let answered: Vec<Answer> = match kind {
+            TOP => {
+                let ks: Vec<usize> = members
+                    .iter()
+                    .map(|p| match *p {
+                        Pick::Top { k, .. } => k,
+                        _ => unreachable!("top picks only"),
+                    })
+                    .collect();
+                tops(&selected, &ks)?.into_iter().map(Answer::Top).collect()
+            }
+            _ => {
+                let mut picked = if kind == DRAW {
+                    let draws: Vec<Draw> = members.iter().filter_map(Draw::of).collect();
+                    drawn(&selected, &draws)?
+                } else {
+                    greedy(&selected)?
+                };
+                with_tops(&selected, &members, &mut picked)?;
+                picked.into_iter().map(Answer::Picked).collect()
+            }
         };
-        with_tops(&selected, &members, &mut picked)?;
-        for (&i, id) in at.iter().zip(picked) {
-            ids[i as usize] = Some(id);
+        for (&i, answer) in at.iter().zip(answered) {
+            answers[i as usize] = Some(answer);
         }
     }
     Ok(picks
         .iter()
-        .zip(ids)
-        .filter_map(|(p, id)| p.map(|_| id.expect("every pick answered")))
+        .zip(answers)
+        .filter_map(|(p, a)| p.map(|_| a.expect("every pick answered")))
         .collect())
 }
 
+const ARGMAX: u8 = 0;
+const DRAW: u8 = 1;
+const TOP: u8 = 2;
+
+fn kind(p: &Pick) -> u8 {
+    match p {
+        Pick::Argmax { .. } => ARGMAX,
+        Pick::Draw { .. } => DRAW,
+        Pick::Top { .. } => TOP,
+    }
+}
+
 /// Fills in the top log-probabilities of the `picked` rows of `rows` whose pick asks for
-/// some ([`Pick::top_logprobs`]).
+/// some ([`Pick::top_logprobs`]), from their [`tops`].
+fn with_tops(rows: &Tensor, picks: &[Pick], picked: &mut [Picked]) -> Result<()> {
+    let ks: Vec<usize> = picks.iter().map(Pick::top_logprobs).collect();
+    for (p, top) in picked.iter_mut().zip(tops(rows, &ks)?) {
+        p.top = top
+            .logits
+            .iter()
+            .map(|&(id, l)| (id, l - top.log_z))
+            .collect();
+    }
+    Ok(())
+}
+
+/// Each row's `ks[r]` most likely ids with their logits, most likely first, and its log
+/// normaliser (nothing for a row whose `k` is 0).
 ///
 /// The `k` most likely ids of a row lie in the `k` blocks of [`DRAW_BLOCK`] ids with the
 /// highest maxima (a block holding one of them has a maximum at least the `k`th logit, and
 /// at most `k` blocks do), so two small copies find them: each block's maximum, then the
-/// chosen blocks' logits (at most 20 × 256 a row, OpenAI's largest `top_logprobs`), whose
-/// `k` best the host keeps as the sampler does ([`logits::top_k`]: the lower id first on
-/// ties).
-fn with_tops(rows: &Tensor, picks: &[Pick], picked: &mut [Picked]) -> Result<()> {
-    let asking: Vec<u32> = (0..picks.len() as u32)
-        .filter(|&r| picks[r as usize].top_logprobs() > 0)
+/// chosen blocks' logits (`k` × 1 kB a row), whose `k` best the host keeps as the sampler
+/// does ([`logits::top_k`]: the lower id first on ties; the blocks are chosen by maximum,
+/// then the lower block, and read in id order, which keeps that under ties).
+fn tops(rows: &Tensor, ks: &[usize]) -> Result<Vec<Top>> {
+    let mut out = vec![
+        Top {
+            logits: Vec::new(),
+            log_z: 0.0,
+        };
+        ks.len()
+    ];
+    let asking: Vec<u32> = (0..ks.len() as u32)
+        .filter(|&r| ks[r as usize] > 0)
         .collect();
     if asking.is_empty() {
-        return Ok(());
+        return Ok(out);
     }
     let rows = rows.index_select(&Tensor::new(asking.as_slice(), rows.device())?, 0)?;
     let (n, width) = rows.dims2()?;
@@ -127,7 +180,7 @@ fn with_tops(rows: &Tensor, picks: &[Pick], picked: &mut [Picked]) -> Result<()>
         .zip(&head)
         .map(|(&r, h)| {
             let maxima = &h[1..];
-            let k = picks[r as usize].top_logprobs().min(blocks);
+            let k = ks[r as usize].min(blocks);
             let mut best: Vec<usize> = logits::top_k(maxima, k)
                 .into_iter()
                 .map(|b| b as usize)
@@ -156,13 +209,15 @@ fn with_tops(rows: &Tensor, picks: &[Pick], picked: &mut [Picked]) -> Result<()>
             ids.extend((b * DRAW_BLOCK) as u32..end as u32);
             values.extend(&block[..end - b * DRAW_BLOCK]);
         }
-        let k = picks[r as usize].top_logprobs();
-        picked[r as usize].top = logits::top_k(&values, k)
-            .into_iter()
-            .map(|c| (ids[c as usize], values[c as usize] - h[0]))
-            .collect();
+        out[r as usize] = Top {
+            logits: logits::top_k(&values, ks[r as usize])
+                .into_iter()
+                .map(|c| (ids[c as usize], values[c as usize]))
+                .collect(),
+            log_z: h[0],
+        };
     }
-    Ok(())
+    Ok(out)
 }
 
 /// A draw's numbers, as the sampler uses them.
@@ -188,7 +243,7 @@ impl Draw {
                 floor: min_p.max(0.0),
                 uniform,
             }),
-            Pick::Argmax { .. } => None,
+            Pick::Argmax { .. } | Pick::Top { .. } => None,
         }
     }
 }
@@ -323,34 +378,71 @@ mod tests {
             .collect()
     }
 
-    /// `picks`' tokens from the device, after checking each one's log-probability against
-    /// the host's log-softmax over the pick's ids, and its top ones against the host's (ids
-    /// exactly, ties included).
+    /// `picks`' tokens from the device (a top list's first id), after checking each one's
+    /// log-probability against the host's log-softmax over the pick's ids, and its top ones
+    /// (or its top list) against the host's (ids exactly, ties included).
     fn checked(rows: &[Vec<f32>], picks: &[Option<Pick>]) -> Vec<u32> {
         let got = ids(&tensor(rows), picks).unwrap();
         let picked = picks
             .iter()
             .zip(rows)
             .filter_map(|(p, r)| p.map(|p| (p, r)));
+        // Equal infinities, both not numbers (a row with +∞ has no normaliser), or close.
+        let same = |a: f32, b: f32| a == b || (a - b).abs() <= 1e-4 || a.is_nan() && b.is_nan();
+        let ids = |t: &[(u32, f32)]| t.iter().map(|x| x.0).collect::<Vec<_>>();
+        let mut out = Vec::new();
         for (g, (p, r)) in got.iter().zip(picked) {
             let r = &r[..p.below().min(r.len() as u32) as usize];
+            let g = match (g, p) {
+                (Answer::Top(t), Pick::Top { k, .. }) => {
+                    let want: Vec<(u32, f32)> = logits::top_k(r, k)
+                        .into_iter()
+                        .map(|i| (i, r[i as usize]))
+                        .collect();
+                    assert_eq!(t.logits, want, "{p:?}");
+                    assert!(same(t.log_z, logits::log_normaliser(r)), "{p:?}");
+                    out.push(t.logits[0].0);
+                    continue;
+                }
+                (Answer::Picked(g), _) => g,
+                (g, p) => panic!("{p:?} answered {g:?}"),
+            };
             let top = logits::top_logprobs(r, p.top_logprobs());
-            let ids = |t: &[(u32, f32)]| t.iter().map(|x| x.0).collect::<Vec<_>>();
             assert_eq!(ids(&g.top), ids(&top), "{p:?}");
             for (a, b) in g.top.iter().zip(&top) {
-                // Equal infinities, both not numbers (a row with +∞ has no normaliser), or close.
-                let same = a.1 == b.1 || (a.1 - b.1).abs() <= 1e-4 || a.1.is_nan() && b.1.is_nan();
-                assert!(same, "{p:?}: {a:?} against {b:?}");
+                assert!(same(a.1, b.1), "{p:?}: {a:?} against {b:?}");
             }
             let want = logits::log_softmax(r)[g.id as usize];
-            let close = (g.logprob - want).abs() <= 1e-4 * want.abs().max(1.0);
-            assert!(
-                close || want.is_nan(),
-                "{p:?}: {} against {want}",
-                g.logprob
-            );
+            assert!(same(g.logprob, want), "{p:?}: {} against {want}", g.logprob);
+            out.push(g.id);
         }
-        got.iter().map(|g| g.id).collect()
+        out
+    }
+
+    /// Top lists of 1, 7 and 64 ids over rows full of exact ties, bounded at the row and
+    /// below it, beside draws: the host's `top_k` exactly.
+    #[test]
+    fn top_lists_are_the_host_s_top_k() {
+        let rows = rows(12, 1000);
+        let picks: Vec<Option<Pick>> = (0..rows.len())
+            .map(|r| match r % 4 {
+                0 => Some(Pick::Top {
+                    below: 1000,
+                    k: [1, 7, 64][r % 3],
+                }),
+                1 => Some(Pick::Top { below: 300, k: 64 }),
+                2 => None,
+                _ => Some(Pick::Draw {
+                    below: 1000,
+                    temperature: 1.0,
+                    min_p: 0.0,
+                    uniform: 0.3,
+                    top_logprobs: 2,
+                }),
+            })
+            .collect();
+        let got = checked(&rows, &picks);
+        assert_eq!(got, on_host(&rows, &picks));
     }
 
     #[test]
