@@ -38,8 +38,8 @@ enum Buf {
 enum Slot {
     /// The `i`th whole row of the buffer.
     Whole(usize),
-    Picked(Picked),
-    Top(Top),
+    /// What the model answered for the row's pick instead of the row.
+    Answered(Answer),
 }
 
 /// A row's most likely ids for a caller that draws among them itself ([`crate::Pick::Top`]).
@@ -112,22 +112,19 @@ impl HostLogits {
         Ok(Self::new(t.flatten_all()?.to_vec1::<f32>()?, vocab))
     }
 
-    /// A step's rows from `self`'s whole rows and the tokens picked apart: `picked` has an
-    /// entry per row of the step, `true` for the rows `ids` answer (in order), `false` for
+    /// A step's rows from `self`'s whole rows and the picks answered apart: `picked` has an
+    /// entry per row of the step, `true` for the rows `answers` answer (in order), `false` for
     /// those `self` holds (in order).
     ///
     /// # Panics
     /// If the counts do not match (a bug in the backend).
-    pub(crate) fn with_picked(self, picked: &[bool], ids: Vec<Answer>) -> Self {
-        let (mut whole, mut next_id) = (0, ids.into_iter());
+    pub(crate) fn with_picked(self, picked: &[bool], answers: Vec<Answer>) -> Self {
+        let (mut whole, mut next) = (0, answers.into_iter());
         let slots: Vec<Slot> = picked
             .iter()
             .map(|&p| {
                 if p {
-                    match next_id.next().expect("an answer per picked row") {
-                        Answer::Picked(p) => Slot::Picked(p),
-                        Answer::Top(t) => Slot::Top(t),
-                    }
+                    Slot::Answered(next.next().expect("an answer per picked row"))
                 } else {
                     whole += 1;
                     Slot::Whole(whole - 1)
@@ -135,8 +132,8 @@ impl HostLogits {
             })
             .collect();
         assert!(
-            next_id.next().is_none() && whole == self.whole_rows(),
-            "picked ids and whole rows do not make up the step"
+            next.next().is_none() && whole == self.whole_rows(),
+            "picked answers and whole rows do not make up the step"
         );
         Self {
             slots: Some(slots),
@@ -179,8 +176,8 @@ impl HostLogits {
         match self.slots.as_ref().map(|s| &s[i]) {
             None => Row::Logits(self.whole_row(i)),
             Some(&Slot::Whole(w)) => Row::Logits(self.whole_row(w)),
-            Some(Slot::Picked(p)) => Row::Picked(p),
-            Some(Slot::Top(t)) => Row::Top(t),
+            Some(Slot::Answered(Answer::Picked(p))) => Row::Picked(p),
+            Some(Slot::Answered(Answer::Top(t))) => Row::Top(t),
         }
     }
 

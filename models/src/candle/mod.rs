@@ -356,7 +356,7 @@ impl CandleLlama {
         if picks.iter().all(Option::is_none) {
             return self.pinned.to_host(logits);
         }
-        let ids = picks::ids(logits, &picks)?;
+        let answers = picks::answers(logits, &picks)?;
         let picked: Vec<bool> = picks.iter().map(Option::is_some).collect();
         let whole: Vec<u32> = (0..picked.len() as u32)
             .filter(|&i| !picked[i as usize])
@@ -367,7 +367,7 @@ impl CandleLlama {
             let at = Tensor::new(whole.as_slice(), logits.device())?;
             self.pinned.to_host(&logits.index_select(&at, 0)?)?
         };
-        Ok(whole.with_picked(&picked, ids))
+        Ok(whole.with_picked(&picked, answers))
     }
 
     /// `batch` as a replayed decode step, when it is one and the path is on (and the step is

@@ -52,7 +52,7 @@ pub fn draws_from_env() -> bool {
 /// The answer to each row of `logits` (`[rows, vocab]`, on the model's device) that `picks`
 /// names (`Some`): its token with its log-probability and the top ones asked for, or its top
 /// list, in row order.
-pub(crate) fn ids(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Answer>> {
+pub(crate) fn answers(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Answer>> {
     let (rows, vocab) = logits.dims2()?;
     assert_eq!(rows, picks.len(), "a pick or none per row");
     // One pass per kind of pick and bound: every row of a model has the same bound.
@@ -382,7 +382,7 @@ mod tests {
     /// log-probability against the host's log-softmax over the pick's ids, and its top ones
     /// (or its top list) against the host's (ids exactly, ties included).
     fn checked(rows: &[Vec<f32>], picks: &[Option<Pick>]) -> Vec<u32> {
-        let got = ids(&tensor(rows), picks).unwrap();
+        let got = answers(&tensor(rows), picks).unwrap();
         let picked = picks
             .iter()
             .zip(rows)
