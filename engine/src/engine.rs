@@ -702,7 +702,7 @@ impl Core {
             let s = &mut self.sched.running[i];
             match logits.get(row) {
                 Row::Picked(token) => {
-                    picked.push((i, Ok(made(&mut s.sampler, &s.req.params, token))));
+                    picked.push((i, Ok(made(&mut s.sampler, token))));
                     continue;
                 }
                 Row::Top(top) => {

@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use sluice_models::host_logits::{Picked, Top};
-use sluice_models::logits::{self, argmax, log_normaliser, pick, pick_in_row};
+use sluice_models::logits::{self, argmax, log_normaliser, pick};
 use sluice_models::Pick;
 
 use crate::constraint::{self, Mask};
@@ -190,7 +190,7 @@ pub fn device_pick(p: &SamplingParams, state: &SamplerState, below: u32) -> Opti
     if p.is_greedy() {
         return Some(Pick::Argmax {
             below,
-            top_logprobs,
+            logprobs: p.logprobs,
         });
     }
     if (1..=DEVICE_TOP_K).contains(&p.top_k) {
@@ -204,21 +204,22 @@ pub fn device_pick(p: &SamplingParams, state: &SamplerState, below: u32) -> Opti
         temperature: p.temperature,
         min_p: p.min_p.max(0.0),
         uniform: state.uniform(),
-        top_logprobs,
+        logprobs: p.logprobs,
     })
 }
 
-/// The draw the model made on its device for [`device_pick`]'s pick under `p`: the token
-/// [`sample`] would choose from the whole row (up to exact ties and rounding at a boundary
-/// between two tokens' shares) and, when `p` asks for them, the log-probabilities; its
-/// position passed.
-pub fn made(state: &mut SamplerState, p: &SamplingParams, picked: &Picked) -> Sampled {
+/// The draw the model made on its device for [`device_pick`]'s pick: the token [`sample`]
+/// would choose from the whole row (up to exact ties and rounding at a boundary between two
+/// tokens' shares) and, when the request asks for them, the log-probabilities; its position
+/// passed.
+pub fn made(state: &mut SamplerState, picked: &Picked) -> Sampled {
     state.skip();
     Sampled {
         token: picked.id,
-        logprob: p.logprobs.map(|_| TokenLogprob {
+        // The pick asked for the log-probabilities exactly when `p` does.
+        logprob: picked.logprob.map(|logprob| TokenLogprob {
             token: picked.id,
-            logprob: picked.logprob,
+            logprob,
             top: picked.top.clone(),
         }),
     }
@@ -341,21 +342,14 @@ fn logprob_of(raw: &[f32], token: u32, k: usize) -> TokenLogprob {
 /// vectorised. Without top-k and top-p the draw walks the whole row in token order and builds
 /// no candidate list; with them it walks the candidates they keep, most likely first.
 fn draw(l: &[f32], p: &SamplingParams, uniform: f64) -> u32 {
+    let floor = p.min_p.max(0.0);
+    if p.top_k == 0 && p.top_p >= 1.0 {
+        return logits::draw_in_row(l, 1.0 / p.temperature, floor, uniform);
+    }
     let max = logits::max(l);
     if !max.is_finite() {
         // Every token masked, or one at +∞ (which takes the draw): no weights to draw by.
         return argmax(l);
-    }
-    let floor = p.min_p.max(0.0);
-    if p.top_k == 0 && p.top_p >= 1.0 {
-        let mut w = Vec::new();
-        logits::softmax_weights(l, max, 1.0 / p.temperature, &mut w);
-        if floor > 0.0 {
-            w.iter_mut()
-                .filter(|wi| **wi < floor)
-                .for_each(|wi| *wi = 0.0);
-        }
-        return pick_in_row(&w, uniform).unwrap_or_else(|| argmax(l));
     }
     drawn_among(&candidates(l, max, p), floor, uniform).unwrap_or_else(|| argmax(l))
 }
@@ -527,7 +521,7 @@ mod tests {
             pick(|p| p.temperature = 0.0),
             Some(Pick::Argmax {
                 below: 100,
-                top_logprobs: 0
+                logprobs: None
             })
         );
         assert_eq!(
@@ -541,10 +535,10 @@ mod tests {
                 temperature: 0.7,
                 min_p: 0.05,
                 uniform: state.uniform(),
-                top_logprobs: DEVICE_TOP_LOGPROBS,
+                logprobs: Some(DEVICE_TOP_LOGPROBS),
             })
         );
-        assert_eq!(pick(|p| p.logprobs = Some(0)).unwrap().top_logprobs(), 0);
+        assert_eq!(pick(|p| p.logprobs = Some(0)).unwrap().logprobs(), Some(0));
         assert_eq!(
             pick(|p| {
                 p.top_k = 10;
@@ -614,8 +608,8 @@ mod tests {
                 let pick = device_pick(&p, &made_here, 5_000).unwrap();
                 let id = pick.on_host(&r);
                 let top = logits::top_logprobs(&r, pick.top_logprobs());
-                let logprob = log_softmax[id as usize];
-                let b = made(&mut made_here, &p, &Picked { id, logprob, top });
+                let logprob = pick.logprobs().map(|_| log_softmax[id as usize]);
+                let b = made(&mut made_here, &Picked { id, logprob, top });
                 assert_eq!((a.token, a.logprob), (b.token, b.logprob));
                 assert_eq!(drawn.position, made_here.position);
             }

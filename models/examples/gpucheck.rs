@@ -428,14 +428,14 @@ impl Decode {
         match self {
             Decode::Greedy => Pick::Argmax {
                 below,
-                top_logprobs: 0,
+                logprobs: None,
             },
             Decode::Sampled => Pick::Draw {
                 below,
                 temperature: 1.0,
                 min_p: 0.0,
                 uniform: uniform(step, s),
-                top_logprobs: 0,
+                logprobs: None,
             },
         }
     }

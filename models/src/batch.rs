@@ -23,13 +23,13 @@ pub enum Logits {
 
 /// The token a row's sequence takes from it, for a model that chooses it on its device
 /// ([`Logits::Pick`]): what the engine's sampler would choose from the whole row, the same
-/// token up to exact ties and rounding at a boundary between two tokens' shares; with it, its
-/// log-probability and those of the `top_logprobs` most likely ids
-/// ([`crate::host_logits::Picked`]).
+/// token up to exact ties and rounding at a boundary between two tokens' shares; with it,
+/// when `logprobs` is `Some(n)` (a request's `logprobs` / `top_logprobs`), its
+/// log-probability and those of the `n` most likely ids ([`crate::host_logits::Picked`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Pick {
     /// The most likely id below `below` (greedy).
-    Argmax { below: u32, top_logprobs: usize },
+    Argmax { below: u32, logprobs: Option<usize> },
     /// A draw over the ids below `below` from the softmax at `temperature` (> 0), ids whose
     /// weight relative to the most likely one's is below `min_p` (0: none) left out: the
     /// id whose share of the cumulative weights in id order holds `uniform` (in [0, 1)) of
@@ -39,7 +39,7 @@ pub enum Pick {
         temperature: f32,
         min_p: f32,
         uniform: f64,
-        top_logprobs: usize,
+        logprobs: Option<usize>,
     },
     /// The `k` most likely ids below `below` with their logits, and the row's log normaliser
     /// ([`crate::host_logits::Top`]): all that a draw from the top `k` (top-p within them
@@ -57,12 +57,18 @@ impl Pick {
         }
     }
 
+    /// Whether the caller reads the picked token's log-probability, and of how many of the
+    /// most likely ids besides (`None` for a top list, which carries its logits).
+    pub fn logprobs(&self) -> Option<usize> {
+        match *self {
+            Pick::Argmax { logprobs, .. } | Pick::Draw { logprobs, .. } => logprobs,
+            Pick::Top { .. } => None,
+        }
+    }
+
     /// How many of the most likely ids the caller reads the log-probabilities of.
     pub fn top_logprobs(&self) -> usize {
-        match *self {
-            Pick::Argmax { top_logprobs, .. } | Pick::Draw { top_logprobs, .. } => top_logprobs,
-            Pick::Top { .. } => 0,
-        }
+        self.logprobs().unwrap_or(0)
     }
 
     /// The token this pick chooses from a whole row of logits, made on the host: what a
@@ -70,22 +76,15 @@ impl Pick {
     /// caller that got the row whole makes of it.
     pub fn on_host(&self, row: &[f32]) -> u32 {
         let l = &row[..(self.below() as usize).min(row.len())];
-        let max = logits::max(l);
         match *self {
             Pick::Draw {
                 temperature,
                 min_p,
                 uniform,
                 ..
-            } if max.is_finite() => {
-                let mut w = Vec::new();
-                logits::softmax_weights(l, max, 1.0 / temperature, &mut w);
-                w.iter_mut().filter(|x| **x < min_p).for_each(|x| *x = 0.0);
-                logits::pick_in_row(&w, uniform).unwrap_or_else(|| logits::argmax(l))
-            }
-            // Greedy, or a row with no weights to draw by (a logit of +∞, or every one −∞); a
-            // top list's first id.
-            _ => logits::argmax(l),
+            } => logits::draw_in_row(l, 1.0 / temperature, min_p.max(0.0), uniform),
+            // Greedy; a top list's first id.
+            Pick::Argmax { .. } | Pick::Top { .. } => logits::argmax(l),
         }
     }
 }
@@ -186,7 +185,7 @@ mod tests {
         let argmax = |below| {
             Logits::Pick(Pick::Argmax {
                 below,
-                top_logprobs: 0,
+                logprobs: None,
             })
         };
         let draw = Pick::Draw {
@@ -194,7 +193,7 @@ mod tests {
             temperature: 0.7,
             min_p: 0.0,
             uniform: 0.25,
-            top_logprobs: 3,
+            logprobs: Some(3),
         };
         let batch = StepBatch {
             seqs: vec![
@@ -212,7 +211,7 @@ mod tests {
             vec![
                 Some(Pick::Argmax {
                     below: 7,
-                    top_logprobs: 0
+                    logprobs: None
                 }),
                 None,
                 None,

@@ -59,14 +59,16 @@ pub enum Answer {
     Top(Top),
 }
 
-/// A token picked from its row on the model's device ([`crate::Pick`]), with its
-/// log-probability under the softmax of the row's raw logits over the pick's ids (what a
-/// request's `logprobs` report, whatever its temperature), and the pick's `top_logprobs` most
-/// likely ids with theirs, most likely first (the lower id first on ties).
+/// A token picked from its row on the model's device ([`crate::Pick`]), with, when the pick
+/// asks for them ([`crate::Pick::logprobs`]), its log-probability under the softmax of the
+/// row's raw logits over the pick's ids (what a request's `logprobs` report, whatever its
+/// temperature) and the pick's `top_logprobs` most likely ids with theirs, most likely first
+/// (the lower id first on ties).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Picked {
     pub id: u32,
-    pub logprob: f32,
+    /// `None` when the pick asked for no log-probabilities: the model skipped the normaliser.
+    pub logprob: Option<f32>,
     pub top: Vec<(u32, f32)>,
 }
 
@@ -251,7 +253,7 @@ mod tests {
     fn picked(id: u32) -> Picked {
         Picked {
             id,
-            logprob: -(id as f32),
+            logprob: Some(-(id as f32)),
             top: vec![(id, -(id as f32))],
         }
     }

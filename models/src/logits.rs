@@ -200,6 +200,24 @@ pub fn pick_in_row(w: &[f32], uniform: f64) -> Option<u32> {
     pick((start as u32..).zip(block.iter().copied()), sums[b], within)
 }
 
+/// A draw over the whole row `l` from its softmax at inverse temperature `scale`, weights
+/// below `floor` relative to the most likely id's left out ([`pick_in_row`]): the engine's
+/// sampler's draw without top-k or top-p, and what a model that draws on its device
+/// reproduces. The argmax when the row has no weights to draw by (a logit of +∞, every one
+/// −∞, or not a number) or rounding leaves the walk short.
+pub fn draw_in_row(l: &[f32], scale: f32, floor: f32, uniform: f64) -> u32 {
+    let max = max(l);
+    if !max.is_finite() {
+        return argmax(l);
+    }
+    let mut w = Vec::new();
+    softmax_weights(l, max, scale, &mut w);
+    if floor > 0.0 {
+        w.iter_mut().filter(|x| **x < floor).for_each(|x| *x = 0.0);
+    }
+    pick_in_row(&w, uniform).unwrap_or_else(|| argmax(l))
+}
+
 /// The largest absolute difference between two equally shaped sets of rows (the
 /// log-probabilities or attention outputs of two backends or attention paths).
 pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {

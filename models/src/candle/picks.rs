@@ -77,27 +77,15 @@ pub(crate) fn answers(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Ans
         // A bound below the vocabulary (a padded one) leaves a strided view: the reductions
         // get rows laid out as they expect.
         .contiguous()?;
-        let answered: Vec<Answer> = match kind {
-            TOP => {
-                let ks: Vec<usize> = members
-                    .iter()
-                    .map(|p| match *p {
-                        Pick::Top { k, .. } => k,
-                        _ => unreachable!("top picks only"),
-                    })
-                    .collect();
-                tops(&selected, &ks)?.into_iter().map(Answer::Top).collect()
-            }
-            _ => {
-                let mut picked = if kind == DRAW {
-                    let draws: Vec<Draw> = members.iter().filter_map(Draw::of).collect();
-                    drawn(&selected, &draws)?
-                } else {
-                    greedy(&selected)?
-                };
-                with_tops(&selected, &members, &mut picked)?;
-                picked.into_iter().map(Answer::Picked).collect()
-            }
+        let answered: Vec<Answer> = if kind == TOP {
+            let ks: Vec<usize> = members.iter().map(listed).collect();
+            let (max, shifted) = shifted(&selected)?;
+            let log_z = log_normalisers(&max, &normalisers(&shifted)?)?;
+            let tops = tops(&selected, &log_z, &ks)?;
+            tops.into_iter().map(Answer::Top).collect()
+        } else {
+            let picked = picked(&selected, &members)?;
+            picked.into_iter().map(Answer::Picked).collect()
         };
         for (&i, answer) in at.iter().zip(answered) {
             answers[i as usize] = Some(answer);
@@ -122,11 +110,48 @@ fn kind(p: &Pick) -> u8 {
     }
 }
 
+/// How many of the most likely ids the answer to `p` lists: a top list's `k`, or the top
+/// log-probabilities a token asks for.
+fn listed(p: &Pick) -> usize {
+    match *p {
+        Pick::Top { k, .. } => k,
+        Pick::Argmax { .. } | Pick::Draw { .. } => p.top_logprobs(),
+    }
+}
+
+/// The tokens of `rows`, whose `picks` are all argmaxes or all draws, with the
+/// log-probabilities they ask for. The normaliser (an `exp` and a sum over every row) is
+/// summed only when one of them asks: most requests do not.
+fn picked(rows: &Tensor, picks: &[Pick]) -> Result<Vec<Picked>> {
+    let draws: Vec<Draw> = picks.iter().filter_map(Draw::of).collect();
+    let scored = picks.iter().any(|p| p.logprobs().is_some());
+    if draws.is_empty() && !scored {
+        return greedy(rows, None);
+    }
+    let (max, shifted) = shifted(rows)?;
+    let z = scored.then(|| normalisers(&shifted)).transpose()?;
+    let mut picked = if draws.is_empty() {
+        greedy(rows, z.as_ref())?
+    } else {
+        drawn(rows, &shifted, z.as_ref(), &draws)?
+    };
+    if let Some(z) = z.filter(|_| picks.iter().any(|p| listed(p) > 0)) {
+        with_tops(rows, &log_normalisers(&max, &z)?, picks, &mut picked)?;
+    }
+    // A row that asked for none gets none, whatever its neighbours asked.
+    for (p, pick) in picked.iter_mut().zip(picks) {
+        if pick.logprobs().is_none() {
+            p.logprob = None;
+        }
+    }
+    Ok(picked)
+}
+
 /// Fills in the top log-probabilities of the `picked` rows of `rows` whose pick asks for
-/// some ([`Pick::top_logprobs`]), from their [`tops`].
-fn with_tops(rows: &Tensor, picks: &[Pick], picked: &mut [Picked]) -> Result<()> {
-    let ks: Vec<usize> = picks.iter().map(Pick::top_logprobs).collect();
-    for (p, top) in picked.iter_mut().zip(tops(rows, &ks)?) {
+/// some ([`Pick::top_logprobs`]), from their [`tops`] (`log_z`: each row's log normaliser).
+fn with_tops(rows: &Tensor, log_z: &Tensor, picks: &[Pick], picked: &mut [Picked]) -> Result<()> {
+    let ks: Vec<usize> = picks.iter().map(listed).collect();
+    for (p, top) in picked.iter_mut().zip(tops(rows, log_z, &ks)?) {
         p.top = top
             .logits
             .iter()
@@ -137,7 +162,7 @@ fn with_tops(rows: &Tensor, picks: &[Pick], picked: &mut [Picked]) -> Result<()>
 }
 
 /// Each row's `ks[r]` most likely ids with their logits, most likely first, and its log
-/// normaliser (nothing for a row whose `k` is 0).
+/// normaliser (from `log_z`, `[rows, 1]`; nothing for a row whose `k` is 0).
 ///
 /// The `k` most likely ids of a row lie in the `k` blocks of [`DRAW_BLOCK`] ids with the
 /// highest maxima (a block holding one of them has a maximum at least the `k`th logit, and
@@ -145,7 +170,7 @@ fn with_tops(rows: &Tensor, picks: &[Pick], picked: &mut [Picked]) -> Result<()>
 /// chosen blocks' logits (`k` × 1 kB a row), whose `k` best the host keeps as the sampler
 /// does ([`logits::top_k`]: the lower id first on ties; the blocks are chosen by maximum,
 /// then the lower block, and read in id order, which keeps that under ties).
-fn tops(rows: &Tensor, ks: &[usize]) -> Result<Vec<Top>> {
+fn tops(rows: &Tensor, log_z: &Tensor, ks: &[usize]) -> Result<Vec<Top>> {
     let mut out = vec![
         Top {
             logits: Vec::new(),
@@ -159,11 +184,17 @@ fn tops(rows: &Tensor, ks: &[usize]) -> Result<Vec<Top>> {
     if asking.is_empty() {
         return Ok(out);
     }
-    let rows = rows.index_select(&Tensor::new(asking.as_slice(), rows.device())?, 0)?;
+    let (rows, log_z) = if asking.len() == ks.len() {
+        (rows.clone(), log_z.clone())
+    } else {
+        let asking = Tensor::new(asking.as_slice(), rows.device())?;
+        (
+            rows.index_select(&asking, 0)?,
+            log_z.index_select(&asking, 0)?,
+        )
+    };
     let (n, width) = rows.dims2()?;
     let blocks = width.div_ceil(DRAW_BLOCK);
-    let max = rows.max_keepdim(D::Minus1)?;
-    let log_z = normalisers(&rows.broadcast_sub(&max)?)?.log()?.add(&max)?;
     let pad = blocks * DRAW_BLOCK - width;
     let padded = if pad > 0 {
         let none = Tensor::full(f32::NEG_INFINITY, (n, pad), rows.device())?;
@@ -248,6 +279,13 @@ impl Draw {
     }
 }
 
+/// Each row's maximum (`[rows, 1]`) and its logits less it.
+fn shifted(rows: &Tensor) -> Result<(Tensor, Tensor)> {
+    let max = rows.max_keepdim(D::Minus1)?;
+    let shifted = rows.broadcast_sub(&max)?;
+    Ok((max, shifted))
+}
+
 /// `Σ e^(logit − max)` of each row (`[rows, 1]`), given its `shifted` logits (`logit − max`):
 /// the most likely id's log-probability is `−ln` of it, any other's its shifted logit less
 /// that.
@@ -255,27 +293,43 @@ fn normalisers(shifted: &Tensor) -> Result<Tensor> {
     Ok(shifted.exp()?.sum_keepdim(D::Minus1)?)
 }
 
-/// Each row's most likely id and its log-probability, in one copy.
-fn greedy(rows: &Tensor) -> Result<Vec<Picked>> {
-    let max = rows.max_keepdim(D::Minus1)?;
-    let z = normalisers(&rows.broadcast_sub(&max)?)?;
+/// Each row's `ln Σ e^logit`, from its maximum and [`normalisers`]: a logit less it is that
+/// id's log-probability.
+fn log_normalisers(max: &Tensor, z: &Tensor) -> Result<Tensor> {
+    Ok(z.log()?.add(max)?)
+}
+
+/// Each row's most likely id and, given the rows' [`normalisers`] `z`, its log-probability:
+/// one copy.
+fn greedy(rows: &Tensor, z: Option<&Tensor>) -> Result<Vec<Picked>> {
     // Ids below 2^24 are exact in f32 (vocabularies are below 2^18).
     let id = rows.argmax_keepdim(D::Minus1)?.to_dtype(DType::F32)?;
-    let both = Tensor::cat(&[&id, &z], D::Minus1)?.to_vec2::<f32>()?;
+    let both = match z {
+        Some(z) => Tensor::cat(&[&id, z], D::Minus1)?,
+        None => id,
+    }
+    .to_vec2::<f32>()?;
     Ok(both
         .iter()
         .map(|r| Picked {
             id: r[0] as u32,
-            logprob: -r[1].ln(),
+            logprob: r.get(1).map(|z| -z.ln()),
             top: Vec::new(),
         })
         .collect())
 }
 
-/// Each row's draw (one of `draws` per row): block sums on the device, the block holding the
-/// draw found on the host, then that block's weights walked on the host. A row with no weight
-/// to draw by (a logit of +∞, or not a number) takes its argmax, as the sampler does.
-fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<Picked>> {
+/// Each row's draw (one of `draws` per row) from its `shifted` logits, with its
+/// log-probability given the rows' [`normalisers`] `z`: block sums on the device, the block
+/// holding the draw found on the host, then that block's weights walked on the host. A row
+/// with no weight to draw by (a logit of +∞, or not a number) takes its argmax, as the
+/// sampler does.
+fn drawn(
+    rows: &Tensor,
+    shifted: &Tensor,
+    z: Option<&Tensor>,
+    draws: &[Draw],
+) -> Result<Vec<Picked>> {
     let (n, width) = rows.dims2()?;
     let device = rows.device();
     let per_row = |f: fn(&Draw) -> f32| -> Result<Tensor> {
@@ -285,8 +339,6 @@ fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<Picked>> {
             device,
         )?)
     };
-    let shifted = rows.broadcast_sub(&rows.max_keepdim(D::Minus1)?)?;
-    let z = normalisers(&shifted)?;
     let mut w = shifted.broadcast_mul(&per_row(|d| d.scale)?)?.exp()?;
     if draws.iter().any(|d| d.floor > 0.0) {
         // As the sampler: a weight below the floor is dropped.
@@ -299,8 +351,12 @@ fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<Picked>> {
     }
     let w = w.reshape((n * blocks, DRAW_BLOCK))?;
     // Each row's block sums and, last, its normaliser: one copy.
-    let sums = Tensor::cat(&[&w.sum(D::Minus1)?.reshape((n, blocks))?, &z], D::Minus1)?
-        .to_vec2::<f32>()?;
+    let block_sums = w.sum(D::Minus1)?.reshape((n, blocks))?;
+    let sums = match z {
+        Some(z) => Tensor::cat(&[&block_sums, z], D::Minus1)?,
+        None => block_sums,
+    }
+    .to_vec2::<f32>()?;
     let found: Vec<Option<(usize, f64)>> = sums
         .iter()
         .zip(draws)
@@ -323,7 +379,9 @@ fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<Picked>> {
             let id = logits::pick(weighted, f64::from(sums[r][b]), within)?;
             // The drawn weight is e^((logit − max) / T): T ln of it is the shifted logit.
             let w = held[r][(id - first) as usize];
-            let logprob = w.ln() / draws[r].scale - sums[r][blocks].ln();
+            let logprob = sums[r]
+                .get(blocks)
+                .map(|z| w.ln() / draws[r].scale - z.ln());
             Some(Picked {
                 id,
                 logprob,
@@ -337,7 +395,9 @@ fn drawn(rows: &Tensor, draws: &[Draw]) -> Result<Vec<Picked>> {
     let mut fallback = if unweighted.is_empty() {
         Vec::new()
     } else {
-        greedy(&rows.index_select(&Tensor::new(unweighted.as_slice(), device)?, 0)?)?
+        let unweighted = Tensor::new(unweighted.as_slice(), device)?;
+        let z = z.map(|z| z.index_select(&unweighted, 0)).transpose()?;
+        greedy(&rows.index_select(&unweighted, 0)?, z.as_ref())?
     }
     .into_iter();
     Ok(picked
@@ -413,7 +473,11 @@ mod tests {
                 assert!(same(a.1, b.1), "{p:?}: {a:?} against {b:?}");
             }
             let want = logits::log_softmax(r)[g.id as usize];
-            assert!(same(g.logprob, want), "{p:?}: {} against {want}", g.logprob);
+            match g.logprob {
+                Some(got) => assert!(same(got, want), "{p:?}: {got} against {want}"),
+                None => assert_eq!(p.logprobs(), None, "{p:?} asked for its log-probability"),
+            }
+            assert_eq!(g.logprob.is_some(), p.logprobs().is_some(), "{p:?}");
             out.push(g.id);
         }
         out
@@ -437,7 +501,7 @@ mod tests {
                     temperature: 1.0,
                     min_p: 0.0,
                     uniform: 0.3,
-                    top_logprobs: 2,
+                    logprobs: Some(2),
                 }),
             })
             .collect();
@@ -448,19 +512,14 @@ mod tests {
     #[test]
     fn each_bounded_row_gets_the_sampler_s_greedy_id_below_its_bound() {
         let rows = rows(6, 1000);
-        let argmax = |below, top_logprobs| {
-            Some(Pick::Argmax {
-                below,
-                top_logprobs,
-            })
-        };
+        let argmax = |below, logprobs| Some(Pick::Argmax { below, logprobs });
         let picks = [
-            argmax(1000, 0),
+            argmax(1000, None),
             None,
-            argmax(300, 20),
-            argmax(1000, 3),
+            argmax(300, Some(20)),
+            argmax(1000, Some(3)),
             None,
-            argmax(5000, 1),
+            argmax(5000, Some(0)),
         ];
         let got = checked(&rows, &picks);
         assert_eq!(got, on_host(&rows, &picks));
@@ -479,14 +538,14 @@ mod tests {
                 0 => None,
                 1 => Some(Pick::Argmax {
                     below: 700,
-                    top_logprobs: r % 7,
+                    logprobs: (r % 3 > 0).then_some(r % 7),
                 }),
                 k => Some(Pick::Draw {
                     below: [1000, 700, 1000][k - 2],
                     temperature: [0.3, 1.0, 2.5][k - 2],
                     min_p: [0.0, 0.0, 0.05][k - 2],
                     uniform: (r as f64 * 0.618_034).fract().min(0.999_999),
-                    top_logprobs: [0, 5, 20][k - 2],
+                    logprobs: [None, Some(5), Some(20)][k - 2],
                 }),
             })
             .collect();
@@ -513,7 +572,7 @@ mod tests {
                 temperature: 1.0,
                 min_p: 0.0,
                 uniform,
-                top_logprobs: 2,
+                logprobs: Some(2),
             })
         };
         let picks = [draw(0.5), draw(0.999), draw(0.0)];
