@@ -10,8 +10,9 @@ replica must show and prints one JSON object:
     chunks), and `--concurrent` greedy completions at once (all 200, aggregate output tok/s);
     then as many at temperature 1 alone, OpenAI's default (`concurrent_temperature`: drawn on
     the device, two small copies a step), and at temperature 1, top-p 0.95
-    (`concurrent_sampled`: drawn on the host from whole rows of logits): the differences are
-    what each way of drawing costs per step.
+    (`concurrent_sampled`: drawn on the host from the device's top 64 with the row's mass, or
+    from the whole row where those do not hold the nucleus): the differences are what each way
+    of drawing costs per step.
 
 Standard library only: the GPU machine has Python but nothing can be installed there.
 """

@@ -164,6 +164,18 @@ fn tokens_picked_by_the_model_stay_below_the_tokenizer() {
             logprobs: Some(3),
             ..plain.clone()
         },
+        // Top-p over the whole row: this near-uniform row's nucleus reaches past the top 64,
+        // so it comes back whole (65,536 ids), and is cut at the tokenizer all the same.
+        SamplingParams {
+            top_p: 0.95,
+            logprobs: Some(2),
+            ..plain.clone()
+        },
+        SamplingParams {
+            top_p: 0.3,
+            temperature: 0.05,
+            ..plain.clone()
+        },
     ];
     for params in cases {
         let mut runs = Vec::new();

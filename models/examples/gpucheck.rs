@@ -28,8 +28,9 @@
 //!   greedy and sampled sequences reduced to their token on the device besides
 //!   (`SLUICE_DEVICE_ARGMAX`, `SLUICE_DEVICE_DRAWS`, the defaults): teacher-forced logprobs
 //!   each way (identical unless a copy is wrong), whether the buffers stayed on (an
-//!   allocation failure turns them off), sixteen prompts' greedy and sampled tokens picked on
-//!   the device against the host's from whole rows (`device_picks_ids`), then `bench`'s
+//!   allocation failure turns them off), sixteen prompts' greedy and sampled tokens, and top
+//!   lists for top-p over the whole row, picked on the device against the host's from whole
+//!   rows (`device_picks_ids`: `greedy`, `sampled`, `nucleus`), then `bench`'s
 //!   prefill and decode steps timed each way (with `--sampled`, sampled decode steps too).
 //!   On the CPU nothing is pinned.
 //!
@@ -54,7 +55,8 @@ use sluice_models::candle::AttentionPath;
 use sluice_models::host_logits::Row;
 use sluice_models::logits::{argmax, log_softmax};
 use sluice_models::{
-    Backend, DeviceSpec, HostLogits, KvStore, LlamaConfig, Logits, Pick, SeqChunk, StepBatch,
+    Backend, DeviceSpec, HostLogits, KvStore, LlamaConfig, Logits, Nucleus, Pick, SeqChunk,
+    StepBatch,
 };
 
 #[derive(Parser, Debug)]
@@ -420,6 +422,11 @@ enum Decode {
     Greedy,
     /// Draws at temperature 1 ([`Pick::Draw`]; OpenAI's default and the load tester's).
     Sampled,
+    /// Top-p over the whole row ([`Pick::Top`] with a [`Nucleus`]): 0.95 at temperature 0.7
+    /// (what chat front ends often send) for even sequences, 0.5 at 0.2 for odd ones (a
+    /// sharp nucleus, which the top 64 hold even on a random model): the top 64 with the
+    /// row's mass, or the row whole.
+    Nucleus,
 }
 
 impl Decode {
@@ -436,6 +443,14 @@ impl Decode {
                 min_p: 0.0,
                 uniform: uniform(step, s),
                 logprobs: None,
+            },
+            Decode::Nucleus => Pick::Top {
+                below,
+                k: 64,
+                nucleus: Some(Nucleus {
+                    temperature: [0.7, 0.2][s % 2],
+                    top_p: [0.95, 0.5][s % 2],
+                }),
             },
         }
     }
@@ -650,6 +665,7 @@ fn host_copy(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
     out["device_picks_ids"] = json!({
         "greedy": picks_agree(net, a.tokens, Decode::Greedy)?,
         "sampled": picks_agree(net, a.tokens, Decode::Sampled)?,
+        "nucleus": picks_agree(net, a.tokens, Decode::Nucleus)?,
     });
     set((true, true));
     Ok(out)
@@ -657,7 +673,8 @@ fn host_copy(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
 
 /// Sixteen prompts' tokens picked on the device and on the host from whole rows, in one
 /// prefill step each way: how many agree (all of them, exact ties and a draw's rounding at a
-/// boundary between two tokens aside).
+/// boundary between two tokens aside; a top list's first id against the row's argmax), and
+/// how many rows came back as top lists (`listed`; a nucleus they do not hold comes whole).
 fn picks_agree(net: &Net, n: usize, decode: Decode) -> Result<serde_json::Value> {
     let candle = net.candle()?;
     let vocab = net.config().vocab_size;
@@ -666,7 +683,7 @@ fn picks_agree(net: &Net, n: usize, decode: Decode) -> Result<serde_json::Value>
     let picks: Vec<Pick> = (0..seqs.len())
         .map(|s| decode.pick(vocab as u32, 0, s))
         .collect();
-    let mut tokens_each_way = Vec::new();
+    let (mut tokens_each_way, mut listed) = (Vec::new(), 0);
     for on_device in [true, false] {
         candle.set_device_argmax(on_device);
         candle.set_device_draws(on_device);
@@ -676,13 +693,19 @@ fn picks_agree(net: &Net, n: usize, decode: Decode) -> Result<serde_json::Value>
                 .map(|s| chunk(seqs[s].clone(), 0, s, per_seq, Logits::Pick(picks[s])))
                 .collect(),
         };
-        tokens_each_way.push(picked(&net.forward_host(&batch, &mut kv)?, &picks));
+        let logits = net.forward_host(&batch, &mut kv)?;
+        if on_device {
+            listed = (0..logits.rows())
+                .filter(|&i| matches!(logits.get(i), Row::Top(_)))
+                .count();
+        }
+        tokens_each_way.push(picked(&logits, &picks));
     }
     let [device, host] = &tokens_each_way[..] else {
         unreachable!("two ways")
     };
     let same = device.iter().zip(host).filter(|(a, b)| a == b).count();
-    Ok(json!({"rows": device.len(), "same": same}))
+    Ok(json!({"rows": device.len(), "same": same, "listed": listed}))
 }
 
 /// Ways of running the model, by name, and how to switch to one.

@@ -43,8 +43,22 @@ pub enum Pick {
     },
     /// The `k` most likely ids below `below` with their logits, and the row's log normaliser
     /// ([`crate::host_logits::Top`]): all that a draw from the top `k` (top-p within them
-    /// included) and its log-probabilities read, so the caller draws it itself.
-    Top { below: u32, k: usize },
+    /// included) and its log-probabilities read, so the caller draws it itself. With a
+    /// [`Nucleus`] (top-p over the whole row), also the row's total weight at its temperature,
+    /// or the whole row where the `k` do not hold the nucleus.
+    Top {
+        below: u32,
+        k: usize,
+        nucleus: Option<Nucleus>,
+    },
+}
+
+/// Top-p over a whole row ([`Pick::Top`]): the fewest most likely ids whose weights at
+/// `temperature` (> 0) reach `top_p` of the row's total.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Nucleus {
+    pub temperature: f32,
+    pub top_p: f32,
 }
 
 impl Pick {

@@ -50,6 +50,10 @@ pub struct Top {
     /// `ln Σ e^logit` over the row's ids below the pick's bound: a logit less it is that id's
     /// log-probability.
     pub log_z: f32,
+    /// For a [`crate::Nucleus`]: the row's total weight at its temperature (`Σ e^((logit −
+    /// max) / T)` over the ids below the bound, the most likely id's weight 1), which its
+    /// `top_p` is a share of; the list holds the nucleus ([`crate::logits::holds_nucleus`]).
+    pub mass: Option<f32>,
 }
 
 /// What a model answers for a [`crate::Pick`] on its device.

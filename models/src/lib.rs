@@ -42,7 +42,7 @@ pub mod registry;
 pub mod tokenizer;
 pub mod weights;
 
-pub use batch::{Logits, Pick, SeqChunk, StepBatch};
+pub use batch::{Logits, Nucleus, Pick, SeqChunk, StepBatch};
 pub use candle::CandleLlama;
 pub use config::LlamaConfig;
 pub use device::{Backend, DeviceSpec};

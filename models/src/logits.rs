@@ -218,6 +218,22 @@ pub fn draw_in_row(l: &[f32], scale: f32, floor: f32, uniform: f64) -> u32 {
     pick_in_row(&w, uniform).unwrap_or_else(|| argmax(l))
 }
 
+/// Whether a row's most likely ids `top` (`(id, logit)`, most likely first) hold the nucleus
+/// that `top_p` keeps at inverse temperature `scale`: their weights (`e^((logit − max) ·
+/// scale)`, the first's 1) reach `top_p` of `mass`, the whole row's. Then the nucleus, the
+/// fewest most likely ids that reach it, is among them. Not when the row has no weights to
+/// draw by (a logit of +∞, or none finite).
+pub fn holds_nucleus(top: &[(u32, f32)], scale: f32, mass: f32, top_p: f32) -> bool {
+    let Some(&(_, max)) = top.first().filter(|t| t.1.is_finite()) else {
+        return false;
+    };
+    let held: f64 = top
+        .iter()
+        .map(|&(_, l)| f64::from(exp_le_zero((l - max) * scale)))
+        .sum();
+    held >= f64::from(top_p) * f64::from(mass)
+}
+
 /// The largest absolute difference between two equally shaped sets of rows (the
 /// log-probabilities or attention outputs of two backends or attention paths).
 pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {

@@ -1,7 +1,8 @@
-//! Rows that ask for a picked token alone ([`Logits::Pick`]: a greedy id, or a draw at a
-//! temperature), through the real model: the candle backend answers them with the token the
-//! pick chooses from the whole row on the host (below the row's bound) and its log-probability
-//! there, in an ordinary step beside whole rows and in a decode step on the fixed inputs a GPU
+//! Rows that ask for a picked token alone ([`Logits::Pick`]: a greedy id, a draw at a
+//! temperature, a top list, a nucleus), through the real model: the candle backend answers
+//! them with the token the pick chooses from the whole row on the host (below the row's
+//! bound) and its log-probability there (a top list as the host's top k; a nucleus's with the
+//! row's mass, or the row whole where the list does not hold the nucleus), in an ordinary step beside whole rows and in a decode step on the fixed inputs a GPU
 //! replays; with `set_device_argmax(false)` and `set_device_draws(false)` it answers them
 //! whole, and the CPU kernels always do. Whole rows come back as they would without picked
 //! rows beside them.
@@ -9,8 +10,13 @@
 mod common;
 
 use sluice_models::host_logits::Row;
-use sluice_models::logits::{log_normaliser, log_softmax, max_abs_diff, top_k, top_logprobs};
-use sluice_models::{Backend, HostLogits, Logits, Model, Network, Pick, SeqChunk, StepBatch};
+use sluice_models::logits::{
+    holds_nucleus, log_normaliser, log_softmax, max, max_abs_diff, softmax_weights, sum_of, top_k,
+    top_logprobs,
+};
+use sluice_models::{
+    Backend, HostLogits, Logits, Model, Network, Nucleus, Pick, SeqChunk, StepBatch,
+};
 
 const BLOCK: usize = 16;
 const PER_SEQ: usize = 4;
@@ -60,15 +66,42 @@ fn run(m: &Model, lens: &[usize], ask: &[Logits]) -> Vec<HostLogits> {
         .collect()
 }
 
+/// A row's weight at `n`'s temperature, as the host sums it.
+fn mass(row: &[f32], n: Nucleus) -> f32 {
+    let mut w = Vec::new();
+    softmax_weights(row, max(row), 1.0 / n.temperature, &mut w);
+    sum_of(&w, |x| x) as f32
+}
+
+/// Whether a row's top 64 hold `n`'s nucleus, as the host finds it.
+fn held(row: &[f32], n: Nucleus) -> bool {
+    let top: Vec<(u32, f32)> = top_k(row, 64)
+        .into_iter()
+        .map(|i| (i, row[i as usize]))
+        .collect();
+    holds_nucleus(&top, 1.0 / n.temperature, mass(row, n), n.top_p)
+}
+
 /// Checks `got` against whole rows `want` for sequences asking `ask` (every sampled sequence
 /// has a row): picked rows as `picks_whole` says (whole, or their token), whole rows equal.
-fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], picks_whole: bool) {
+/// How many nuclei came back as top lists and how many whole.
+fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], picks_whole: bool) -> [usize; 2] {
     let sampled: Vec<&Logits> = ask.iter().filter(|a| **a != Logits::None).collect();
     assert_eq!(got.rows(), sampled.len());
+    let mut nuclei = [0, 0];
     for (i, a) in sampled.into_iter().enumerate() {
         let whole = want.row(i);
         match (a, got.get(i)) {
-            (Logits::Pick(pick @ Pick::Top { k, .. }), Row::Top(t)) if !picks_whole => {
+            (Logits::Pick(pick @ Pick::Top { nucleus, .. }), Row::Logits(r))
+                if !picks_whole && nucleus.is_some() =>
+            {
+                let n = nucleus.unwrap();
+                let d = max_abs_diff(&[r.to_vec()], &[whole.to_vec()]);
+                assert!(d <= 1e-4, "row {i}: max |Δ logit| {d}");
+                assert!(!held(&whole[..pick.below() as usize], n), "row {i}: held");
+                nuclei[1] += 1;
+            }
+            (Logits::Pick(pick @ Pick::Top { k, nucleus, .. }), Row::Top(t)) if !picks_whole => {
                 let row = &whole[..pick.below() as usize];
                 let want: Vec<u32> = top_k(row, *k);
                 let got: Vec<u32> = t.logits.iter().map(|c| c.0).collect();
@@ -78,6 +111,19 @@ fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], picks_whole: bool)
                 }
                 let d = (t.log_z - log_normaliser(row)).abs();
                 assert!(d <= 1e-4, "row {i}: log normaliser off by {d}");
+                assert_eq!(t.mass.is_some(), nucleus.is_some(), "row {i}");
+                if let (Some(n), Some(got)) = (nucleus, t.mass) {
+                    let want = mass(row, *n);
+                    assert!(
+                        (got - want).abs() <= 1e-4 * want,
+                        "row {i}: mass {got} vs {want}"
+                    );
+                    assert!(
+                        held(row, *n),
+                        "row {i}: the top list does not hold the nucleus"
+                    );
+                    nuclei[0] += 1;
+                }
             }
             (Logits::Pick(pick), Row::Picked(p)) if !picks_whole => {
                 assert!(p.id < pick.below(), "row {i}: {} past {pick:?}", p.id);
@@ -105,11 +151,12 @@ fn check(got: &HostLogits, want: &HostLogits, ask: &[Logits], picks_whole: bool)
             (a, row) => panic!("row {i} asked {a:?}, came back {row:?}"),
         }
     }
+    nuclei
 }
 
 #[test]
 fn picked_rows_come_back_as_the_token_picked_on_the_host_or_whole() {
-    let lens = [9, 17, 4, 30, 12, 21, 6, 15];
+    let lens = [9, 17, 4, 30, 12, 21, 6, 15, 11, 8];
     let vocab = 49_152;
     let draw = |below, temperature, min_p, uniform, logprobs| {
         Logits::Pick(Pick::Draw {
@@ -121,6 +168,13 @@ fn picked_rows_come_back_as_the_token_picked_on_the_host_or_whole() {
         })
     };
     let argmax = |below, logprobs| Logits::Pick(Pick::Argmax { below, logprobs });
+    let nucleus = |temperature, top_p| {
+        Logits::Pick(Pick::Top {
+            below: vocab,
+            k: 64,
+            nucleus: Some(Nucleus { temperature, top_p }),
+        })
+    };
     let ask = [
         argmax(vocab, None),
         Logits::Last,
@@ -134,7 +188,11 @@ fn picked_rows_come_back_as_the_token_picked_on_the_host_or_whole() {
         Logits::Pick(Pick::Top {
             below: vocab,
             k: 40,
+            nucleus: None,
         }),
+        // Top-p over the whole row: a sharp nucleus the top 64 hold, a flat one they do not.
+        nucleus(0.2, 0.5),
+        nucleus(2.0, 0.99),
     ];
     // Every sampled row whole: the reference.
     let all_whole: Vec<Logits> = ask
@@ -166,7 +224,8 @@ fn picked_rows_come_back_as_the_token_picked_on_the_host_or_whole() {
     net.set_cuda_graphs(false);
     let eager = run(candle, &lens, &ask);
     for (step, ask) in [ask.to_vec(), decode_ask(&ask)].iter().enumerate() {
-        check(&picked[step], &want[step], ask, false);
+        let nuclei = check(&picked[step], &want[step], ask, false);
+        assert_eq!(nuclei, [1, 1], "step {step}: one nucleus held, one whole");
         check(&eager[step], &want[step], ask, false);
         check(&whole[step], &want[step], ask, true);
     }

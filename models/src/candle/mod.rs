@@ -357,7 +357,8 @@ impl CandleLlama {
             return self.pinned.to_host(logits);
         }
         let answers = picks::answers(logits, &picks)?;
-        let picked: Vec<bool> = picks.iter().map(Option::is_some).collect();
+        // The rest (no pick, or a nucleus past its top list) go whole, in one copy.
+        let picked: Vec<bool> = answers.iter().map(Option::is_some).collect();
         let whole: Vec<u32> = (0..picked.len() as u32)
             .filter(|&i| !picked[i as usize])
             .collect();
@@ -367,7 +368,7 @@ impl CandleLlama {
             let at = Tensor::new(whole.as_slice(), logits.device())?;
             self.pinned.to_host(&logits.index_select(&at, 0)?)?
         };
-        Ok(whole.with_picked(&picked, answers))
+        Ok(whole.with_picked(&picked, answers.into_iter().flatten().collect()))
     }
 
     /// `batch` as a replayed decode step, when it is one and the path is on (and the step is
