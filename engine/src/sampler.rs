@@ -232,7 +232,7 @@ pub fn made(state: &mut SamplerState, picked: &Picked) -> Sampled {
     state.skip();
     Sampled {
         token: picked.id,
-        // The pick asked for the log-probabilities exactly when `p` does.
+        // `device_pick` asks for the log-probabilities exactly when the request does.
         logprob: picked.logprob.map(|logprob| TokenLogprob {
             token: picked.id,
             logprob,
