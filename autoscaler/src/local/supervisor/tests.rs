@@ -45,6 +45,24 @@ fn script(d: &Dir, name: &str, text: &str) -> PathBuf {
     p
 }
 
+/// `s.start()`, retried while Linux refuses to run the script because a file descriptor open
+/// for writing it still exists (`ETXTBSY`): a child that another test forked while `script`
+/// was writing the file inherits that descriptor until it execs. The race is these tests'
+/// (scripts written and run inside one multi-threaded process), not the supervisor's.
+fn start(s: &mut Supervisor) -> Result<u64, LocalError> {
+    for _ in 0..100 {
+        match s.start() {
+            Err(LocalError::Spawn { source, .. })
+                if source.kind() == std::io::ErrorKind::ExecutableFileBusy =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            started => return started,
+        }
+    }
+    s.start()
+}
+
 fn command(d: &Dir, binary: PathBuf, ports: Ports) -> ReplicaCommand {
     ReplicaCommand {
         binary,
@@ -74,7 +92,7 @@ async fn a_replica_starts_is_ready_and_stops_on_sigterm() {
     let d = dir("ok");
     let bin = script(&d, "fake", FAKE_REPLICA);
     let mut s = Supervisor::new(command(&d, bin, Ports::Any)).unwrap();
-    let id = s.start().unwrap();
+    let id = start(&mut s).unwrap();
     let Event::Ready { id: rid, url } = next_event(&mut s).await else {
         panic!("expected ready");
     };
@@ -108,7 +126,7 @@ async fn a_replica_that_cannot_start_is_a_failed_start_with_its_log() {
         "#!/bin/sh\necho 'sluice serve: loading /nope.gguf: no such file' >&2\nexit 1\n",
     );
     let mut s = Supervisor::new(command(&d, bin, Ports::Any)).unwrap();
-    s.start().unwrap();
+    start(&mut s).unwrap();
     match next_event(&mut s).await {
         Event::StartFailed { reason, .. } => {
             assert!(reason.contains("exited before it was ready"), "{reason}");
@@ -118,7 +136,7 @@ async fn a_replica_that_cannot_start_is_a_failed_start_with_its_log() {
     }
     // A binary that does not exist: an error at once, naming it.
     let mut s = Supervisor::new(command(&d, d.0.join("missing"), Ports::Any)).unwrap();
-    let e = s.start().unwrap_err().to_string();
+    let e = start(&mut s).unwrap_err().to_string();
     assert!(e.contains("missing"), "{e}");
 }
 
@@ -129,7 +147,7 @@ async fn a_replica_never_ready_is_killed_at_the_deadline() {
     let mut cmd = command(&d, bin, Ports::Any);
     cmd.ready_timeout = Duration::from_millis(300);
     let mut s = Supervisor::new(cmd).unwrap();
-    s.start().unwrap();
+    start(&mut s).unwrap();
     match next_event(&mut s).await {
         Event::StartFailed { reason, .. } => {
             assert!(reason.contains("not ready within"), "{reason}")
@@ -144,7 +162,7 @@ async fn a_ready_replica_that_dies_is_reported_as_died() {
     let d = dir("die");
     let bin = script(&d, "fake", FAKE_REPLICA);
     let mut s = Supervisor::new(command(&d, bin, Ports::Any)).unwrap();
-    let id = s.start().unwrap();
+    let id = start(&mut s).unwrap();
     assert!(matches!(next_event(&mut s).await, Event::Ready { .. }));
     let pid = s.get(id).unwrap().pid;
     kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
@@ -170,7 +188,7 @@ async fn a_replica_ignoring_sigterm_is_killed_after_the_stop_timeout() {
     let mut cmd = command(&d, bin, Ports::Any);
     cmd.stop_timeout = Duration::from_millis(300);
     let mut s = Supervisor::new(cmd).unwrap();
-    let id = s.start().unwrap();
+    let id = start(&mut s).unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     s.terminate(id);
     match next_event(&mut s).await {
@@ -195,14 +213,14 @@ async fn ports_in_use_are_skipped_and_a_full_range_is_an_error() {
     };
     drop(free);
     let mut s = Supervisor::new(command(&d, bin, Ports::Range(p..=p + 1))).unwrap();
-    let id = s.start().unwrap();
+    let id = start(&mut s).unwrap();
     assert_eq!(s.get(id).unwrap().port, Some(p + 1));
     let Event::Ready { url, .. } = next_event(&mut s).await else {
         panic!("expected ready");
     };
     assert_eq!(url, format!("http://127.0.0.1:{}", p + 1));
     // Both ports taken now (one by someone else, one by our replica).
-    let e = s.start().unwrap_err().to_string();
+    let e = start(&mut s).unwrap_err().to_string();
     assert!(e.contains(&format!("{p}-{}", p + 1)), "{e}");
     drop(held);
     s.shutdown().await;
