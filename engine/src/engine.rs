@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use prometheus::Registry;
 use sluice_models::host_logits::Row;
-use sluice_models::{HostLogits, KvStore, Logits, Model, ModelError, SeqChunk, StepBatch};
+use sluice_models::{Adjust, HostLogits, KvStore, Logits, Model, ModelError, SeqChunk, StepBatch};
 use tokio::sync::{mpsc as tmpsc, watch};
 
 use crate::block_manager::BlockManager;
@@ -560,20 +560,30 @@ impl Core {
             return;
         }
         let mut batch = StepBatch::new();
+        // What each sequence's pick changes in its row first (bias, penalties).
+        let mut adjust: Vec<Option<Adjust>> = Vec::with_capacity(scheduled.len());
         let width = self.shared.limits.vocab_size as u32;
+        let picks_on_device = self.model.picks_on_device();
         for &i in &scheduled {
             let s = &mut self.sched.running[i];
             let n = plan.tokens[i];
             let start = s.num_computed;
             s.timing.first_scheduled.get_or_insert(started);
+            let pick = (start + n == s.tokens.len())
+                .then(|| s.device_pick(width))
+                .flatten();
+            adjust.push(
+                pick.filter(|_| picks_on_device)
+                    .and_then(|_| s.adjustment()),
+            );
             batch.push(SeqChunk {
                 tokens: s.tokens[start..start + n].to_vec(),
                 start_pos: start,
                 block_table: s.blocks.clone(),
-                logits: if start + n < s.tokens.len() {
-                    Logits::None
-                } else {
-                    s.device_pick(width).map_or(Logits::Last, Logits::Pick)
+                logits: match pick {
+                    Some(pick) => Logits::Pick(pick),
+                    None if start + n < s.tokens.len() => Logits::None,
+                    None => Logits::Last,
                 },
             });
         }
@@ -583,7 +593,7 @@ impl Core {
             .observe(batch.seqs.len() as f64);
         let work = self.take_matchers(&scheduled, &plan);
         let constrained: Vec<usize> = work.iter().map(|(i, _)| *i).collect();
-        let (result, computed) = self.forward_with_masks(&batch, work);
+        let (result, computed) = self.forward_with_masks((&batch, &adjust), work);
         let masks = self.return_matchers(&constrained, computed);
         let logits: HostLogits = match result {
             Ok(Ok(l)) => l,
@@ -623,12 +633,16 @@ impl Core {
     /// time the step spends on masks once the forward is done is counted as waited for.
     fn forward_with_masks(
         &mut self,
-        batch: &StepBatch,
+        (batch, adjust): (&StepBatch, &[Option<Adjust>]),
         work: Vec<(usize, ChoiceMatcher)>,
     ) -> (ForwardResult, Vec<Computed>) {
         let model = self.model.clone();
         let kv = &mut self.kv;
-        let mut forward = move || catch_unwind(AssertUnwindSafe(|| model.forward_host(batch, kv)));
+        let mut forward = move || {
+            catch_unwind(AssertUnwindSafe(|| {
+                model.forward_host_adjusted(batch, kv, adjust)
+            }))
+        };
         if work.is_empty() {
             return (forward(), Vec::new());
         }

@@ -14,9 +14,10 @@ use std::collections::{HashMap, HashSet};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
+use sluice_models::adjust::Entry;
 use sluice_models::host_logits::{Picked, Top};
 use sluice_models::logits::{self, argmax, log_normaliser, pick};
-use sluice_models::{Nucleus, Pick};
+use sluice_models::{Adjust, Nucleus, Pick};
 
 use crate::constraint::{self, Mask};
 use crate::event::TokenLogprob;
@@ -175,10 +176,12 @@ pub const DEVICE_TOP_LOGPROBS: usize = 20;
 pub const DEVICE_TOP_K: usize = 64;
 
 /// The token the model may choose on its device for a draw under `p` at `state`'s position,
-/// given no grammar mask and nothing suppressed, over the ids below `below`, with the
-/// log-probabilities `p` asks for; `None` when the draw reads more of its row than that (bias,
-/// penalties, top-k past [`DEVICE_TOP_K`], or more than [`DEVICE_TOP_LOGPROBS`]
-/// alternatives). Greedy draws are the most likely id ([`Pick::Argmax`]); draws at a
+/// given no grammar mask and nothing suppressed, over the ids below `below` of its row after
+/// `p`'s bias and penalties ([`adjustment`], which the caller hands the model beside it), with
+/// the log-probabilities `p` asks for; `None` when the draw reads more of its row than that
+/// (log-probabilities beside bias or penalties, changes to more than
+/// [`DEVICE_ADJUSTED_IDS`] ids, top-k past [`DEVICE_TOP_K`], or more than
+/// [`DEVICE_TOP_LOGPROBS`] alternatives). Greedy draws are the most likely id ([`Pick::Argmax`]); draws at a
 /// temperature (min-p allowed) are [`sample`]'s whole-row draw, with the uniform number of
 /// this position ([`Pick::Draw`]); draws from the top `k` (top-p and min-p within them
 /// allowed) ask for the row's top list ([`Pick::Top`]) and draw from it here
@@ -189,7 +192,12 @@ pub const DEVICE_TOP_K: usize = 64;
 /// answers with.
 pub fn device_pick(p: &SamplingParams, state: &SamplerState, below: u32) -> Option<Pick> {
     let top_logprobs = p.logprobs.unwrap_or(0);
-    if top_logprobs > DEVICE_TOP_LOGPROBS || !untouched(p) {
+    if top_logprobs > DEVICE_TOP_LOGPROBS {
+        return None;
+    }
+    // The device makes the row's changes ([`adjustment`]) before it picks; log-probabilities
+    // are the raw row's, which it then no longer has.
+    if !untouched(p) && (p.logprobs.is_some() || adjusted_ids(p, state) > DEVICE_ADJUSTED_IDS) {
         return None;
     }
     if p.is_greedy() {
@@ -289,6 +297,59 @@ fn untouched(p: &SamplingParams) -> bool {
     p.logit_bias.is_empty() && !repeats_penalised(p) && !occurrences_penalised(p)
 }
 
+/// `p`'s bias and penalties at `state`'s position as single changes, each setting one part
+/// of an [`Entry`], in the order the rule makes them: the bias, then the repetition penalty
+/// on every id of the prompt and output so far, then the frequency and presence penalties
+/// on every id of the output.
+fn changes<'a>(p: &'a SamplingParams, state: &'a SamplerState) -> impl Iterator<Item = Entry> + 'a {
+    let bias = p.logit_bias.iter().map(|(&t, &bias)| Entry {
+        bias,
+        ..Entry::of(t)
+    });
+    let repeated = state.seen.iter().filter(|_| repeats_penalised(p));
+    let repeat = repeated.map(|&t| Entry {
+        repeat: p.repetition_penalty,
+        ..Entry::of(t)
+    });
+    let counted = state
+        .output_counts
+        .iter()
+        .filter(|_| occurrences_penalised(p));
+    let minus = counted.map(|(&t, &c)| Entry {
+        minus: p.frequency_penalty * c as f32 + p.presence_penalty,
+        ..Entry::of(t)
+    });
+    bias.chain(repeat).chain(minus)
+}
+
+/// What `p`'s bias and penalties change in a row at `state`'s position, one entry per id
+/// ([`changes`] merged), for a model that makes them on its device; `None` when `p` changes
+/// nothing.
+pub fn adjustment(p: &SamplingParams, state: &SamplerState) -> Option<Adjust> {
+    (!untouched(p)).then(|| Adjust::merged(changes(p, state)))
+}
+
+/// At most this many ids a row's changes name for the device to make them
+/// ([`device_pick`]); a row with more (a long prompt under a repetition penalty) is changed
+/// on the host, where the upload costs nothing.
+pub const DEVICE_ADJUSTED_IDS: usize = 4096;
+
+/// How many ids `p`'s changes name at `state`'s position, at most (an id both biased and
+/// seen counts twice).
+fn adjusted_ids(p: &SamplingParams, state: &SamplerState) -> usize {
+    p.logit_bias.len()
+        + if repeats_penalised(p) {
+            state.seen.len()
+        } else {
+            0
+        }
+        + if occurrences_penalised(p) {
+            state.output_counts.len()
+        } else {
+            0
+        }
+}
+
 fn repeats_penalised(p: &SamplingParams) -> bool {
     p.repetition_penalty != 1.0
 }
@@ -306,28 +367,13 @@ fn adjusted<'a>(
     suppress: &[u32],
     mask: Option<&Mask>,
 ) -> Cow<'a, [f32]> {
-    let (repetition, occurrence) = (repeats_penalised(p), occurrences_penalised(p));
     if untouched(p) && mask.is_none() && suppress.is_empty() {
         return Cow::Borrowed(raw);
     }
     let mut l = raw.to_vec();
-    for (&t, &b) in &p.logit_bias {
-        l[t as usize] += b;
-    }
-    if repetition {
-        for &t in &state.seen {
-            let v = &mut l[t as usize];
-            *v = if *v > 0.0 {
-                *v / p.repetition_penalty
-            } else {
-                *v * p.repetition_penalty
-            };
-        }
-    }
-    if occurrence {
-        for (&t, &c) in &state.output_counts {
-            l[t as usize] -= p.frequency_penalty * c as f32 + p.presence_penalty;
-        }
+    for c in changes(p, state) {
+        let v = &mut l[c.id as usize];
+        *v = c.value(*v);
     }
     if let Some(mask) = mask {
         constraint::apply(mask, &mut l);
@@ -594,21 +640,41 @@ mod tests {
                 }),
             })
         );
+        // Bias and penalties are made on the device too, unless log-probabilities are read
+        // (those are the raw row's) or they name too many ids.
+        let changed: [fn(&mut SamplingParams); 4] = [
+            |p| {
+                p.logit_bias.insert(5, 1.0);
+            },
+            |p| p.repetition_penalty = 1.1,
+            |p| p.presence_penalty = 0.5,
+            |p| p.frequency_penalty = -0.5,
+        ];
+        let long_prompt: Vec<u32> = (0..DEVICE_ADJUSTED_IDS as u32 + 1).collect();
+        let long = SamplerState::new(Some(3), 0, &long_prompt);
+        for f in changed {
+            let mut p = params(f);
+            assert!(device_pick(&p, &state, 100).is_some(), "{p:?}");
+            assert!(adjustment(&p, &state).is_some(), "{p:?}");
+            let repeats = p.repetition_penalty != 1.0;
+            assert_eq!(device_pick(&p, &long, 100).is_some(), !repeats, "{p:?}");
+            p.logprobs = Some(0);
+            assert_eq!(device_pick(&p, &state, 100), None, "{p:?}");
+        }
+        assert_eq!(adjustment(&params(|_| {}), &state), None);
         for temperature in [0.0, 1.0] {
-            let spoilt: [fn(&mut SamplingParams); 6] = [
+            let spoilt: [fn(&mut SamplingParams); 3] = [
                 |p| p.logprobs = Some(DEVICE_TOP_LOGPROBS + 1),
                 |p| {
                     p.logit_bias.insert(5, 1.0);
+                    p.logprobs = Some(2);
                 },
-                |p| p.repetition_penalty = 1.1,
-                |p| p.presence_penalty = 0.5,
-                |p| p.frequency_penalty = -0.5,
                 |p| p.top_k = DEVICE_TOP_K + 1,
             ];
             for (i, f) in spoilt.into_iter().enumerate() {
                 let mut p = params(f);
                 p.temperature = temperature;
-                let greedy_ignores = temperature == 0.0 && i >= 5;
+                let greedy_ignores = temperature == 0.0 && i == 2;
                 assert_eq!(
                     device_pick(&p, &state, 100).is_some(),
                     greedy_ignores,
@@ -652,6 +718,101 @@ mod tests {
                 assert_eq!((a.token, a.logprob), (b.token, b.logprob));
                 assert_eq!(drawn.position, made_here.position);
             }
+        }
+    }
+
+    /// With bias and penalties, the device picks from the row after [`adjustment`]'s changes:
+    /// the token `sample` draws from the raw row, at every position, as the output grows
+    /// (greedy, a draw, a top list, a nucleus; repeated and biased ids among the likely ones).
+    #[test]
+    fn a_pick_from_the_changed_row_is_the_sampled_one() {
+        let r = row(7, 5_000);
+        let likely = logits::top_k(&r, 8);
+        let cases: [fn(&mut SamplingParams); 4] = [
+            |p| {
+                p.temperature = 0.0;
+                p.repetition_penalty = 1.8;
+            },
+            |p| {
+                p.frequency_penalty = 0.7;
+                p.presence_penalty = 0.4;
+            },
+            |p| {
+                p.top_k = 20;
+                p.repetition_penalty = 1.3;
+                p.frequency_penalty = -0.2;
+            },
+            |p| {
+                p.top_p = 0.8;
+                p.temperature = 0.6;
+                p.presence_penalty = 1.5;
+            },
+        ];
+        for (i, f) in cases.into_iter().enumerate() {
+            let mut p = params(f);
+            // A bias that lifts a middling id to the top, and one that buries the likeliest.
+            p.logit_bias.insert(likely[5], 3.0);
+            p.logit_bias.insert(likely[0], -50.0);
+            let prompt = &likely[1..3];
+            let (mut drawn, mut picked) = (
+                SamplerState::new(Some(2), 0, prompt),
+                SamplerState::new(Some(2), 0, prompt),
+            );
+            let mut tokens = Vec::new();
+            for _ in 0..40 {
+                let a = sample(&r, &p, &mut drawn, &[], None);
+                let pick = device_pick(&p, &picked, 5_000).expect("a device pick");
+                let mut changed = r.clone();
+                adjustment(&p, &picked)
+                    .expect("changes")
+                    .apply(&mut changed);
+                let b = match pick {
+                    Pick::Top { k, nucleus, .. } => {
+                        let top: Vec<(u32, f32)> = logits::top_k(&changed, k)
+                            .into_iter()
+                            .map(|t| (t, changed[t as usize]))
+                            .collect();
+                        let mass = nucleus.map(|n| {
+                            let mut w = Vec::new();
+                            let max = logits::max(&changed);
+                            logits::softmax_weights(&changed, max, 1.0 / n.temperature, &mut w);
+                            logits::sum_of(&w, |x| x) as f32
+                        });
+                        let log_z = log_normaliser(&changed);
+                        sample_top(
+                            &Top {
+                                logits: top,
+                                log_z,
+                                mass,
+                            },
+                            &p,
+                            &mut picked,
+                        )
+                        .token
+                    }
+                    pick => {
+                        let id = pick.on_host(&changed);
+                        made(
+                            &mut picked,
+                            &Picked {
+                                id,
+                                logprob: None,
+                                top: Vec::new(),
+                            },
+                        )
+                        .token
+                    }
+                };
+                assert_eq!(a.token, b, "case {i}");
+                drawn.push(a.token);
+                picked.push(b);
+                tokens.push(a.token);
+            }
+            let distinct: HashSet<u32> = tokens.iter().copied().collect();
+            assert!(
+                distinct.len() > 1,
+                "case {i}: the penalties move the draw: {tokens:?}"
+            );
         }
     }
 

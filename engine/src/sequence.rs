@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sluice_models::tokenizer::Tokenizer;
-use sluice_models::Pick;
+use sluice_models::{Adjust, Pick};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::block_manager::BlockHash;
@@ -137,6 +137,12 @@ impl Seq {
             return None;
         }
         crate::sampler::device_pick(&self.req.params, &self.sampler, below)
+    }
+
+    /// What the request's bias and penalties change in its next row (for the model to make
+    /// before a pick on its device).
+    pub fn adjustment(&self) -> Option<Adjust> {
+        crate::sampler::adjustment(&self.req.params, &self.sampler)
     }
 
     /// Tokens that must not be sampled now: until `min_tokens` exist, the end-of-sequence

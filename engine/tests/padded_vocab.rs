@@ -176,6 +176,25 @@ fn tokens_picked_by_the_model_stay_below_the_tokenizer() {
             temperature: 0.05,
             ..plain.clone()
         },
+        // Bias and penalties, made on the device before its pick.
+        SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 1.5,
+            logit_bias: [(300, 4.0), (301, -100.0)].into_iter().collect(),
+            ..plain.clone()
+        },
+        SamplingParams {
+            frequency_penalty: 1.2,
+            presence_penalty: 0.6,
+            top_k: 30,
+            ..plain.clone()
+        },
+        SamplingParams {
+            temperature: 0.3,
+            top_p: 0.9,
+            repetition_penalty: 1.3,
+            ..plain.clone()
+        },
     ];
     for params in cases {
         let mut runs = Vec::new();

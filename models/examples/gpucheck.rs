@@ -30,7 +30,8 @@
 //!   each way (identical unless a copy is wrong), whether the buffers stayed on (an
 //!   allocation failure turns them off), sixteen prompts' greedy and sampled tokens, and top
 //!   lists for top-p over the whole row, picked on the device against the host's from whole
-//!   rows (`device_picks_ids`: `greedy`, `sampled`, `nucleus`), then `bench`'s
+//!   rows (`device_picks_ids`: `greedy`, `sampled`, `nucleus`, and `changed`: draws after a
+//!   bias and penalties made on the device), then `bench`'s
 //!   prefill and decode steps timed each way (with `--sampled`, sampled decode steps too).
 //!   On the CPU nothing is pinned.
 //!
@@ -51,11 +52,12 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use rayon::prelude::*;
 use serde_json::json;
+use sluice_models::adjust::Entry;
 use sluice_models::candle::AttentionPath;
 use sluice_models::host_logits::Row;
 use sluice_models::logits::{argmax, log_softmax};
 use sluice_models::{
-    Backend, DeviceSpec, HostLogits, KvStore, LlamaConfig, Logits, Nucleus, Pick, SeqChunk,
+    Adjust, Backend, DeviceSpec, HostLogits, KvStore, LlamaConfig, Logits, Nucleus, Pick, SeqChunk,
     StepBatch,
 };
 
@@ -465,15 +467,23 @@ fn uniform(step: usize, s: usize) -> f64 {
 }
 
 /// Each row's token under its pick: the device's where it made it, else made here from the
-/// whole row as the engine's sampler does (rows in parallel, as the engine draws them).
-fn picked(logits: &HostLogits, picks: &[Pick]) -> Vec<u32> {
+/// whole row, after its changes (`changed[i]`, or none), as the engine's sampler does (rows
+/// in parallel, as the engine draws them).
+fn picked(logits: &HostLogits, picks: &[Pick], changed: &[Option<&Adjust>]) -> Vec<u32> {
     (0..logits.rows())
         .into_par_iter()
         .map(|i| match logits.get(i) {
             Row::Picked(p) => p.id,
             // Not asked for here; its most likely id, as `on_host` says.
             Row::Top(t) => t.logits[0].0,
-            Row::Logits(r) => picks[i].on_host(r),
+            Row::Logits(r) => match changed.get(i).copied().flatten() {
+                Some(c) => {
+                    let mut r = r.to_vec();
+                    c.apply(&mut r);
+                    picks[i].on_host(&r)
+                }
+                None => picks[i].on_host(r),
+            },
         })
         .collect()
 }
@@ -504,7 +514,7 @@ fn decode_steps(
                 .collect(),
         };
         let started = Instant::now();
-        next = picked(&net.forward_host(&batch, kv)?, &picks);
+        next = picked(&net.forward_host(&batch, kv)?, &picks, &[]);
         // Step 0 warms this batch shape up.
         if step > 0 {
             times.push(started.elapsed().as_secs_f64());
@@ -663,9 +673,10 @@ fn host_copy(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
     let mut out = compare(net, (&ways, &set), a)?.report("host-copy", &ways, &gaps, a);
     out["page_locked_after"] = json!(candle.pinned_logits());
     out["device_picks_ids"] = json!({
-        "greedy": picks_agree(net, a.tokens, Decode::Greedy)?,
-        "sampled": picks_agree(net, a.tokens, Decode::Sampled)?,
-        "nucleus": picks_agree(net, a.tokens, Decode::Nucleus)?,
+        "greedy": picks_agree(net, a.tokens, Decode::Greedy, false)?,
+        "sampled": picks_agree(net, a.tokens, Decode::Sampled, false)?,
+        "nucleus": picks_agree(net, a.tokens, Decode::Nucleus, false)?,
+        "changed": picks_agree(net, a.tokens, Decode::Sampled, true)?,
     });
     set((true, true));
     Ok(out)
@@ -675,13 +686,20 @@ fn host_copy(net: &Net, a: &CompareArgs) -> Result<serde_json::Value> {
 /// prefill step each way: how many agree (all of them, exact ties and a draw's rounding at a
 /// boundary between two tokens aside; a top list's first id against the row's argmax), and
 /// how many rows came back as top lists (`listed`; a nucleus they do not hold comes whole).
-fn picks_agree(net: &Net, n: usize, decode: Decode) -> Result<serde_json::Value> {
+/// With `changed`, each row first gets a bias and penalties ([`changes`]): made on the device
+/// one way, on the host's whole rows the other.
+fn picks_agree(net: &Net, n: usize, decode: Decode, changed: bool) -> Result<serde_json::Value> {
     let candle = net.candle()?;
     let vocab = net.config().vocab_size;
     let seqs: Vec<Vec<u32>> = (0..16).map(|s| tokens(s + 40, n.max(2), vocab)).collect();
     let per_seq = n.max(2);
     let picks: Vec<Pick> = (0..seqs.len())
         .map(|s| decode.pick(vocab as u32, 0, s))
+        .collect();
+    let adjust: Vec<Option<Adjust>> = seqs
+        .iter()
+        .enumerate()
+        .map(|(s, prompt)| changed.then(|| changes(s, prompt, vocab)))
         .collect();
     let (mut tokens_each_way, mut listed) = (Vec::new(), 0);
     for on_device in [true, false] {
@@ -693,19 +711,43 @@ fn picks_agree(net: &Net, n: usize, decode: Decode) -> Result<serde_json::Value>
                 .map(|s| chunk(seqs[s].clone(), 0, s, per_seq, Logits::Pick(picks[s])))
                 .collect(),
         };
-        let logits = net.forward_host(&batch, &mut kv)?;
+        let logits = net.model.forward_host_adjusted(&batch, &mut kv, &adjust)?;
         if on_device {
             listed = (0..logits.rows())
                 .filter(|&i| matches!(logits.get(i), Row::Top(_)))
                 .count();
         }
-        tokens_each_way.push(picked(&logits, &picks));
+        let changed: Vec<Option<&Adjust>> = adjust.iter().map(Option::as_ref).collect();
+        tokens_each_way.push(picked(&logits, &picks, &changed));
     }
     let [device, host] = &tokens_each_way[..] else {
         unreachable!("two ways")
     };
     let same = device.iter().zip(host).filter(|(a, b)| a == b).count();
     Ok(json!({"rows": device.len(), "same": same, "listed": listed}))
+}
+
+/// Sequence `s`'s bias and penalties for [`picks_agree`]: a strong bias towards one id and
+/// against another, and a repetition penalty with a frequency penalty on its prompt's ids.
+fn changes(s: usize, prompt: &[u32], vocab: usize) -> Adjust {
+    let mut entries: Vec<Entry> = prompt
+        .iter()
+        .map(|&id| Entry {
+            repeat: 1.5,
+            minus: 0.4,
+            ..Entry::of(id)
+        })
+        .collect();
+    let lifted = ((s * 7_919 + 11) % vocab) as u32;
+    entries.push(Entry {
+        bias: 6.0,
+        ..Entry::of(lifted)
+    });
+    entries.push(Entry {
+        bias: -100.0,
+        ..Entry::of(prompt[0])
+    });
+    Adjust::merged(entries)
 }
 
 /// Ways of running the model, by name, and how to switch to one.

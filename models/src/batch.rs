@@ -115,6 +115,17 @@ pub struct SeqChunk {
     pub logits: Logits,
 }
 
+impl SeqChunk {
+    /// Rows of logits the step returns for this sequence.
+    pub fn logit_rows(&self) -> usize {
+        match self.logits {
+            Logits::None => 0,
+            Logits::Last | Logits::Pick(_) => usize::from(!self.tokens.is_empty()),
+            Logits::All => self.tokens.len(),
+        }
+    }
+}
+
 /// A whole step: sequences in the order their logits come back.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepBatch {
@@ -137,14 +148,7 @@ impl StepBatch {
 
     /// Rows of logits the forward call returns.
     pub fn num_logit_rows(&self) -> usize {
-        self.seqs
-            .iter()
-            .map(|s| match s.logits {
-                Logits::None => 0,
-                Logits::Last | Logits::Pick(_) => usize::from(!s.tokens.is_empty()),
-                Logits::All => s.tokens.len(),
-            })
-            .sum()
+        self.seqs.iter().map(SeqChunk::logit_rows).sum()
     }
 
     /// For each row the step returns, in order, the token its sequence asks for alone
@@ -158,6 +162,15 @@ impl StepBatch {
                 Logits::Pick(pick) => out.push(Some(pick)),
                 Logits::All => out.extend(std::iter::repeat_n(None, s.tokens.len())),
             }
+        }
+        out
+    }
+
+    /// For each row the step returns, in order, the index of its sequence in `seqs`.
+    pub fn logit_row_seqs(&self) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.num_logit_rows());
+        for (i, s) in self.seqs.iter().enumerate() {
+            out.extend(std::iter::repeat_n(i, s.logit_rows()));
         }
         out
     }
@@ -220,6 +233,7 @@ mod tests {
             ],
         };
         assert_eq!(batch.logit_rows(), vec![2, 3, 4, 9, 14]);
+        assert_eq!(batch.logit_row_seqs(), vec![0, 1, 1, 3, 5]);
         assert_eq!(
             batch.picks(),
             vec![

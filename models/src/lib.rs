@@ -12,7 +12,8 @@
 //! - [`config`]: the architecture read from metadata ([`LlamaConfig`]).
 //! - [`tokenizer`] and [`chat_template`]: text in and out, exactly as llama.cpp does it.
 //! - [`batch`]: the ragged batch ([`StepBatch`]) a forward call takes; [`host_logits`]: the
-//!   logits it returns, on the host ([`HostLogits`]).
+//!   logits it returns, on the host ([`HostLogits`]); [`adjust`]: what a request changes in
+//!   a row before its token is picked ([`Adjust`]).
 //! - [`kv`]: the block pool holding K and V ([`KvStore`]).
 //! - [`llama`]: weights and the forward pass on the CPU kernels ([`Llama`]).
 //! - [`candle`]: the forward pass on candle tensors, CPU or GPU ([`CandleLlama`]).
@@ -21,6 +22,7 @@
 //! - [`device`]: `cpu` / `cuda:N`, and the backend ([`Backend`]).
 //! - [`weights`]: [`WeightSource`], tensors by GGUF name from any model format.
 
+pub mod adjust;
 pub mod batch;
 pub mod candle;
 pub mod chat_template;
@@ -42,6 +44,7 @@ pub mod registry;
 pub mod tokenizer;
 pub mod weights;
 
+pub use adjust::Adjust;
 pub use batch::{Logits, Nucleus, Pick, SeqChunk, StepBatch};
 pub use candle::CandleLlama;
 pub use config::LlamaConfig;

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 
+use crate::adjust::Adjust;
 use crate::batch::StepBatch;
 use crate::candle::CandleLlama;
 use crate::chat_template::ChatTemplate;
@@ -234,9 +235,29 @@ impl Model {
     /// [`Model::forward`]'s logits where the step left them on the host, copied once from
     /// the device (see [`crate::host_logits`]): what sampling reads.
     pub fn forward_host(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<HostLogits> {
+        self.forward_host_adjusted(batch, kv, &[])
+    }
+
+    /// Whether the model may answer a [`crate::Logits::Pick`] with the picked token instead
+    /// of the row (the candle backend, whose switches may still send rows whole): only then
+    /// is it worth handing it the changes of [`Model::forward_host_adjusted`].
+    pub fn picks_on_device(&self) -> bool {
+        matches!(self.network, Network::Candle(_))
+    }
+
+    /// [`Model::forward_host`], where sequence `s` of the batch changes its row as `adjust[s]`
+    /// says before its picked token ([`crate::Logits::Pick`]) is chosen: a model that picks on
+    /// its device makes the changes there. A row that comes back whole is as the model
+    /// computed it (the CPU kernels return every row whole): the caller makes its changes.
+    pub fn forward_host_adjusted(
+        &self,
+        batch: &StepBatch,
+        kv: &mut KvStore,
+        adjust: &[Option<Adjust>],
+    ) -> Result<HostLogits> {
         match &self.network {
             Network::Kernels(l) => l.forward_host(batch, kv),
-            Network::Candle(c) => c.forward_host(batch, kv),
+            Network::Candle(c) => c.forward_host_adjusted(batch, kv, adjust),
         }
     }
 

@@ -36,6 +36,7 @@ pub use kv::DeviceKv;
 use kv::StepRows;
 pub use replay::{from_env as cuda_graphs_from_env, GraphStatus};
 
+use crate::adjust::Adjust;
 use crate::batch::{Pick, StepBatch};
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
@@ -305,6 +306,19 @@ impl CandleLlama {
     /// Runs one step over a ragged batch and returns the logits of the rows the batch asks
     /// for, in sequence order, on the host.
     pub fn forward_host(&self, batch: &StepBatch, kv: &mut KvStore) -> Result<HostLogits> {
+        self.forward_host_adjusted(batch, kv, &[])
+    }
+
+    /// [`CandleLlama::forward_host`], with the changes `adjust[s]` (one per sequence of the
+    /// batch, or none at all) applied on the device to the rows of sequences that ask for a
+    /// picked token ([`crate::Logits::Pick`]) before it is picked. A row that comes back whole
+    /// comes back as the model computed it: the caller applies its changes itself.
+    pub fn forward_host_adjusted(
+        &self,
+        batch: &StepBatch,
+        kv: &mut KvStore,
+        adjust: &[Option<Adjust>],
+    ) -> Result<HostLogits> {
         kv.validate(batch, &self.config)?;
         let block_size = kv.block_size();
         let pool = kv.device_pool()?;
@@ -314,9 +328,10 @@ impl CandleLlama {
         // of those taking the lock again would wait on itself.
         let mut replay = self.replay();
         let replay = &mut *replay;
+        let step = (batch, adjust);
         match &self.threads {
-            Some(t) => t.install(|| self.forward_validated(batch, (block_size, pool), replay)),
-            None => self.forward_validated(batch, (block_size, pool), replay),
+            Some(t) => t.install(|| self.forward_validated(step, (block_size, pool), replay)),
+            None => self.forward_validated(step, (block_size, pool), replay),
         }
     }
 
@@ -324,7 +339,7 @@ impl CandleLlama {
     /// logits are a view of a fixed tensor the next step overwrites).
     fn forward_validated(
         &self,
-        batch: &StepBatch,
+        (batch, adjust): (&StepBatch, &[Option<Adjust>]),
         (block_size, pool): (usize, &DeviceKv),
         replay: &mut Replay,
     ) -> Result<HostLogits> {
@@ -333,21 +348,26 @@ impl CandleLlama {
             return Ok(HostLogits::new(Vec::new(), c.vocab_size));
         }
         if let Some(logits) = self.replayed(batch, (block_size, pool), replay)? {
-            return self.to_host(&logits, batch);
+            return self.to_host(&logits, batch, adjust);
         }
         let mut clock = self.profiler.clock(&self.device)?;
         let plan = StepPlan::new(batch, c, (block_size, self.attention()), &self.device)?;
         clock.mark(Phase::Plan)?;
         let logits = self.run(&plan, pool, &mut clock)?;
-        let logits = self.to_host(&logits, batch)?;
+        let logits = self.to_host(&logits, batch, adjust)?;
         clock.mark(Phase::Logits)?;
         Ok(logits)
     }
 
     /// `logits` (the step's rows, on the device) on the host: the rows whose sequence asks
-    /// for a picked token alone reduced to it on the device ([`picks`]), the others copied
-    /// whole ([`pinned`]).
-    fn to_host(&self, logits: &Tensor, batch: &StepBatch) -> Result<HostLogits> {
+    /// for a picked token alone reduced to it on the device ([`picks`], after its sequence's
+    /// changes in `adjust`), the others copied whole ([`pinned`]).
+    fn to_host(
+        &self,
+        logits: &Tensor,
+        batch: &StepBatch,
+        adjust: &[Option<Adjust>],
+    ) -> Result<HostLogits> {
         let picks: Vec<Option<Pick>> = batch
             .picks()
             .into_iter()
@@ -356,7 +376,12 @@ impl CandleLlama {
         if picks.iter().all(Option::is_none) {
             return self.pinned.to_host(logits);
         }
-        let answers = picks::answers(logits, &picks)?;
+        let adjust: Vec<Option<&Adjust>> = batch
+            .logit_row_seqs()
+            .into_iter()
+            .map(|s| adjust.get(s).and_then(Option::as_ref))
+            .collect();
+        let answers = picks::answers(logits, &picks, &adjust)?;
         // The rest (no pick, or a nucleus past its top list) go whole, in one copy.
         let picked: Vec<bool> = answers.iter().map(Option::is_some).collect();
         let whole: Vec<u32> = (0..picked.len() as u32)

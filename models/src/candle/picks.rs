@@ -3,6 +3,10 @@
 //! instead of the row (196 kB for the default model, 513 kB for Llama-3), and the host neither
 //! scans nor samples it.
 //!
+//! A row's bias and penalties ([`Adjust`]) are made first, on the device ([`adjusted`]): the
+//! changed ids' logits gathered, changed as the engine's sampler changes them, and scattered
+//! into a copy of the rows (the ids cross up, a few kB; nothing crosses back).
+//!
 //! - **Greedy** ([`Pick::Argmax`]): candle's `argmax`. It keeps the first maximum it meets,
 //!   which on a GPU is not always the lowest id among exact ties (threads take strided
 //!   columns); any of them is a greedy choice. The CPU's and the sampler's pick the lowest.
@@ -38,6 +42,7 @@
 
 use candle_core::{DType, Tensor, D};
 
+use crate::adjust::Adjust;
 use crate::batch::{Nucleus, Pick};
 use crate::error::Result;
 use crate::host_logits::{Answer, Picked, Top};
@@ -57,10 +62,15 @@ pub fn draws_from_env() -> bool {
 }
 
 /// The answer to each row of `logits` (`[rows, vocab]`, on the model's device) that `picks`
-/// names (`Some`): its token with its log-probability and the top ones asked for, or its top
-/// list; `None` for the rows the caller copies whole (no pick, or a nucleus that reaches past
-/// its top list).
-pub(crate) fn answers(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Option<Answer>>> {
+/// names (`Some`), after the row's changes in `adjust` (per row, or empty for none): its
+/// token with its log-probability and the top ones asked for (those of the changed row), or
+/// its top list; `None` for the rows the caller copies whole (no pick, or a nucleus that
+/// reaches past its top list).
+pub(crate) fn answers(
+    logits: &Tensor,
+    picks: &[Option<Pick>],
+    adjust: &[Option<&Adjust>],
+) -> Result<Vec<Option<Answer>>> {
     let (rows, vocab) = logits.dims2()?;
     assert_eq!(rows, picks.len(), "a pick or none per row");
     // One pass per kind of pick and bound: every row of a model has the same bound.
@@ -85,6 +95,11 @@ pub(crate) fn answers(logits: &Tensor, picks: &[Option<Pick>]) -> Result<Vec<Opt
         // A bound below the vocabulary (a padded one) leaves a strided view: the reductions
         // get rows laid out as they expect.
         .contiguous()?;
+        let changes: Vec<Option<&Adjust>> = at
+            .iter()
+            .map(|&i| adjust.get(i as usize).copied().flatten())
+            .collect();
+        let selected = adjusted(&selected, &changes)?;
         let answered: Vec<Option<Answer>> = if kind == TOP {
             top_lists(&selected, &members)?
         } else {
@@ -297,6 +312,39 @@ fn tops(rows: &Tensor, stats: &Tensor, ks: &[usize]) -> Result<Vec<Top>> {
     Ok(out)
 }
 
+/// `rows` with each row's changes (`changes[r]`) made as the engine's sampler makes them
+/// ([`crate::adjust::Entry::value`]): the changed logits gathered, changed, and scattered into
+/// a copy (the rows themselves may be a replayed step's fixed logits). Ids at or past the
+/// rows' width are no ids of theirs.
+fn adjusted(rows: &Tensor, changes: &[Option<&Adjust>]) -> Result<Tensor> {
+    let (n, width) = rows.dims2()?;
+    let mut at = Vec::new();
+    let (mut bias, mut repeat, mut minus) = (Vec::new(), Vec::new(), Vec::new());
+    for (r, change) in changes.iter().enumerate() {
+        for e in change.map(Adjust::entries).unwrap_or_default() {
+            if (e.id as usize) < width {
+                at.push((r * width + e.id as usize) as u32);
+                bias.push(e.bias);
+                repeat.push(e.repeat);
+                minus.push(e.minus);
+            }
+        }
+    }
+    if at.is_empty() {
+        return Ok(rows.clone());
+    }
+    let device = rows.device();
+    let on_device = |v: &[f32]| Tensor::new(v, device);
+    let flat = rows.flatten_all()?;
+    let at = Tensor::new(at.as_slice(), device)?;
+    let v = flat.index_select(&at, 0)?.add(&on_device(&bias)?)?;
+    let repeat = on_device(&repeat)?;
+    let positive = v.gt(&v.zeros_like()?)?;
+    let v = positive.where_cond(&v.div(&repeat)?, &v.mul(&repeat)?)?;
+    let v = v.sub(&on_device(&minus)?)?;
+    Ok(flat.scatter(&at, &v, 0)?.reshape((n, width))?)
+}
+
 /// A draw's numbers, as the sampler uses them.
 #[derive(Debug, Clone, Copy)]
 struct Draw {
@@ -489,7 +537,7 @@ mod tests {
     /// and its top ones (or its top list, with a nucleus's mass, or the whole row where that
     /// list does not hold the nucleus) against the host's (ids exactly, ties included).
     fn checked(rows: &[Vec<f32>], picks: &[Option<Pick>]) -> Vec<u32> {
-        let got = answers(&tensor(rows), picks).unwrap();
+        let got = answers(&tensor(rows), picks, &[]).unwrap();
         assert_eq!(got.len(), rows.len(), "an answer or none per row");
         let picked = picks
             .iter()
@@ -566,6 +614,97 @@ mod tests {
             .collect()
     }
 
+    /// Each row's changes are made on the device exactly as the host makes them (ids past a
+    /// bound ignored), and the picks are then the host's from the changed rows.
+    #[test]
+    fn changes_are_made_before_the_pick() {
+        use crate::adjust::Entry;
+        let rows = rows(6, 1000);
+        let change = |r: &Vec<f32>| {
+            let top = logits::top_k(r, 4);
+            Adjust::merged(vec![
+                Entry {
+                    bias: 4.0,
+                    ..Entry::of(top[3] + 1)
+                },
+                Entry {
+                    bias: -30.0,
+                    ..Entry::of(top[0])
+                },
+                Entry {
+                    repeat: 1.7,
+                    minus: 0.9,
+                    ..Entry::of(top[1])
+                },
+                Entry {
+                    repeat: 2.0,
+                    ..Entry::of(3)
+                },
+                // Past the bound of the rows picked below 700.
+                Entry {
+                    bias: 99.0,
+                    ..Entry::of(800)
+                },
+            ])
+        };
+        let changes: Vec<Option<Adjust>> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i != 4).then(|| change(r)))
+            .collect();
+        let mut changed = rows.clone();
+        for (r, c) in changed.iter_mut().zip(&changes) {
+            if let Some(c) = c {
+                c.apply(r);
+            }
+        }
+        let refs: Vec<Option<&Adjust>> = changes.iter().map(Option::as_ref).collect();
+        let on_device = adjusted(&tensor(&rows), &refs)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        assert_eq!(on_device, changed);
+        let draw = |below, uniform| Pick::Draw {
+            below,
+            temperature: 0.5,
+            min_p: 0.0,
+            uniform,
+            logprobs: None,
+        };
+        let picks = [
+            Some(Pick::Argmax {
+                below: 1000,
+                logprobs: None,
+            }),
+            Some(Pick::Argmax {
+                below: 700,
+                logprobs: None,
+            }),
+            Some(draw(1000, 0.4)),
+            Some(draw(700, 0.9)),
+            Some(Pick::Argmax {
+                below: 1000,
+                logprobs: None,
+            }),
+            Some(Pick::Top {
+                below: 1000,
+                k: 5,
+                nucleus: None,
+            }),
+        ];
+        let got: Vec<u32> = answers(&tensor(&rows), &picks, &refs)
+            .unwrap()
+            .into_iter()
+            .map(|a| match a {
+                Some(Answer::Picked(p)) => p.id,
+                Some(Answer::Top(t)) => t.logits[0].0,
+                None => panic!("every pick answered"),
+            })
+            .collect();
+        assert_eq!(got, on_host(&changed, &picks));
+        assert_ne!(got, on_host(&rows, &picks), "the changes move the picks");
+    }
+
     /// Top-p over whole rows at temperatures and shares whose nucleus the top 64 ids hold
     /// and at ones whose nucleus reaches past them, beside plain top lists, bounded and not:
     /// the top list with the row's mass where it holds the nucleus, else the whole row.
@@ -594,7 +733,7 @@ mod tests {
             .collect();
         let got = checked(&rows, &picks);
         assert_eq!(got, on_host(&rows, &picks));
-        let answers = answers(&tensor(&rows), &picks).unwrap();
+        let answers = answers(&tensor(&rows), &picks, &[]).unwrap();
         let whole = answers.iter().filter(|a| a.is_none()).count();
         assert_eq!(
             whole, 4,
