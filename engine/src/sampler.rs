@@ -181,11 +181,11 @@ pub const DEVICE_TOP_K: usize = 64;
 /// the log-probabilities `p` asks for; `None` when the draw reads more of its row than that
 /// (log-probabilities beside bias or penalties, changes to more than
 /// [`DEVICE_ADJUSTED_IDS`] ids, top-k past [`DEVICE_TOP_K`], or more than
-/// [`DEVICE_TOP_LOGPROBS`] alternatives). Greedy draws are the most likely id ([`Pick::Argmax`]); draws at a
-/// temperature (min-p allowed) are [`sample`]'s whole-row draw, with the uniform number of
-/// this position ([`Pick::Draw`]); draws from the top `k` (top-p and min-p within them
-/// allowed) ask for the row's top list ([`Pick::Top`]) and draw from it here
-/// ([`sample_top`]), and so does top-p over the whole row ([`Nucleus`]: the top
+/// [`DEVICE_TOP_LOGPROBS`] alternatives). Greedy draws are the most likely id
+/// ([`Pick::Argmax`]); draws at a temperature (min-p allowed) are [`sample`]'s whole-row
+/// draw, with the uniform number of this position ([`Pick::Draw`]); draws from the top `k`
+/// (top-p and min-p within them allowed) ask for the row's top list ([`Pick::Top`]) and draw
+/// from it here ([`sample_top`]), and so does top-p over the whole row ([`Nucleus`]: the top
 /// [`DEVICE_TOP_K`] with the row's mass, or the row itself where they do not hold the
 /// nucleus: at temperature 0.7 and top-p 0.9–0.95 they hold it at 91–96 % of the default
 /// model's positions, at temperature 1 at 50–66 %). [`made`] takes the token the model

@@ -99,41 +99,26 @@ mod tests {
 
     #[test]
     fn each_part_changes_only_what_it_names() {
-        let e = |bias, repeat, minus| Entry {
-            id: 0,
+        let e = |id, bias, repeat, minus| Entry {
+            id,
             bias,
             repeat,
             minus,
         };
         assert_eq!(Entry::of(0).value(1.25), 1.25);
         assert_eq!(Entry::of(0).value(-3.5), -3.5);
-        assert_eq!(e(2.0, 1.0, 0.0).value(1.0), 3.0);
+        assert_eq!(e(0, 2.0, 1.0, 0.0).value(1.0), 3.0);
         // The penalty pushes both signs towards less likely.
-        assert_eq!(e(0.0, 2.0, 0.0).value(3.0), 1.5);
-        assert_eq!(e(0.0, 2.0, 0.0).value(-3.0), -6.0);
+        assert_eq!(e(0, 0.0, 2.0, 0.0).value(3.0), 1.5);
+        assert_eq!(e(0, 0.0, 2.0, 0.0).value(-3.0), -6.0);
         // Bias first, then the penalty on the biased value, then the subtraction.
-        assert_eq!(e(-4.0, 2.0, 0.5).value(3.0), -2.5);
+        assert_eq!(e(0, -4.0, 2.0, 0.5).value(3.0), -2.5);
         let changes = [
-            Entry {
-                bias: 1.0,
-                ..Entry::of(3)
-            },
-            Entry {
-                minus: 1.0,
-                ..Entry::of(1)
-            },
-            Entry {
-                bias: 5.0,
-                ..Entry::of(3)
-            },
-            Entry {
-                repeat: 2.0,
-                ..Entry::of(3)
-            },
-            Entry {
-                minus: 0.5,
-                ..Entry::of(3)
-            },
+            e(3, 1.0, 1.0, 0.0),
+            e(1, 0.0, 1.0, 1.0),
+            e(3, 5.0, 1.0, 0.0),
+            e(3, 0.0, 2.0, 0.0),
+            e(3, 0.0, 1.0, 0.5),
         ];
         let a = Adjust::merged(changes);
         assert_eq!(a.entries().iter().map(|e| e.id).collect::<Vec<_>>(), [1, 3]);

@@ -2,10 +2,10 @@
 //! temperature, a top list, a nucleus), through the real model: the candle backend answers
 //! them with the token the pick chooses from the whole row on the host (below the row's
 //! bound) and its log-probability there (a top list as the host's top k; a nucleus's with the
-//! row's mass, or the row whole where the list does not hold the nucleus), in an ordinary step beside whole rows and in a decode step on the fixed inputs a GPU
-//! replays; with `set_device_argmax(false)` and `set_device_draws(false)` it answers them
-//! whole, and the CPU kernels always do. Whole rows come back as they would without picked
-//! rows beside them.
+//! row's mass, or the row whole where the list does not hold the nucleus), in an ordinary
+//! step beside whole rows and in a decode step on the fixed inputs a GPU replays; with
+//! `set_device_argmax(false)` and `set_device_draws(false)` it answers them whole, and the CPU
+//! kernels always do. Whole rows come back as they would without picked rows beside them.
 
 mod common;
 
