@@ -11,8 +11,9 @@ replica must show and prints one JSON object:
     then as many at temperature 1 alone, OpenAI's default (`concurrent_temperature`: drawn on
     the device, two small copies a step), and at temperature 1, top-p 0.95
     (`concurrent_sampled`: drawn on the host from the device's top 64 with the row's mass, or
-    from the whole row where those do not hold the nucleus): the differences are what each way
-    of drawing costs per step.
+    from the whole row where those do not hold the nucleus), and at temperature 1 with
+    frequency and presence penalties (`concurrent_penalised`: the penalties made on the
+    device, then drawn there): the differences are what each way of drawing costs per step.
 
 Standard library only: the GPU machine has Python but nothing can be installed there.
 """
@@ -58,6 +59,7 @@ def wait_ready(base, proc, limit):
 GREEDY = {"temperature": 0}
 TEMPERATURE = {"temperature": 1.0, "seed": 7}
 SAMPLED = {"temperature": 1.0, "top_p": 0.95, "seed": 7}
+PENALISED = {"temperature": 1.0, "seed": 7, "frequency_penalty": 0.5, "presence_penalty": 0.3}
 
 
 def chat(base, model, content, max_tokens, sampling=GREEDY):
@@ -166,6 +168,14 @@ def graph_log(log_text):
     return [l.strip()[-400:] for l in plain.splitlines() if "CUDA graph" in l][:20]
 
 
+CONCURRENT_KINDS = (
+    "concurrent",
+    "concurrent_temperature",
+    "concurrent_sampled",
+    "concurrent_penalised",
+)
+
+
 def failures(out):
     """What a GPU replica got wrong, in words: any answer that was not a full 200."""
     failed = []
@@ -173,7 +183,7 @@ def failures(out):
         failed.append(f"chat answered {out['chat']['status']}: {out['chat']['error']}")
     if out["stream"]["errors"] or not out["stream"]["usage"]:
         failed.append(f"the stream broke: {out['stream']['errors']}")
-    for name in ("concurrent", "concurrent_temperature", "concurrent_sampled"):
+    for name in CONCURRENT_KINDS:
         if out[name]["ok"] != out[name]["requests"]:
             failed.append(f"{name} statuses {out[name]['statuses']}")
     if not out["cache_config_info"]:
@@ -225,6 +235,9 @@ def main():
         )
         out["concurrent_sampled"] = concurrent(
             base, model, args.concurrent, args.max_tokens, SAMPLED
+        )
+        out["concurrent_penalised"] = concurrent(
+            base, model, args.concurrent, args.max_tokens, PENALISED
         )
         _, raw = request(base + "/metrics")
         out["cache_config_info"] = cache_config(raw.decode(errors="replace"))
