@@ -176,8 +176,9 @@ pub const DEVICE_TOP_LOGPROBS: usize = 20;
 pub const DEVICE_TOP_K: usize = 64;
 
 /// The token the model may choose on its device for a draw under `p` at `state`'s position,
-/// given no grammar mask and nothing suppressed, over the ids below `below` of its row after
-/// `p`'s bias and penalties ([`adjustment`], which the caller hands the model beside it), with
+/// given no grammar mask, over the ids below `below` of its row after `p`'s bias and
+/// penalties and with `suppress` held back ([`adjustment`], which the caller hands the model
+/// beside it), with
 /// the log-probabilities `p` asks for; `None` when the draw reads more of its row than that
 /// (log-probabilities beside bias or penalties, changes to more than
 /// [`DEVICE_ADJUSTED_IDS`] ids, top-k past [`DEVICE_TOP_K`], or more than
@@ -190,14 +191,21 @@ pub const DEVICE_TOP_K: usize = 64;
 /// nucleus: at temperature 0.7 and top-p 0.9–0.95 they hold it at 91–96 % of the default
 /// model's positions, at temperature 1 at 50–66 %). [`made`] takes the token the model
 /// answers with.
-pub fn device_pick(p: &SamplingParams, state: &SamplerState, below: u32) -> Option<Pick> {
+pub fn device_pick(
+    p: &SamplingParams,
+    state: &SamplerState,
+    suppress: &[u32],
+    below: u32,
+) -> Option<Pick> {
     let top_logprobs = p.logprobs.unwrap_or(0);
     if top_logprobs > DEVICE_TOP_LOGPROBS {
         return None;
     }
     // The device makes the row's changes ([`adjustment`]) before it picks; log-probabilities
     // are the raw row's, which it then no longer has.
-    if !untouched(p) && (p.logprobs.is_some() || adjusted_ids(p, state) > DEVICE_ADJUSTED_IDS) {
+    let changed = !untouched(p) || !suppress.is_empty();
+    let ids = adjusted_ids(p, state) + suppress.len();
+    if changed && (p.logprobs.is_some() || ids > DEVICE_ADJUSTED_IDS) {
         return None;
     }
     if p.is_greedy() {
@@ -322,11 +330,19 @@ fn changes<'a>(p: &'a SamplingParams, state: &'a SamplerState) -> impl Iterator<
     bias.chain(repeat).chain(minus)
 }
 
-/// What `p`'s bias and penalties change in a row at `state`'s position, one entry per id
-/// ([`changes`] merged), for a model that makes them on its device; `None` when `p` changes
-/// nothing.
-pub fn adjustment(p: &SamplingParams, state: &SamplerState) -> Option<Adjust> {
-    (!untouched(p)).then(|| Adjust::merged(changes(p, state)))
+/// What `p`'s bias and penalties change in a row at `state`'s position, and the ids
+/// `suppress` holds back (a −∞ bias, made last: what [`sample`] sets them to), one entry per
+/// id ([`changes`] merged), for a model that makes them on its device; `None` when nothing
+/// changes.
+pub fn adjustment(p: &SamplingParams, state: &SamplerState, suppress: &[u32]) -> Option<Adjust> {
+    if untouched(p) && suppress.is_empty() {
+        return None;
+    }
+    let held_back = suppress.iter().map(|&t| Entry {
+        bias: f32::NEG_INFINITY,
+        ..Entry::of(t)
+    });
+    Some(Adjust::merged(changes(p, state).chain(held_back)))
 }
 
 /// At most this many ids a row's changes name for the device to make them
@@ -586,7 +602,7 @@ mod tests {
     #[test]
     fn only_draws_that_read_nothing_else_are_picked_on_the_device() {
         let state = SamplerState::new(Some(3), 0, &[]);
-        let pick = |f: fn(&mut SamplingParams)| device_pick(&params(f), &state, 100);
+        let pick = |f: fn(&mut SamplingParams)| device_pick(&params(f), &state, &[], 100);
         assert_eq!(
             pick(|p| p.temperature = 0.0),
             Some(Pick::Argmax {
@@ -654,14 +670,25 @@ mod tests {
         let long = SamplerState::new(Some(3), 0, &long_prompt);
         for f in changed {
             let mut p = params(f);
-            assert!(device_pick(&p, &state, 100).is_some(), "{p:?}");
-            assert!(adjustment(&p, &state).is_some(), "{p:?}");
+            assert!(device_pick(&p, &state, &[], 100).is_some(), "{p:?}");
+            assert!(adjustment(&p, &state, &[]).is_some(), "{p:?}");
             let repeats = p.repetition_penalty != 1.0;
-            assert_eq!(device_pick(&p, &long, 100).is_some(), !repeats, "{p:?}");
+            assert_eq!(
+                device_pick(&p, &long, &[], 100).is_some(),
+                !repeats,
+                "{p:?}"
+            );
             p.logprobs = Some(0);
-            assert_eq!(device_pick(&p, &state, 100), None, "{p:?}");
+            assert_eq!(device_pick(&p, &state, &[], 100), None, "{p:?}");
         }
-        assert_eq!(adjustment(&params(|_| {}), &state), None);
+        assert_eq!(adjustment(&params(|_| {}), &state, &[]), None);
+        // Tokens held back (until `min_tokens`) are changes too: −∞ on the device.
+        let plain = params(|_| {});
+        assert!(device_pick(&plain, &state, &[2, 7], 100).is_some());
+        let held = adjustment(&plain, &state, &[2, 7]).expect("changes");
+        assert!(held.entries().iter().all(|e| e.bias == f32::NEG_INFINITY));
+        let with_logprobs = params(|p| p.logprobs = Some(1));
+        assert_eq!(device_pick(&with_logprobs, &state, &[2], 100), None);
         for temperature in [0.0, 1.0] {
             let spoilt: [fn(&mut SamplingParams); 3] = [
                 |p| p.logprobs = Some(DEVICE_TOP_LOGPROBS + 1),
@@ -676,7 +703,7 @@ mod tests {
                 p.temperature = temperature;
                 let greedy_ignores = temperature == 0.0 && i == 2;
                 assert_eq!(
-                    device_pick(&p, &state, 100).is_some(),
+                    device_pick(&p, &state, &[], 100).is_some(),
                     greedy_ignores,
                     "case {i} at temperature {temperature}"
                 );
@@ -710,7 +737,7 @@ mod tests {
             );
             for _ in 0..50 {
                 let a = sample(&r, &p, &mut drawn, &[], None);
-                let pick = device_pick(&p, &made_here, 5_000).unwrap();
+                let pick = device_pick(&p, &made_here, &[], 5_000).unwrap();
                 let id = pick.on_host(&r);
                 let top = logits::top_logprobs(&r, pick.top_logprobs());
                 let logprob = pick.logprobs().map(|_| log_softmax[id as usize]);
@@ -754,16 +781,22 @@ mod tests {
             p.logit_bias.insert(likely[5], 3.0);
             p.logit_bias.insert(likely[0], -50.0);
             let prompt = &likely[1..3];
+            // Held back (as until `min_tokens`) in every other case: one of the likeliest.
+            let suppress: Vec<u32> = if i % 2 == 0 {
+                vec![likely[3]]
+            } else {
+                Vec::new()
+            };
             let (mut drawn, mut picked) = (
                 SamplerState::new(Some(2), 0, prompt),
                 SamplerState::new(Some(2), 0, prompt),
             );
             let mut tokens = Vec::new();
             for _ in 0..40 {
-                let a = sample(&r, &p, &mut drawn, &[], None);
-                let pick = device_pick(&p, &picked, 5_000).expect("a device pick");
+                let a = sample(&r, &p, &mut drawn, &suppress, None);
+                let pick = device_pick(&p, &picked, &suppress, 5_000).expect("a device pick");
                 let mut changed = r.clone();
-                adjustment(&p, &picked)
+                adjustment(&p, &picked, &suppress)
                     .expect("changes")
                     .apply(&mut changed);
                 let b = match pick {
@@ -863,7 +896,7 @@ mod tests {
                 SamplerState::new(Some(4), 1, &[]),
                 SamplerState::new(Some(4), 1, &[]),
             );
-            let Some(Pick::Top { k, nucleus, .. }) = device_pick(&p, &from_top, 5_000) else {
+            let Some(Pick::Top { k, nucleus, .. }) = device_pick(&p, &from_top, &[], 5_000) else {
                 panic!("{p:?} is a top pick");
             };
             // The row's mass at the nucleus's temperature, as the device sums it.

@@ -131,18 +131,21 @@ impl Seq {
 
     /// The token the model may choose on its device for the next draw, over the ids below
     /// `below` ([`crate::sampler::device_pick`]), when the draw reads nothing else of its row:
-    /// no grammar, nothing suppressed and no choices to fork from the row.
+    /// no grammar and no choices to fork from the row (tokens held back until `min_tokens`
+    /// are changes the model makes, [`Seq::adjustment`]).
     pub fn device_pick(&self, below: u32) -> Option<Pick> {
-        if self.matcher.is_some() || self.forks_left > 0 || !self.suppressed().is_empty() {
+        if self.matcher.is_some() || self.forks_left > 0 {
             return None;
         }
-        crate::sampler::device_pick(&self.req.params, &self.sampler, below)
+        let suppress = self.suppressed();
+        crate::sampler::device_pick(&self.req.params, &self.sampler, &suppress, below)
     }
 
-    /// What the request's bias and penalties change in its next row (for the model to make
-    /// before a pick on its device).
+    /// What the request's bias and penalties, and the tokens held back until `min_tokens`,
+    /// change in its next row (for the model to make before a pick on its device).
     pub fn adjustment(&self) -> Option<Adjust> {
-        crate::sampler::adjustment(&self.req.params, &self.sampler)
+        let suppress = self.suppressed();
+        crate::sampler::adjustment(&self.req.params, &self.sampler, &suppress)
     }
 
     /// Tokens that must not be sampled now: until `min_tokens` exist, the end-of-sequence

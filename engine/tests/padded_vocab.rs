@@ -195,6 +195,18 @@ fn tokens_picked_by_the_model_stay_below_the_tokenizer() {
             repetition_penalty: 1.3,
             ..plain.clone()
         },
+        // End-of-sequence held back all the way (min_tokens = max_tokens): a −∞ change on the
+        // device.
+        SamplingParams {
+            min_tokens: 32,
+            temperature: 0.0,
+            ..plain.clone()
+        },
+        SamplingParams {
+            min_tokens: 32,
+            presence_penalty: 0.5,
+            ..plain.clone()
+        },
     ];
     for params in cases {
         let mut runs = Vec::new();
