@@ -570,21 +570,19 @@ impl Core {
             let start = s.num_computed;
             s.timing.first_scheduled.get_or_insert(started);
             let pick = (start + n == s.tokens.len())
-                .then(|| s.device_pick(width))
+                .then(|| s.device_pick(width, picks_on_device))
                 .flatten();
-            adjust.push(
-                pick.filter(|_| picks_on_device)
-                    .and_then(|_| s.adjustment()),
-            );
+            let (logits, changes) = match pick {
+                Some((pick, changes)) => (Logits::Pick(pick), changes),
+                None if start + n < s.tokens.len() => (Logits::None, None),
+                None => (Logits::Last, None),
+            };
+            adjust.push(changes);
             batch.push(SeqChunk {
                 tokens: s.tokens[start..start + n].to_vec(),
                 start_pos: start,
                 block_table: s.blocks.clone(),
-                logits: match pick {
-                    Some(pick) => Logits::Pick(pick),
-                    None if start + n < s.tokens.len() => Logits::None,
-                    None => Logits::Last,
-                },
+                logits,
             });
         }
         self.metrics.batch_tokens.observe(batch.num_tokens() as f64);

@@ -178,8 +178,7 @@ pub const DEVICE_TOP_K: usize = 64;
 /// The token the model may choose on its device for a draw under `p` at `state`'s position,
 /// given no grammar mask, over the ids below `below` of its row after `p`'s bias and
 /// penalties and with `suppress` held back ([`adjustment`], which the caller hands the model
-/// beside it), with
-/// the log-probabilities `p` asks for; `None` when the draw reads more of its row than that
+/// beside it), with the log-probabilities `p` asks for; `None` when the draw reads more of its row than that
 /// (log-probabilities beside bias or penalties, changes to more than
 /// [`DEVICE_ADJUSTED_IDS`] ids, top-k past [`DEVICE_TOP_K`], or more than
 /// [`DEVICE_TOP_LOGPROBS`] alternatives). Greedy draws are the most likely id
@@ -203,9 +202,8 @@ pub fn device_pick(
     }
     // The device makes the row's changes ([`adjustment`]) before it picks; log-probabilities
     // are the raw row's, which it then no longer has.
-    let changed = !untouched(p) || !suppress.is_empty();
     let ids = adjusted_ids(p, state) + suppress.len();
-    if changed && (p.logprobs.is_some() || ids > DEVICE_ADJUSTED_IDS) {
+    if changes_row(p, suppress) && (p.logprobs.is_some() || ids > DEVICE_ADJUSTED_IDS) {
         return None;
     }
     if p.is_greedy() {
@@ -335,7 +333,7 @@ fn changes<'a>(p: &'a SamplingParams, state: &'a SamplerState) -> impl Iterator<
 /// id ([`changes`] merged), for a model that makes them on its device; `None` when nothing
 /// changes.
 pub fn adjustment(p: &SamplingParams, state: &SamplerState, suppress: &[u32]) -> Option<Adjust> {
-    if untouched(p) && suppress.is_empty() {
+    if !changes_row(p, suppress) {
         return None;
     }
     let held_back = suppress.iter().map(|&t| Entry {
@@ -343,6 +341,11 @@ pub fn adjustment(p: &SamplingParams, state: &SamplerState, suppress: &[u32]) ->
         ..Entry::of(t)
     });
     Some(Adjust::merged(changes(p, state).chain(held_back)))
+}
+
+/// Whether `p`'s bias and penalties or the ids `suppress` holds back change a row.
+fn changes_row(p: &SamplingParams, suppress: &[u32]) -> bool {
+    !untouched(p) || !suppress.is_empty()
 }
 
 /// At most this many ids a row's changes name for the device to make them

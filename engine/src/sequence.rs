@@ -131,21 +131,19 @@ impl Seq {
 
     /// The token the model may choose on its device for the next draw, over the ids below
     /// `below` ([`crate::sampler::device_pick`]), when the draw reads nothing else of its row:
-    /// no grammar and no choices to fork from the row (tokens held back until `min_tokens`
-    /// are changes the model makes, [`Seq::adjustment`]).
-    pub fn device_pick(&self, below: u32) -> Option<Pick> {
+    /// no grammar and no choices to fork from the row. With it, when `changes` asks (a model
+    /// that picks on its device), what the request's bias and penalties and the tokens held
+    /// back until `min_tokens` change in the row first ([`crate::sampler::adjustment`]).
+    pub fn device_pick(&self, below: u32, changes: bool) -> Option<(Pick, Option<Adjust>)> {
         if self.matcher.is_some() || self.forks_left > 0 {
             return None;
         }
-        let suppress = self.suppressed();
-        crate::sampler::device_pick(&self.req.params, &self.sampler, &suppress, below)
-    }
-
-    /// What the request's bias and penalties, and the tokens held back until `min_tokens`,
-    /// change in its next row (for the model to make before a pick on its device).
-    pub fn adjustment(&self) -> Option<Adjust> {
-        let suppress = self.suppressed();
-        crate::sampler::adjustment(&self.req.params, &self.sampler, &suppress)
+        let (p, state, suppress) = (&self.req.params, &self.sampler, self.suppressed());
+        let pick = crate::sampler::device_pick(p, state, &suppress, below)?;
+        let adjust = changes
+            .then(|| crate::sampler::adjustment(p, state, &suppress))
+            .flatten();
+        Some((pick, adjust))
     }
 
     /// Tokens that must not be sampled now: until `min_tokens` exist, the end-of-sequence
