@@ -3,7 +3,7 @@
 // which the driver JIT-compiles for the GPU at hand.
 #include <cuda_runtime.h>
 
-// Threads per block; must match THREADS in operands.rs, which launches these kernels.
+// Threads per block; must match ITEM_THREADS in operands.rs, which sizes these launches.
 #define THREADS 256
 
 // out: [2, n, d] f32: out[0] = x + delta, out[1] = out[0] / rms(out[0]) * w.

@@ -12,6 +12,8 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::operands::{cpu_slice, held_on_cpu};
+#[cfg(any(feature = "cuda", test))]
+use super::operands::{Grid, ITEM_THREADS};
 
 /// `x + delta` and its RMS norm scaled by `weight`: `apply_op3(x, delta, weight)` gives
 /// `[2, n, d]`, the sum then the normed sum (see [`add_rms_norm`]).
@@ -270,6 +272,56 @@ impl CustomOp1 for RotateQueries<'_> {
     }
 }
 
+/// The CUDA kernels' grids and scalar arguments (after their pointers), for the launches
+/// and for the tests that run the kernels under the host emulation.
+#[cfg(any(feature = "cuda", test))]
+impl AddRmsNorm {
+    /// A block per row; fused.cu reduces over exactly `THREADS` (= [`ITEM_THREADS`]) threads.
+    fn grid(n: usize) -> Grid {
+        Grid {
+            blocks: (n as u32, 1),
+            threads: ITEM_THREADS,
+            shared_bytes: 0,
+        }
+    }
+
+    /// Rows and columns.
+    fn kernel_ints((n, d): (usize, usize)) -> [i32; 2] {
+        [n as i32, d as i32]
+    }
+}
+
+#[cfg(any(feature = "cuda", test))]
+impl SwiGlu {
+    /// A thread per output.
+    fn grid((n, ff): (usize, usize)) -> Grid {
+        Grid::per_item(n * ff)
+    }
+
+    /// Rows and outputs per row.
+    fn kernel_ints((n, ff): (usize, usize)) -> [i32; 2] {
+        [n as i32, ff as i32]
+    }
+}
+
+#[cfg(any(feature = "cuda", test))]
+impl RotateQueries<'_> {
+    /// A thread per rotated pair.
+    fn grid(&self, n: usize) -> Grid {
+        Grid::per_item(n * self.heads * self.head_dim / 2)
+    }
+
+    /// Rows, `qkv`'s row stride, heads, head dimension.
+    fn kernel_ints(&self, (n, stride): (usize, usize)) -> [i32; 4] {
+        [
+            n as i32,
+            stride as i32,
+            self.heads as i32,
+            self.head_dim as i32,
+        ]
+    }
+}
+
 // Launching a kernel is an FFI call (the crate's other unsafe code is the CPU kernels').
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
@@ -281,7 +333,8 @@ mod cuda {
     use candle_core::cuda::WrapErr;
     use candle_core::{CudaDevice, CudaStorage, Layout};
 
-    use crate::candle::operands::{held, per_item, view, THREADS};
+    use super::{AddRmsNorm, SwiGlu};
+    use crate::candle::operands::{held, view};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
 
@@ -301,25 +354,21 @@ mod cuda {
         let mut out = output(&dev, 2 * n * d)?;
         let func = dev.get_or_load_custom_func("add_rms_norm_f32", "sluice_fused", PTX)?;
         if n > 0 {
-            // A block per row; fused.cu reduces over exactly `THREADS` threads.
-            let cfg = LaunchConfig {
-                grid_dim: (n as u32, 1, 1),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = LaunchConfig::from(AddRmsNorm::grid(n));
             let (xv, dv, wv) = (
                 view::<f32>(x, xl)?,
                 view::<f32>(delta, dl)?,
                 view::<f32>(w, wl)?,
             );
-            let (n, d) = (n as i32, d as i32);
+            let ints = AddRmsNorm::kernel_ints((n, d));
             let mut b = func.builder();
             b.arg(&mut out);
             b.arg(&xv);
             b.arg(&dv);
             b.arg(&wv);
-            b.arg(&n);
-            b.arg(&d);
+            for i in &ints {
+                b.arg(i);
+            }
             b.arg(&eps);
             // SAFETY: the arguments match fused.cu's signature; the shapes were checked.
             unsafe { b.launch(cfg) }.w()?;
@@ -339,7 +388,7 @@ mod cuda {
         let func = dev.get_or_load_custom_func("rotate_queries_f32", "sluice_fused", PTX)?;
         if pairs > 0 {
             let sv = view::<f32>(s, l)?;
-            let ints = [n as i32, stride as i32, op.heads as i32, op.head_dim as i32];
+            let (cfg, ints) = (LaunchConfig::from(op.grid(n)), op.kernel_ints((n, stride)));
             held::<f32, _>(op.cos, "rotate-queries", |cos| {
                 held::<f32, _>(op.sin, "rotate-queries", |sin| {
                     let mut b = func.builder();
@@ -351,7 +400,7 @@ mod cuda {
                         b.arg(i);
                     }
                     // SAFETY: the arguments match fused.cu's signature; the shapes were checked.
-                    unsafe { b.launch(per_item(pairs)) }.w()?;
+                    unsafe { b.launch(cfg) }.w()?;
                     Ok(())
                 })
             })?;
@@ -370,14 +419,15 @@ mod cuda {
         let func = dev.get_or_load_custom_func("swiglu_f32", "sluice_fused", PTX)?;
         if total > 0 {
             let sv = view::<f32>(s, l)?;
-            let (n, ff) = (n as i32, ff as i32);
+            let ints = SwiGlu::kernel_ints((n, ff));
             let mut b = func.builder();
             b.arg(&mut out);
             b.arg(&sv);
-            b.arg(&n);
-            b.arg(&ff);
+            for i in &ints {
+                b.arg(i);
+            }
             // SAFETY: the arguments match fused.cu's signature; the shape was checked.
-            unsafe { b.launch(per_item(total)) }.w()?;
+            unsafe { b.launch(LaunchConfig::from(SwiGlu::grid((n, ff)))) }.w()?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev))
     }
@@ -455,5 +505,77 @@ mod tests {
         assert!(max_diff(&got, &want) <= 1e-6);
         let odd = Tensor::zeros((2, 7), candle_core::DType::F32, &dev).unwrap();
         assert!(swiglu(&odd).is_err());
+    }
+
+    /// fused.cu's three kernels, compiled for the host and run under the emulation of CUDA's
+    /// execution model (`emulator.rs`: no GPU here), with the grids and arguments their CUDA
+    /// launches take from the ops, compute what the CPU ops compute: rows narrower and wider
+    /// than the norm's block, outputs over several blocks.
+    #[test]
+    fn the_cuda_kernels_agree_with_the_cpu_ops_under_emulation() {
+        use super::{AddRmsNorm, RotateQueries, SwiGlu};
+        use crate::candle::emulator::{self, as_f32s, Arg};
+
+        let dev = Device::Cpu;
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let close = |got: &[f32], want: &[f32], what: &str| {
+            assert_eq!(got.len(), want.len(), "{what}");
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{what} {i}: {g} vs {w}"
+                );
+            }
+        };
+        let run = |kernel: &str, grid, args| {
+            emulator::launch(kernel, grid, args).unwrap_or_else(|e| panic!("{e}"))
+        };
+
+        for (n, d) in [(3, 96), (2, 576)] {
+            let x = Tensor::randn(0f32, 1.0, (n, d), &dev).unwrap();
+            let delta = Tensor::randn(0f32, 0.5, (n, d), &dev).unwrap();
+            let w = Tensor::randn(1f32, 0.1, d, &dev).unwrap();
+            let (sum, normed) = add_rms_norm(&x, &delta, &w, 1e-5).unwrap();
+            let mut args = vec![
+                Arg::f32s(&vec![0.0; 2 * n * d]),
+                Arg::f32s(&flat(&x)),
+                Arg::f32s(&flat(&delta)),
+                Arg::f32s(&flat(&w)),
+            ];
+            args.extend(Arg::ints(&AddRmsNorm::kernel_ints((n, d))));
+            args.push(Arg::F32(1e-5));
+            let out = as_f32s(&run("add_rms_norm_f32", AddRmsNorm::grid(n), args)[0]);
+            close(&out[..n * d], &flat(&sum), "sum");
+            close(&out[n * d..], &flat(&normed), "normed");
+        }
+
+        let (n, ff) = (3, 300);
+        let gate_up = Tensor::randn(0f32, 2.0, (n, 2 * ff), &dev).unwrap();
+        let mut args = vec![Arg::f32s(&vec![0.0; n * ff]), Arg::f32s(&flat(&gate_up))];
+        args.extend(Arg::ints(&SwiGlu::kernel_ints((n, ff))));
+        let out = as_f32s(&run("swiglu_f32", SwiGlu::grid((n, ff)), args)[0]);
+        close(&out, &flat(&swiglu(&gate_up).unwrap()), "swiglu");
+
+        let (n, heads, hd) = (3, 9, 64);
+        let stride = heads * hd + 2 * 3 * hd;
+        let qkv = Tensor::randn(0f32, 1.0, (n, stride), &dev).unwrap();
+        let angles = Tensor::randn(0f32, 2.0, (n, hd / 2), &dev).unwrap();
+        let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
+        let op = RotateQueries {
+            cos: &cos,
+            sin: &sin,
+            heads,
+            head_dim: hd,
+        };
+        let mut args = vec![
+            Arg::f32s(&vec![0.0; n * heads * hd]),
+            Arg::f32s(&flat(&qkv)),
+            Arg::f32s(&flat(&cos)),
+            Arg::f32s(&flat(&sin)),
+        ];
+        args.extend(Arg::ints(&op.kernel_ints((n, stride))));
+        let out = as_f32s(&run("rotate_queries_f32", op.grid(n), args)[0]);
+        let want = rotate_queries(&qkv, (&cos, &sin), heads, hd).unwrap();
+        close(&out, &flat(&want), "rotated queries");
     }
 }

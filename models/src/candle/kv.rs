@@ -16,6 +16,8 @@ use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Tensor};
 use half::f16;
 
 use super::fused::rotated_pairs;
+#[cfg(any(feature = "cuda", test))]
+use super::operands::Grid;
 use super::operands::{cpu_slice, held_on_cpu};
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
@@ -223,6 +225,27 @@ impl InplaceOp2 for KvWrite<'_> {
     }
 }
 
+#[cfg(any(feature = "cuda", test))]
+impl KvWrite<'_> {
+    /// The CUDA kernel's grid: a thread per (token, pair of columns).
+    fn grid(d: Dims) -> Grid {
+        Grid::per_item(d.n * d.kv_width / 2)
+    }
+
+    /// The kernel's scalar arguments after its pointers: tokens, `qkv`'s row stride, the
+    /// first column written, the pool's width, the head dimension, whether to rotate.
+    fn kernel_ints(&self, d: Dims) -> [i32; 6] {
+        [
+            d.n as i32,
+            d.stride as i32,
+            self.column as i32,
+            d.kv_width as i32,
+            self.head_dim as i32,
+            i32::from(self.rope),
+        ]
+    }
+}
+
 impl KvWrite<'_> {
     /// One token: `from` (f32, `kv_width`) rotated pairwise by `(cos, sin)` when `rope`, as
     /// GGUF's interleaved RoPE does, into `to` (f16).
@@ -251,8 +274,10 @@ mod cuda {
     use candle_core::{CudaStorage, Layout};
     use half::f16;
 
+    use candle_core::cuda::cudarc::driver::LaunchConfig;
+
     use super::{Dims, KvWrite};
-    use crate::candle::operands::{held, per_item, view};
+    use crate::candle::operands::{held, view};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kv.ptx"));
 
@@ -269,14 +294,7 @@ mod cuda {
         let dev = pool.device.clone();
         let func = dev.get_or_load_custom_func("kv_write_f16", "sluice_kv", PTX)?;
         let srcv = view::<f32>(src, sl)?;
-        let ints = [
-            d.n as i32,
-            d.stride as i32,
-            op.column as i32,
-            d.kv_width as i32,
-            op.head_dim as i32,
-            i32::from(op.rope),
-        ];
+        let ints = op.kernel_ints(d);
         let name = "kv write";
         held::<u32, _>(op.rows.slots, name, |slots| {
             held::<f32, _>(op.rows.cos, name, |cos| {
@@ -292,7 +310,7 @@ mod cuda {
                     }
                     // SAFETY: the arguments match kv.cu's signature; `check` matched every
                     // shape, and the slots come from block tables the KV store validated.
-                    unsafe { b.launch(per_item(pairs)) }.w()?;
+                    unsafe { b.launch(LaunchConfig::from(KvWrite::grid(d))) }.w()?;
                     Ok(())
                 })
             })
@@ -360,5 +378,62 @@ mod tests {
             kv.write(0, &qkv, rows, &config).is_err(),
             "a slot past the pool is refused"
         );
+    }
+
+    /// kv.cu, compiled for the host and run under the emulation of CUDA's execution model
+    /// (`emulator.rs`: no GPU here), with the grid and arguments its CUDA launch takes from the
+    /// op, stores what the CPU op stores: keys rotated, values as they are, each token in its
+    /// slot, from a QKV product wider than the pool; more pairs than one block has threads.
+    #[test]
+    fn the_cuda_kernel_agrees_with_the_cpu_op_under_emulation() {
+        use super::KvWrite;
+        use crate::candle::emulator::{self, as_f16s, Arg};
+
+        let dev = Device::Cpu;
+        let (heads, kv_heads, hd) = (9, 3, 64);
+        let kv_w = kv_heads * hd;
+        let n = 5;
+        let qkv = Tensor::randn(0f32, 1.0, (n, heads * hd + 2 * kv_w), &dev).unwrap();
+        let angles = Tensor::randn(0f32, 2.0, (n, hd / 2), &dev).unwrap();
+        let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
+        let slots = Tensor::new(&[5u32, 0, 13, 31, 2], &dev).unwrap();
+        let rows = StepRows {
+            slots: &slots,
+            cos: &cos,
+            sin: &sin,
+        };
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for (column, rope) in [(heads * hd, true), (heads * hd + kv_w, false)] {
+            let op = KvWrite {
+                rows,
+                column,
+                rope,
+                head_dim: hd,
+            };
+            let pool = Tensor::zeros((32, kv_w), DType::F16, &dev).unwrap();
+            let d = op.check(pool.layout(), qkv.layout()).unwrap();
+            pool.inplace_op2(&qkv, &op).unwrap();
+            let want = pool.flatten_all().unwrap().to_vec1::<half::f16>().unwrap();
+            let mut args = vec![
+                Arg::f16s(&vec![half::f16::ZERO; 32 * kv_w]),
+                Arg::f32s(&flat(&qkv)),
+                Arg::f32s(&flat(&cos)),
+                Arg::f32s(&flat(&sin)),
+                Arg::u32s(&slots.to_vec1::<u32>().unwrap()),
+            ];
+            args.extend(Arg::ints(&op.kernel_ints(d)));
+            let out = emulator::launch("kv_write_f16", KvWrite::grid(d), args)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let got = as_f16s(&out[0]);
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let (g, w) = (g.to_f32(), w.to_f32());
+                // Within one rounding of an f16 (the rotation's products may round apart).
+                assert!(
+                    (g - w).abs() <= 1e-3 * w.abs().max(1.0),
+                    "element {i}: {g} vs {w} (rope {rope})"
+                );
+            }
+        }
     }
 }

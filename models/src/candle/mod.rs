@@ -12,6 +12,8 @@
 //! which rows take which path).
 
 mod attention;
+#[cfg(test)]
+mod emulator;
 mod fused;
 mod kv;
 mod linear;

@@ -1,6 +1,6 @@
 //! How the custom ops reach their operands: the contiguous slice of a CPU storage, a tensor an
-//! op holds beside its operands (metadata, tables) read-locked while it runs, and on CUDA
-//! views and a grid of one thread per item.
+//! op holds beside its operands (metadata, tables) read-locked while it runs, the grid each
+//! CUDA kernel is launched over, and on CUDA views.
 
 use candle_core::{CpuStorage, Layout, Storage, Tensor};
 
@@ -29,8 +29,37 @@ pub(crate) fn held_on_cpu<T: candle_core::WithDType, R>(
     f(cpu_slice(cpu, layout, op)?)
 }
 
+#[cfg(any(feature = "cuda", test))]
+/// Threads per block of the kernels that run a thread per item, and of the fused norm's
+/// row blocks; must match `THREADS` in fused.cu.
+pub(crate) const ITEM_THREADS: u32 = 256;
+
+/// The grid a kernel is launched over: blocks in x and y, threads per block (in x), dynamic
+/// shared memory. The one owner of each kernel's launch shape: the CUDA launch and the tests
+/// that run the kernels under the host emulation (`emulated_tests.rs`) both take it from the
+/// op.
+#[cfg(any(feature = "cuda", test))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grid {
+    pub blocks: (u32, u32),
+    pub threads: u32,
+    pub shared_bytes: u32,
+}
+
+#[cfg(any(feature = "cuda", test))]
+impl Grid {
+    /// One thread per item, [`ITEM_THREADS`] to a block (at least one block).
+    pub(crate) fn per_item(items: usize) -> Self {
+        Grid {
+            blocks: ((items as u32).div_ceil(ITEM_THREADS).max(1), 1),
+            threads: ITEM_THREADS,
+            shared_bytes: 0,
+        }
+    }
+}
+
 #[cfg(feature = "cuda")]
-pub(crate) use cuda::{held, per_item, view, THREADS};
+pub(crate) use cuda::{held, view};
 
 #[cfg(feature = "cuda")]
 mod cuda {
@@ -38,15 +67,15 @@ mod cuda {
     use candle_core::cuda::CudaDType;
     use candle_core::{CudaStorage, Layout, Storage, Tensor};
 
-    /// Threads per block of the one-thread-per-item kernels.
-    pub(crate) const THREADS: u32 = 256;
+    use super::Grid;
 
-    /// A grid of one thread per item, [`THREADS`] to a block (at least one block).
-    pub(crate) fn per_item(items: usize) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: ((items as u32).div_ceil(THREADS).max(1), 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
+    impl From<Grid> for LaunchConfig {
+        fn from(g: Grid) -> Self {
+            LaunchConfig {
+                grid_dim: (g.blocks.0, g.blocks.1, 1),
+                block_dim: (g.threads, 1, 1),
+                shared_mem_bytes: g.shared_bytes,
+            }
         }
     }
 

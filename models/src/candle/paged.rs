@@ -16,6 +16,8 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::operands::cpu_slice;
+#[cfg(any(feature = "cuda", test))]
+use super::operands::Grid;
 use crate::kernels::dot;
 
 /// The metadata of one step's paged rows, on the host, before it is uploaded.
@@ -321,6 +323,9 @@ impl PagedAttention {
 
 /// Threads per block of the CUDA kernel; must match `THREADS` in paged.cu.
 const THREADS: usize = 128;
+/// Context positions per tile of the CUDA kernel; must match `TILE` in paged.cu.
+#[cfg(any(feature = "cuda", test))]
+const TILE: usize = 64;
 /// Outputs one thread of the CUDA kernel keeps; must match `MAX_ACC` in paged.cu.
 const MAX_ACC: usize = 16;
 /// K elements one lane of the CUDA kernel holds; must match `MAX_KREG` in paged.cu.
@@ -340,6 +345,35 @@ pub(crate) fn supported(device: &Device, heads: usize, kv_heads: usize, head_dim
     !device.is_cuda() || kernel_supports(heads / kv_heads, head_dim)
 }
 
+#[cfg(any(feature = "cuda", test))]
+impl PagedAttention {
+    /// The CUDA kernel's grid: a block of `THREADS` per (row, KV head), with shared memory for
+    /// the group's queries, a tile's scores per head, the running max, sum and correction per
+    /// head, and a tile's slots (paged.cu's layout).
+    pub(crate) fn grid(&self) -> Grid {
+        let group = self.group();
+        let floats = group * self.head_dim + group * TILE + 3 * group + TILE;
+        Grid {
+            blocks: (self.rows as u32, self.kv_heads as u32),
+            threads: THREADS as u32,
+            shared_bytes: (floats * 4) as u32,
+        }
+    }
+
+    /// The kernel's scalar arguments after its pointers: rows, heads, KV heads, head
+    /// dimension, block size; then the softmax scale.
+    pub(crate) fn kernel_scalars(&self) -> ([i32; 5], f32) {
+        let ints = [
+            self.rows as i32,
+            self.heads as i32,
+            self.kv_heads as i32,
+            self.head_dim as i32,
+            self.block_size as i32,
+        ];
+        (ints, scale(self.head_dim))
+    }
+}
+
 // Launching a kernel is an FFI call (the crate's other unsafe code is the CPU kernels').
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
@@ -351,12 +385,10 @@ mod cuda {
     use candle_core::{CudaStorage, Layout, Shape};
     use half::f16;
 
-    use super::{kernel_supports, PagedAttention, THREADS};
+    use super::{kernel_supports, PagedAttention};
     use crate::candle::operands::{held, view};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged.ptx"));
-    /// Context positions per tile; must match `TILE` in paged.cu.
-    const TILE: usize = 64;
 
     pub(super) fn forward(
         op: &PagedAttention,
@@ -374,20 +406,8 @@ mod cuda {
         // SAFETY: every element is written by the kernel below (rows > 0 in any plan).
         let mut out = unsafe { dev.alloc::<f32>(op.rows * op.heads * hd) }?;
         let func = dev.get_or_load_custom_func("paged_attention_f16", "sluice_paged", PTX)?;
-        let shared = (group * hd + group * TILE + 3 * group + TILE) * 4;
-        let cfg = LaunchConfig {
-            grid_dim: (op.rows as u32, op.kv_heads as u32, 1),
-            block_dim: (THREADS as u32, 1, 1),
-            shared_mem_bytes: shared as u32,
-        };
-        let ints = [
-            op.rows as i32,
-            op.heads as i32,
-            op.kv_heads as i32,
-            hd as i32,
-            op.block_size as i32,
-        ];
-        let scale = super::scale(hd);
+        let cfg = LaunchConfig::from(op.grid());
+        let (ints, scale) = op.kernel_scalars();
         held::<u32, _>(&op.meta, "paged attention", |mv| {
             let mut b = func.builder();
             b.arg(&mut out);

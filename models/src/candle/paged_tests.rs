@@ -4,7 +4,8 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::attention::{attend, AttentionPath, StepPlan};
-use super::paged::kernel_supports;
+use super::emulator::{self, as_f32s, Arg};
+use super::paged::{self as paged_op, kernel_supports, PagedAttention, PagedMeta};
 use crate::batch::{Logits, SeqChunk, StepBatch};
 use crate::config::LlamaConfig;
 use crate::logits::max_abs_diff;
@@ -180,4 +181,93 @@ fn the_kernel_takes_the_usual_llama_shapes() {
     for (group, hd) in [(3, 80), (1, 512), (16, 256)] {
         assert!(!kernel_supports(group, hd), "group {group}, head_dim {hd}");
     }
+}
+
+/// The op over `batch`'s rows, as the step plan builds it.
+fn paged_op(case: &Case, batch: &StepBatch) -> PagedAttention {
+    let mut meta = PagedMeta::default();
+    let mut row = 0;
+    for s in &batch.seqs {
+        meta.push_chunk(row, s.start_pos, s.tokens.len(), &s.block_table, BLOCK);
+        row += s.tokens.len();
+    }
+    let c = &case.config;
+    PagedAttention {
+        rows: meta.rows(),
+        meta: Tensor::new(meta.into_words(), &Device::Cpu).unwrap(),
+        heads: c.head_count,
+        kv_heads: c.head_count_kv,
+        head_dim: c.head_dim,
+        block_size: BLOCK,
+    }
+}
+
+/// paged.cu's kernel over `op`'s rows under the host emulation, with `grid`; its output.
+fn emulated(
+    case: &Case,
+    op: &PagedAttention,
+    grid: super::operands::Grid,
+) -> Result<Vec<f32>, String> {
+    let flat_f32 = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let flat_f16 = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<half::f16>().unwrap();
+    let (ints, scale) = op.kernel_scalars();
+    let mut args = vec![
+        Arg::f32s(&vec![0.0; op.rows * op.heads * op.head_dim]),
+        Arg::f32s(&flat_f32(&case.q)),
+        Arg::f16s(&flat_f16(&case.k)),
+        Arg::f16s(&flat_f16(&case.v)),
+        Arg::u32s(&op.meta.to_vec1::<u32>().unwrap()),
+    ];
+    args.extend(Arg::ints(&ints));
+    args.push(Arg::F32(scale));
+    let out = emulator::launch("paged_attention_f16", grid, args)?;
+    Ok(as_f32s(&out[0]))
+}
+
+/// Rows for the kernel's tiles of 64 positions: a decode at context 200 (three whole tiles and
+/// part of a fourth), a prefill chunk whose rows see 63, 64 and 65 positions, a first token.
+/// Small: every barrier of the emulation is a rendezvous of OS threads.
+fn across_tiles() -> StepBatch {
+    StepBatch {
+        seqs: vec![chunk(0, 199, 1), chunk(1, 62, 3), chunk(2, 0, 1)],
+    }
+}
+
+/// paged.cu, compiled for the host and run under the emulation of CUDA's execution model
+/// (`emulator.rs`: no GPU here), with the grid and arguments its CUDA launch takes from the
+/// op, computes what the CPU op computes: SmolLM2's shape, Llama-3-8B's, a group of one; one
+/// tile, several, a chunk across two.
+#[test]
+fn the_cuda_kernel_agrees_with_the_cpu_op_under_emulation() {
+    for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (4, 4, 32)] {
+        let case = Case::new(config(heads, kv_heads, hd), 64);
+        let batch = across_tiles();
+        let op = paged_op(&case, &batch);
+        let q = case.q.narrow(0, 0, batch.num_tokens()).unwrap();
+        let want = paged_op::attend(&q, &case.k, &case.v, &op).unwrap();
+        let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let got = emulated(&case, &op, op.grid()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got.len(), want.len());
+        let d = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            d <= 1e-5,
+            "differs by {d} ({heads} heads, {kv_heads} KV, head_dim {hd})"
+        );
+    }
+}
+
+/// The emulation is strict enough to fail a kernel: shared memory one word short of what the
+/// kernel's layout needs is a sanitizer's report, not a quiet result.
+#[test]
+fn the_emulation_fails_a_launch_short_of_shared_memory() {
+    let case = Case::new(config(9, 3, 64), 64);
+    let op = paged_op(&case, &across_tiles());
+    let mut grid = op.grid();
+    grid.shared_bytes -= 4;
+    let err = emulated(&case, &op, grid).expect_err("a launch short of shared memory fails");
+    assert!(err.contains("AddressSanitizer"), "{err}");
 }
