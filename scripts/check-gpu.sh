@@ -11,6 +11,9 @@
 #   - decode tok/s and inter-token latency at batch 1, 16 and 64, and prefill tok/s, at context
 #     512, for the default model's shape (a synthetic full-depth Q4_1 model written here) and
 #     for Llama-3-8B's shape in Q4_K (also written here);
+#   - decode at batch 1 with each row's context walked by one block per KV head
+#     (SLUICE_PAGED_SPLITS=0) instead of split over several (the default at small batches),
+#     for both shapes (bench_*_unsplit, against bench_*'s batch 1);
 #   - for the candle backend, each phase's share of a decode step at batch 1 and the largest
 #     batch (gpucheck profile: launches, matmuls, attention);
 #   - the paged-attention op against the gather path (gpucheck attention, candle backend):
@@ -247,12 +250,16 @@ step synth_smollm2 300 "$bin/synth" --shape smollm2-135m $(layers "$full_layers"
 step bench_smollm2 "$limit" "$bin/gpucheck" --model "$work/smollm2.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
 graphs graphs_smollm2 "$work/smollm2.gguf"
+step bench_smollm2_unsplit "$limit" env SLUICE_PAGED_SPLITS=0 "$bin/gpucheck" \
+  --model "$work/smollm2.gguf" "${gpu[@]}" bench --batches 1 --ctx "$ctx" --steps "$steps"
 # shellcheck disable=SC2046
 step synth_llama3_8b 400 "$bin/synth" --shape llama3-8b $(layers "$big_layers") --dtype q4_k \
   --seed 3 --tokenizer-from "$truncated" --out "$work/llama3-8b.gguf"
 step bench_llama3_8b "$limit" "$bin/gpucheck" --model "$work/llama3-8b.gguf" "${gpu[@]}" bench \
   --batches "$batches" --ctx "$ctx" --steps "$steps"
 graphs graphs_llama3_8b "$work/llama3-8b.gguf"
+step bench_llama3_8b_unsplit "$limit" env SLUICE_PAGED_SPLITS=0 "$bin/gpucheck" \
+  --model "$work/llama3-8b.gguf" "${gpu[@]}" bench --batches 1 --ctx "$ctx" --steps "$steps"
 
 profile profile_smollm2 "$work/smollm2.gguf"
 attention attention_smollm2 "$work/smollm2.gguf"

@@ -249,6 +249,7 @@ fn plan_paged(
             kv_heads: config.head_count_kv,
             head_dim: config.head_dim,
             block_size,
+            splits: paged::splits_for(rows, config.head_count_kv),
         }),
         out_rows,
     ))

@@ -101,7 +101,7 @@ pub(crate) fn launch(kernel: &str, grid: Grid, args: Vec<Arg>) -> Result<Vec<Vec
     let header = [
         grid.blocks.0,
         grid.blocks.1,
-        1,
+        grid.blocks.2,
         grid.threads,
         1,
         1,

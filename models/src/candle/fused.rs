@@ -279,7 +279,7 @@ impl AddRmsNorm {
     /// A block per row; fused.cu reduces over exactly `THREADS` (= [`ITEM_THREADS`]) threads.
     fn grid(n: usize) -> Grid {
         Grid {
-            blocks: (n as u32, 1),
+            blocks: (n as u32, 1, 1),
             threads: ITEM_THREADS,
             shared_bytes: 0,
         }

@@ -34,14 +34,14 @@ pub(crate) fn held_on_cpu<T: candle_core::WithDType, R>(
 /// row blocks; must match `THREADS` in fused.cu.
 pub(crate) const ITEM_THREADS: u32 = 256;
 
-/// The grid a kernel is launched over: blocks in x and y, threads per block (in x), dynamic
+/// The grid a kernel is launched over: blocks in x, y and z, threads per block (in x), dynamic
 /// shared memory. The one owner of each kernel's launch shape: the CUDA launch and the tests
 /// that run the kernels under the host emulation (`emulated_tests.rs`) both take it from the
 /// op.
 #[cfg(any(feature = "cuda", test))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Grid {
-    pub blocks: (u32, u32),
+    pub blocks: (u32, u32, u32),
     pub threads: u32,
     pub shared_bytes: u32,
 }
@@ -51,7 +51,7 @@ impl Grid {
     /// One thread per item, [`ITEM_THREADS`] to a block (at least one block).
     pub(crate) fn per_item(items: usize) -> Self {
         Grid {
-            blocks: ((items as u32).div_ceil(ITEM_THREADS).max(1), 1),
+            blocks: ((items as u32).div_ceil(ITEM_THREADS).max(1), 1, 1),
             threads: ITEM_THREADS,
             shared_bytes: 0,
         }
@@ -72,7 +72,7 @@ mod cuda {
     impl From<Grid> for LaunchConfig {
         fn from(g: Grid) -> Self {
             LaunchConfig {
-                grid_dim: (g.blocks.0, g.blocks.1, 1),
+                grid_dim: g.blocks,
                 block_dim: (g.threads, 1, 1),
                 shared_mem_bytes: g.shared_bytes,
             }

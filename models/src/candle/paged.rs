@@ -82,6 +82,34 @@ pub(crate) struct PagedAttention {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
+    /// Blocks per (row, KV head) of the CUDA kernel: 1 walks each row's context in one block,
+    /// more split it into runs of tiles that a second kernel combines ([`splits_for`]). The CPU
+    /// implementation walks every context whole.
+    pub splits: usize,
+}
+
+/// Thread blocks a step's paged attention aims to have in flight on a GPU: an H100 has 132
+/// multiprocessors, and a block of four warps hides little of a K or V row's load latency on
+/// its own.
+const SPLIT_TARGET_BLOCKS: usize = 512;
+/// Most blocks one (row, KV head) is split over: 16 runs of one 64-position tile each cover a
+/// context of 1,024 positions.
+const MAX_SPLITS: usize = 16;
+
+/// Blocks per (row, KV head) for a step of `rows` paged rows: a block per (row, KV head) when
+/// those alone reach [`SPLIT_TARGET_BLOCKS`] (prefill, large batches), else enough splits to
+/// reach it, at most [`MAX_SPLITS`]; one when `SLUICE_PAGED_SPLITS` is off (read once; on by
+/// default), a switch for measuring one way against the other. It depends on the step's
+/// shape alone, so a captured step (`replay.rs`) keeps its count whatever the contexts: the
+/// kernel divides each row's own context among the splits, and leaves runs past it empty.
+pub(crate) fn splits_for(rows: usize, kv_heads: usize) -> usize {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| super::env_switch("SLUICE_PAGED_SPLITS", true)) {
+        return 1;
+    }
+    SPLIT_TARGET_BLOCKS
+        .div_ceil((rows * kv_heads).max(1))
+        .clamp(1, MAX_SPLITS)
 }
 
 /// Shapes the op checks its inputs against.
@@ -106,6 +134,9 @@ impl PagedAttention {
 
     /// Checks the three inputs' shapes and contiguity; returns their sizes.
     fn check(&self, q: &Layout, k: &Layout, v: &Layout) -> candle_core::Result<Dims> {
+        if self.splits == 0 {
+            candle_core::bail!("paged attention: no splits (one walks each context whole)");
+        }
         let (n, heads, hd) = q.shape().dims3()?;
         if heads != self.heads || hd != self.head_dim || !self.heads.is_multiple_of(self.kv_heads) {
             candle_core::bail!(
@@ -347,17 +378,45 @@ pub(crate) fn supported(device: &Device, heads: usize, kv_heads: usize, head_dim
 
 #[cfg(any(feature = "cuda", test))]
 impl PagedAttention {
-    /// The CUDA kernel's grid: a block of `THREADS` per (row, KV head), with shared memory for
-    /// the group's queries, a tile's scores per head, the running max, sum and correction per
-    /// head, and a tile's slots (paged.cu's layout).
+    /// The CUDA kernel's grid: a block of `THREADS` per (row, KV head, split), with shared
+    /// memory for the group's queries, a tile's scores per head, the running max, sum and
+    /// correction per head, and a tile's slots (paged.cu's layout). With one split it is
+    /// `paged_attention_f16`'s, with more `paged_attention_split_f16`'s.
     pub(crate) fn grid(&self) -> Grid {
         let group = self.group();
         let floats = group * self.head_dim + group * TILE + 3 * group + TILE;
         Grid {
-            blocks: (self.rows as u32, self.kv_heads as u32),
+            blocks: (self.rows as u32, self.kv_heads as u32, self.splits as u32),
             threads: THREADS as u32,
             shared_bytes: (floats * 4) as u32,
         }
+    }
+
+    /// `paged_attention_combine_f32`'s grid: a block per (row, KV head).
+    pub(crate) fn combine_grid(&self) -> Grid {
+        Grid {
+            blocks: (self.rows as u32, self.kv_heads as u32, 1),
+            threads: THREADS as u32,
+            shared_bytes: 0,
+        }
+    }
+
+    /// The split kernel's outputs, in f32s: every split's weighted values, then its maximum
+    /// and sum per head.
+    pub(crate) fn part_lens(&self) -> (usize, usize) {
+        let parts = self.rows * self.heads * self.splits;
+        (parts * self.head_dim, parts * 2)
+    }
+
+    /// The combining kernel's scalar arguments after its pointers: heads, KV heads, head
+    /// dimension, splits.
+    pub(crate) fn combine_ints(&self) -> [i32; 4] {
+        [
+            self.heads as i32,
+            self.kv_heads as i32,
+            self.head_dim as i32,
+            self.splits as i32,
+        ]
     }
 
     /// The kernel's scalar arguments after its pointers: rows, heads, KV heads, head
@@ -378,7 +437,8 @@ impl PagedAttention {
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod cuda {
-    //! The CUDA launch: one thread block per (row, KV head), `THREADS` threads.
+    //! The CUDA launches: one thread block per (row, KV head), `THREADS` threads; split, a
+    //! block per (row, KV head, split), then one per (row, KV head) to combine.
 
     use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::cuda::WrapErr;
@@ -403,28 +463,65 @@ mod cuda {
         let dev = &q.device;
         let qv = view::<f32>(q, ql)?;
         let (kv, vv) = (view::<f16>(k, kl)?, view::<f16>(v, vl)?);
-        // SAFETY: every element is written by the kernel below (rows > 0 in any plan).
+        // SAFETY: every element is written by the last kernel below (rows > 0 in any plan).
         let mut out = unsafe { dev.alloc::<f32>(op.rows * op.heads * hd) }?;
-        let func = dev.get_or_load_custom_func("paged_attention_f16", "sluice_paged", PTX)?;
-        let cfg = LaunchConfig::from(op.grid());
         let (ints, scale) = op.kernel_scalars();
-        held::<u32, _>(&op.meta, "paged attention", |mv| {
-            let mut b = func.builder();
+        if op.splits <= 1 {
+            let func = dev.get_or_load_custom_func("paged_attention_f16", "sluice_paged", PTX)?;
+            held::<u32, _>(&op.meta, "paged attention", |mv| {
+                let mut b = func.builder();
+                b.arg(&mut out);
+                b.arg(&qv);
+                b.arg(&kv);
+                b.arg(&vv);
+                b.arg(&mv);
+                for i in &ints {
+                    b.arg(i);
+                }
+                b.arg(&scale);
+                // SAFETY: the arguments match paged.cu's signature; every index the kernel
+                // forms is within the tensors: the plan builds the metadata from a batch the
+                // KV store validated.
+                unsafe { b.launch(LaunchConfig::from(op.grid())) }.w()?;
+                Ok(())
+            })?;
+        } else {
+            let (acc_len, stats_len) = op.part_lens();
+            // SAFETY: the split kernel writes every element of both (empty runs included).
+            let mut part_acc = unsafe { dev.alloc::<f32>(acc_len) }?;
+            let mut part_stats = unsafe { dev.alloc::<f32>(stats_len) }?;
+            let split =
+                dev.get_or_load_custom_func("paged_attention_split_f16", "sluice_paged", PTX)?;
+            held::<u32, _>(&op.meta, "paged attention", |mv| {
+                let mut b = split.builder();
+                b.arg(&mut part_acc);
+                b.arg(&mut part_stats);
+                b.arg(&qv);
+                b.arg(&kv);
+                b.arg(&vv);
+                b.arg(&mv);
+                for i in &ints {
+                    b.arg(i);
+                }
+                b.arg(&scale);
+                // SAFETY: as the one-pass kernel's; the parts are sized by `part_lens`.
+                unsafe { b.launch(LaunchConfig::from(op.grid())) }.w()?;
+                Ok(())
+            })?;
+            let combine =
+                dev.get_or_load_custom_func("paged_attention_combine_f32", "sluice_paged", PTX)?;
+            let mut b = combine.builder();
             b.arg(&mut out);
-            b.arg(&qv);
-            b.arg(&kv);
-            b.arg(&vv);
-            b.arg(&mv);
-            for i in &ints {
+            b.arg(&part_acc);
+            b.arg(&part_stats);
+            let cints = op.combine_ints();
+            for i in &cints {
                 b.arg(i);
             }
-            b.arg(&scale);
-            // SAFETY: the arguments match paged.cu's signature; every index the kernel forms
-            // is within the tensors: the plan builds the metadata from a batch the KV store
-            // validated.
-            unsafe { b.launch(cfg) }.w()?;
-            Ok(())
-        })?;
+            // SAFETY: the arguments match paged.cu's signature; the parts are the split
+            // kernel's, for the same rows, heads and splits.
+            unsafe { b.launch(LaunchConfig::from(op.combine_grid())) }.w()?;
+        }
         let out = CudaStorage::wrap_cuda_slice(out, dev.clone());
         Ok((out, op.out_shape()))
     }

@@ -199,6 +199,7 @@ fn paged_op(case: &Case, batch: &StepBatch) -> PagedAttention {
         kv_heads: c.head_count_kv,
         head_dim: c.head_dim,
         block_size: BLOCK,
+        splits: 1,
     }
 }
 
@@ -258,6 +259,73 @@ fn the_cuda_kernel_agrees_with_the_cpu_op_under_emulation() {
             "differs by {d} ({heads} heads, {kv_heads} KV, head_dim {hd})"
         );
     }
+}
+
+/// The split path (paged.cu's split and combining kernels, under the emulation) computes what
+/// the CPU op computes, whether the splits outnumber a row's tiles (empty runs) or not, and
+/// for a first token (one position, one non-empty run).
+#[test]
+fn the_split_cuda_kernels_agree_with_the_cpu_op_under_emulation() {
+    // Every barrier of the emulation is a rendezvous of OS threads: few launches.
+    for (heads, kv_heads, hd, splits) in [(9, 3, 64, [2, 16]), (32, 8, 128, [3, 3])] {
+        let case = Case::new(config(heads, kv_heads, hd), 64);
+        let batch = across_tiles();
+        let q = case.q.narrow(0, 0, batch.num_tokens()).unwrap();
+        let whole = paged_op(&case, &batch);
+        let want = paged_op::attend(&q, &case.k, &case.v, &whole).unwrap();
+        let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for splits in splits {
+            let op = PagedAttention {
+                splits,
+                ..paged_op(&case, &batch)
+            };
+            let (acc_len, stats_len) = op.part_lens();
+            let flat_f32 = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let flat_f16 = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<half::f16>().unwrap();
+            let (ints, scale) = op.kernel_scalars();
+            let mut args = vec![
+                Arg::f32s(&vec![0.0; acc_len]),
+                Arg::f32s(&vec![0.0; stats_len]),
+                Arg::f32s(&flat_f32(&case.q)),
+                Arg::f16s(&flat_f16(&case.k)),
+                Arg::f16s(&flat_f16(&case.v)),
+                Arg::u32s(&op.meta.to_vec1::<u32>().unwrap()),
+            ];
+            args.extend(Arg::ints(&ints));
+            args.push(Arg::F32(scale));
+            let parts = emulator::launch("paged_attention_split_f16", op.grid(), args)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let mut args = vec![
+                Arg::f32s(&vec![0.0; op.rows * op.heads * op.head_dim]),
+                Arg::Buf(parts[0].clone()),
+                Arg::Buf(parts[1].clone()),
+            ];
+            args.extend(Arg::ints(&op.combine_ints()));
+            let out = emulator::launch("paged_attention_combine_f32", op.combine_grid(), args)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let got = as_f32s(&out[0]);
+            assert_eq!(got.len(), want.len());
+            let d = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                d <= 1e-5,
+                "{splits} splits differ by {d} ({heads} heads, {kv_heads} KV)"
+            );
+        }
+    }
+}
+
+/// Small steps split each row over several blocks, large ones do not; the count depends on
+/// the step's shape alone.
+#[test]
+fn small_steps_split_their_rows() {
+    assert_eq!(paged_op::splits_for(1, 3), 16, "one stream of SmolLM2");
+    assert_eq!(paged_op::splits_for(16, 8), 4, "16 streams of Llama-3-8B");
+    assert_eq!(paged_op::splits_for(64, 8), 1, "64 streams of Llama-3-8B");
+    assert_eq!(paged_op::splits_for(512, 3), 1, "a prefill chunk");
 }
 
 /// The emulation is strict enough to fail a kernel: shared memory one word short of what the

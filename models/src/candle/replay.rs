@@ -284,6 +284,7 @@ impl Bucket {
             kv_heads: config.head_count_kv,
             head_dim: config.head_dim,
             block_size,
+            splits: super::paged::splits_for(self.size, config.head_count_kv),
         };
         StepPlan::decodes(
             (&self.tokens, &self.positions, &self.slots),

@@ -16,6 +16,9 @@
 extern "C" {
 void paged_attention_f16(float *, const float *, const __half *, const __half *,
                          const unsigned int *, int, int, int, int, int, float);
+void paged_attention_split_f16(float *, float *, const float *, const __half *, const __half *,
+                               const unsigned int *, int, int, int, int, int, float);
+void paged_attention_combine_f32(float *, const float *, const float *, int, int, int, int);
 void kv_write_f16(__half *, const float *, const float *, const float *, const unsigned int *,
                   int, int, int, int, int, int);
 void add_rms_norm_f32(float *, const float *, const float *, const float *, int, int, float);
@@ -138,6 +141,30 @@ int main(int argc, char **argv) {
     args.done();
     launch(grid, block, shared, [=] {
       paged_attention_f16(out, q, k, v, meta, rows, heads, kv_heads, hd, block_size, scale);
+    });
+  } else if (name == "paged_attention_split_f16") {
+    auto part_acc = args.buf<float>();
+    auto part_stats = args.buf<float>();
+    auto q = args.buf<const float>();
+    auto k = args.buf<const __half>();
+    auto v = args.buf<const __half>();
+    auto meta = args.buf<const unsigned int>();
+    int rows = args.i32(), heads = args.i32(), kv_heads = args.i32(), hd = args.i32(),
+        block_size = args.i32();
+    float scale = args.f32();
+    args.done();
+    launch(grid, block, shared, [=] {
+      paged_attention_split_f16(part_acc, part_stats, q, k, v, meta, rows, heads, kv_heads, hd,
+                                block_size, scale);
+    });
+  } else if (name == "paged_attention_combine_f32") {
+    auto out = args.buf<float>();
+    auto part_acc = args.buf<const float>();
+    auto part_stats = args.buf<const float>();
+    int heads = args.i32(), kv_heads = args.i32(), hd = args.i32(), splits = args.i32();
+    args.done();
+    launch(grid, block, shared, [=] {
+      paged_attention_combine_f32(out, part_acc, part_stats, heads, kv_heads, hd, splits);
     });
   } else if (name == "kv_write_f16") {
     auto pool = args.buf<__half>();
