@@ -29,14 +29,14 @@ pub(crate) fn held_on_cpu<T: candle_core::WithDType, R>(
     f(cpu_slice(cpu, layout, op)?)
 }
 
-#[cfg(any(feature = "cuda", test))]
 /// Threads per block of the kernels that run a thread per item, and of the fused norm's
 /// row blocks; must match `THREADS` in fused.cu.
+#[cfg(any(feature = "cuda", test))]
 pub(crate) const ITEM_THREADS: u32 = 256;
 
 /// The grid a kernel is launched over: blocks in x, y and z, threads per block (in x), dynamic
 /// shared memory. The one owner of each kernel's launch shape: the CUDA launch and the tests
-/// that run the kernels under the host emulation (`emulated_tests.rs`) both take it from the
+/// that run the kernels under the host emulation (`emulator.rs`) both take it from the
 /// op.
 #[cfg(any(feature = "cuda", test))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -440,15 +440,18 @@ mod cuda {
     //! The CUDA launches: one thread block per (row, KV head), `THREADS` threads; split, a
     //! block per (row, KV head, split), then one per (row, KV head) to combine.
 
-    use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda::WrapErr;
-    use candle_core::{CudaStorage, Layout, Shape};
+    use candle_core::{CudaDevice, CudaStorage, Layout, Shape};
     use half::f16;
 
     use super::{kernel_supports, PagedAttention};
     use crate::candle::operands::{held, view};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged.ptx"));
+
+    /// The queries and one layer's key and value pools, as the kernels read them.
+    type Inputs<'a> = (CudaView<'a, f32>, CudaView<'a, f16>, CudaView<'a, f16>);
 
     pub(super) fn forward(
         op: &PagedAttention,
@@ -461,69 +464,96 @@ mod cuda {
             candle_core::bail!("paged attention: no kernel for group {group} × head_dim {hd}");
         }
         let dev = &q.device;
-        let qv = view::<f32>(q, ql)?;
-        let (kv, vv) = (view::<f16>(k, kl)?, view::<f16>(v, vl)?);
-        // SAFETY: every element is written by the last kernel below (rows > 0 in any plan).
+        let inputs = (
+            view::<f32>(q, ql)?,
+            view::<f16>(k, kl)?,
+            view::<f16>(v, vl)?,
+        );
+        // SAFETY: every element is written by the last kernel either pass launches (rows > 0
+        // in any plan).
         let mut out = unsafe { dev.alloc::<f32>(op.rows * op.heads * hd) }?;
-        let (ints, scale) = op.kernel_scalars();
         if op.splits <= 1 {
-            let func = dev.get_or_load_custom_func("paged_attention_f16", "sluice_paged", PTX)?;
-            held::<u32, _>(&op.meta, "paged attention", |mv| {
-                let mut b = func.builder();
-                b.arg(&mut out);
-                b.arg(&qv);
-                b.arg(&kv);
-                b.arg(&vv);
-                b.arg(&mv);
-                for i in &ints {
-                    b.arg(i);
-                }
-                b.arg(&scale);
-                // SAFETY: the arguments match paged.cu's signature; every index the kernel
-                // forms is within the tensors: the plan builds the metadata from a batch the
-                // KV store validated.
-                unsafe { b.launch(LaunchConfig::from(op.grid())) }.w()?;
-                Ok(())
-            })?;
+            one_pass(op, dev, &inputs, &mut out)?;
         } else {
-            let (acc_len, stats_len) = op.part_lens();
-            // SAFETY: the split kernel writes every element of both (empty runs included).
-            let mut part_acc = unsafe { dev.alloc::<f32>(acc_len) }?;
-            let mut part_stats = unsafe { dev.alloc::<f32>(stats_len) }?;
-            let split =
-                dev.get_or_load_custom_func("paged_attention_split_f16", "sluice_paged", PTX)?;
-            held::<u32, _>(&op.meta, "paged attention", |mv| {
-                let mut b = split.builder();
-                b.arg(&mut part_acc);
-                b.arg(&mut part_stats);
-                b.arg(&qv);
-                b.arg(&kv);
-                b.arg(&vv);
-                b.arg(&mv);
-                for i in &ints {
-                    b.arg(i);
-                }
-                b.arg(&scale);
-                // SAFETY: as the one-pass kernel's; the parts are sized by `part_lens`.
-                unsafe { b.launch(LaunchConfig::from(op.grid())) }.w()?;
-                Ok(())
-            })?;
-            let combine =
-                dev.get_or_load_custom_func("paged_attention_combine_f32", "sluice_paged", PTX)?;
-            let mut b = combine.builder();
-            b.arg(&mut out);
-            b.arg(&part_acc);
-            b.arg(&part_stats);
-            let cints = op.combine_ints();
-            for i in &cints {
-                b.arg(i);
-            }
-            // SAFETY: the arguments match paged.cu's signature; the parts are the split
-            // kernel's, for the same rows, heads and splits.
-            unsafe { b.launch(LaunchConfig::from(op.combine_grid())) }.w()?;
+            split_passes(op, dev, &inputs, &mut out)?;
         }
         let out = CudaStorage::wrap_cuda_slice(out, dev.clone());
         Ok((out, op.out_shape()))
+    }
+
+    /// `paged_attention_f16`: a block walks each (row, KV head)'s whole context into `out`.
+    fn one_pass(
+        op: &PagedAttention,
+        dev: &CudaDevice,
+        (q, k, v): &Inputs<'_>,
+        out: &mut CudaSlice<f32>,
+    ) -> candle_core::Result<()> {
+        let func = dev.get_or_load_custom_func("paged_attention_f16", "sluice_paged", PTX)?;
+        let (ints, scale) = op.kernel_scalars();
+        held::<u32, _>(&op.meta, "paged attention", |meta| {
+            let mut b = func.builder();
+            b.arg(out);
+            b.arg(q);
+            b.arg(k);
+            b.arg(v);
+            b.arg(&meta);
+            for i in &ints {
+                b.arg(i);
+            }
+            b.arg(&scale);
+            // SAFETY: the arguments match paged.cu's signature; every index the kernel forms
+            // is within the tensors: the plan builds the metadata from a batch the KV store
+            // validated.
+            unsafe { b.launch(LaunchConfig::from(op.grid())) }.w()?;
+            Ok(())
+        })
+    }
+
+    /// `paged_attention_split_f16` into two part buffers (a block per run of each (row, KV
+    /// head)'s context), then `paged_attention_combine_f32` from them into `out`.
+    fn split_passes(
+        op: &PagedAttention,
+        dev: &CudaDevice,
+        (q, k, v): &Inputs<'_>,
+        out: &mut CudaSlice<f32>,
+    ) -> candle_core::Result<()> {
+        let (acc_len, stats_len) = op.part_lens();
+        // SAFETY: the split kernel writes every element of both (empty runs included).
+        let mut part_acc = unsafe { dev.alloc::<f32>(acc_len) }?;
+        let mut part_stats = unsafe { dev.alloc::<f32>(stats_len) }?;
+        let split =
+            dev.get_or_load_custom_func("paged_attention_split_f16", "sluice_paged", PTX)?;
+        let (ints, scale) = op.kernel_scalars();
+        held::<u32, _>(&op.meta, "paged attention", |meta| {
+            let mut b = split.builder();
+            b.arg(&mut part_acc);
+            b.arg(&mut part_stats);
+            b.arg(q);
+            b.arg(k);
+            b.arg(v);
+            b.arg(&meta);
+            for i in &ints {
+                b.arg(i);
+            }
+            b.arg(&scale);
+            // SAFETY: as the one-pass kernel's; the parts are sized by `part_lens`.
+            unsafe { b.launch(LaunchConfig::from(op.grid())) }.w()?;
+            Ok(())
+        })?;
+        let combine =
+            dev.get_or_load_custom_func("paged_attention_combine_f32", "sluice_paged", PTX)?;
+        let cints = op.combine_ints();
+        let mut b = combine.builder();
+        b.arg(out);
+        b.arg(&part_acc);
+        b.arg(&part_stats);
+        for i in &cints {
+            b.arg(i);
+        }
+        // SAFETY: the arguments match paged.cu's signature; the parts are the split kernel's,
+        // for the same rows, heads and splits.
+        unsafe { b.launch(LaunchConfig::from(op.combine_grid())) }.w()?;
+        Ok(())
     }
 }
 

@@ -236,11 +236,12 @@ fn across_tiles() -> StepBatch {
 
 /// paged.cu, compiled for the host and run under the emulation of CUDA's execution model
 /// (`emulator.rs`: no GPU here), with the grid and arguments its CUDA launch takes from the
-/// op, computes what the CPU op computes: SmolLM2's shape, Llama-3-8B's, a group of one; one
-/// tile, several, a chunk across two.
+/// op, computes what the CPU op computes: SmolLM2's shape, Llama-3-8B's, a group of one, and
+/// the kernel's limits (8 heads of 256 a KV head: every lane's K registers, every thread's
+/// outputs); one tile, several, a chunk across two.
 #[test]
 fn the_cuda_kernel_agrees_with_the_cpu_op_under_emulation() {
-    for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (4, 4, 32)] {
+    for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (4, 4, 32), (8, 1, 256)] {
         let case = Case::new(config(heads, kv_heads, hd), 64);
         let batch = across_tiles();
         let op = paged_op(&case, &batch);
