@@ -13,6 +13,7 @@
 //! multiply-adds, g++ here does not: agreement is within rounding), and races that the host's
 //! scheduling happens to hide.
 
+use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -162,27 +163,54 @@ pub(crate) fn launch(kernel: &str, grid: Grid, args: Vec<Arg>) -> Result<Vec<Vec
     Ok(buffers)
 }
 
-/// The launcher, built once per test process.
+/// The launcher: built once for these sources and this compiler, under the build's target
+/// folder (beside the test binary), and reused by later test runs until a source changes.
 fn launcher() -> &'static Path {
     static LAUNCHER: OnceLock<PathBuf> = OnceLock::new();
-    LAUNCHER.get_or_init(|| build().unwrap_or_else(|e| panic!("the CUDA emulation: {e}")))
+    LAUNCHER.get_or_init(|| {
+        let cxx = std::env::var_os("CXX").unwrap_or_else(|| "g++".into());
+        let mut key = std::collections::hash_map::DefaultHasher::new();
+        (KERNELS, SUPPORT, FLAGS, &cxx).hash(&mut key);
+        // target/<profile>/deps/<test binary>: the folder is target/<profile>.
+        let root = std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()))
+            .unwrap_or_else(std::env::temp_dir);
+        let dir = root.join(format!("cuda-emulation-{:016x}", key.finish()));
+        let exe = dir.join("launch");
+        if exe.is_file() {
+            return exe;
+        }
+        // Built aside and moved into place whole, so a run killed halfway leaves nothing that
+        // a later run would take for a launcher.
+        let aside = root.join(format!("cuda-emulation-build-{}", std::process::id()));
+        let built = build(&aside, &cxx).unwrap_or_else(|e| panic!("the CUDA emulation: {e}"));
+        match std::fs::rename(&aside, &dir) {
+            Ok(()) => exe,
+            // Another run moved its build there first: the same sources, the same launcher.
+            Err(_) if exe.is_file() => {
+                let _ = std::fs::remove_dir_all(&aside);
+                exe
+            }
+            Err(_) => built,
+        }
+    })
 }
 
-/// Writes the sources to a fresh folder and compiles them: each kernel file with the
+/// Writes the sources to `dir` and compiles them with `cxx`: each kernel file with the
 /// emulation's header in front, then the launcher, linked into one program.
-fn build() -> Result<PathBuf, String> {
-    let dir = std::env::temp_dir().join(format!("sluice-cuda-emulation-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+fn build(dir: &Path, cxx: &std::ffi::OsStr) -> Result<PathBuf, String> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let write = |name: &str, text: &str| {
         std::fs::write(dir.join(name), text).map_err(|e| format!("{name}: {e}"))
     };
     for (name, text) in SUPPORT {
         write(name, text)?;
     }
-    let cxx = std::env::var_os("CXX").unwrap_or_else(|| "g++".into());
     let compile = |src: &str, obj: &str, prelude: bool| {
-        let mut c = Command::new(&cxx);
-        c.args(FLAGS).arg("-I").arg(&dir);
+        let mut c = Command::new(cxx);
+        c.args(FLAGS).arg("-I").arg(dir);
         if prelude {
             c.args(["-include", "cuda_emulation.h"]);
         }
@@ -197,7 +225,7 @@ fn build() -> Result<PathBuf, String> {
     }
     compile("launch.cpp", "launch.o", false)?;
     let exe = dir.join("launch");
-    let mut link = Command::new(&cxx);
+    let mut link = Command::new(cxx);
     link.args(["-pthread", "-fsanitize=address,undefined"])
         .args(objects.iter().map(|o| dir.join(o)))
         .arg("-o")
