@@ -373,6 +373,21 @@ fn floor(l: &VariantLimits, idle: bool) -> u32 {
     }
 }
 
+/// The most capacity (requests/s) stabilisation holds: what runs and is on its way; while the
+/// pool is idle (nothing arrived within the window, nothing queued or running), what is ready.
+/// A replica still starting when traffic stops would be paid for through the rest of its
+/// start-up and the scale-down window, to serve traffic that has gone (idle-gaps: the replica
+/// a five-minute session ordered arrived after it); what a return needs is kept warm after
+/// ([`Sluice::keep_warm_for_return`]).
+fn holdable_capacity(s: &Signals, ready: f64, current: f64) -> f64 {
+    let idle = s.arrivals.requests_per_s <= 0.0 && s.queue.waiting == 0 && s.queue.running == 0;
+    if idle {
+        ready.min(current)
+    } else {
+        current
+    }
+}
+
 /// Requests/s the ready replicas serve at SLO.
 fn ready_capacity(s: &Signals, keys: &[(String, CapacityType)], caps: &[Capacity]) -> f64 {
     keys.iter()
@@ -772,18 +787,19 @@ impl Sluice {
     /// forecast expects to buy back within a start-up, where a lull inside a ramp would
     /// release what the ramp needs a start-up later); and not before a full window of
     /// arrivals has been measured (taking over a running fleet, the first rates are not yet
-    /// rates). The demand the mix is sized for.
+    /// rates). Never above `holdable` ([`holdable_capacity`]). The demand the mix is sized
+    /// for.
     fn stabilise(
         &mut self,
         t: f64,
         p: &Planned,
-        current_capacity: f64,
+        holdable: f64,
         panic: bool,
         d: &mut Decision,
     ) -> Stable {
         let planned = p.planned;
         let held_now = if panic || p.warming || p.rising {
-            planned.max(current_capacity)
+            planned.max(holdable)
         } else {
             planned
         };
@@ -800,13 +816,13 @@ impl Sluice {
         {
             self.history.pop_front();
         }
-        // Holding never grows the fleet: at most what runs now.
+        // Holding never grows the fleet: at most what runs now (what is ready, while idle).
         let held = self
             .history
             .iter()
             .map(|&(_, p)| p)
             .fold(0.0, f64::max)
-            .min(current_capacity);
+            .min(holdable);
         let stable = planned.max(held).max(held_now);
         // What the rise alone holds is what `stable` exceeds this by.
         let unheld = if panic || p.warming {
@@ -1034,7 +1050,8 @@ impl Policy for Sluice {
         self.update_margin(s, &mut d);
         let caps = self.capacities(&limits, &w, &mut d);
         let keys = plan::offer_keys(&limits);
-        let panic = self.update_panic(s, ready_capacity(s, &keys, &caps), &mut d);
+        let ready_cap = ready_capacity(s, &keys, &caps);
+        let panic = self.update_panic(s, ready_cap, &mut d);
         d.mode = if panic { Mode::Panic } else { Mode::Stable };
         // What the largest replica serves of this shape, before latency margins: the unit a
         // learnt headroom measures load in.
@@ -1076,7 +1093,8 @@ impl Policy for Sluice {
             floor(l, idle)
         });
         let current_capacity = mix::evaluate(&offers, &current).requests_per_s;
-        let held = self.stabilise(s.time_s, &p, current_capacity, panic, &mut d);
+        let holdable = holdable_capacity(s, ready_cap, current_capacity);
+        let held = self.stabilise(s.time_s, &p, holdable, panic, &mut d);
         self.judge_held_cut(
             s.time_s,
             (&offers, &current),

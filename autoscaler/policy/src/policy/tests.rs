@@ -698,3 +698,34 @@ fn a_cut_held_back_by_a_rise_and_needed_again_holds_the_next_lull_for_a_start_up
         "{windows:?}"
     );
 }
+
+#[test]
+fn an_idle_pool_does_not_keep_paying_for_replicas_still_starting() {
+    // A steady 20 req/s on the H100s it needs, a rise orders more, then traffic stops.
+    let mut p = h100_only();
+    let mut fleet = 0;
+    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
+    let ready = fleet;
+    let d = p.decide(&signals(
+        t,
+        40.0,
+        0,
+        &[(H100, CapacityType::OnDemand, ready, 0)],
+    ));
+    let ordered = d.replicas_of(H100);
+    assert!(ordered > ready, "the rise orders more: {ready} → {ordered}");
+    let starting = ordered - ready;
+    // While the traffic still comes, what is on its way is held for the window...
+    let on_way = [(H100, CapacityType::OnDemand, ready, starting)];
+    let d = p.decide(&signals(t + 15.0, 5.0, 0, &on_way));
+    assert_eq!(d.replicas_of(H100), ordered, "held while traffic comes");
+    // ...once nothing arrives, nothing is queued and nothing runs, it is not: the ready fleet
+    // is what the window may hold (what a return needs is kept warm apart).
+    let d = p.decide(&signals(t + 75.0, 0.0, 0, &on_way));
+    assert_eq!(d.replicas_of(H100), ready, "{d:?}");
+    // Running requests are traffic: nothing is cut under them.
+    let mut busy = signals(t + 90.0, 0.0, 0, &on_way);
+    busy.queue.running = 3;
+    let mut p2 = p.clone();
+    assert_eq!(p2.decide(&busy).replicas_of(H100), ordered);
+}
