@@ -440,7 +440,9 @@ mod cuda {
     //! The CUDA launches: one thread block per (row, KV head), `THREADS` threads; split, a
     //! block per (row, KV head, split), then one per (row, KV head) to combine.
 
-    use candle_core::cuda::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+    use candle_core::cuda::cudarc::driver::{
+        CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg,
+    };
     use candle_core::cuda::WrapErr;
     use candle_core::{CudaDevice, CudaStorage, Layout, Shape};
     use half::f16;
@@ -452,6 +454,24 @@ mod cuda {
 
     /// The queries and one layer's key and value pools, as the kernels read them.
     type Inputs<'a> = (CudaView<'a, f32>, CudaView<'a, f16>, CudaView<'a, f16>);
+
+    /// Pushes what both attention kernels take after their outputs, in paged.cu's order: the
+    /// queries, the pools, the rows' metadata, then `kernel_scalars`.
+    fn push_inputs<'a>(
+        b: &mut LaunchArgs<'a>,
+        (q, k, v): &'a Inputs<'_>,
+        meta: &'a CudaView<'_, u32>,
+        (ints, scale): &'a ([i32; 5], f32),
+    ) {
+        b.arg(q);
+        b.arg(k);
+        b.arg(v);
+        b.arg(meta);
+        for i in ints {
+            b.arg(i);
+        }
+        b.arg(scale);
+    }
 
     pub(super) fn forward(
         op: &PagedAttention,
@@ -485,22 +505,15 @@ mod cuda {
     fn one_pass(
         op: &PagedAttention,
         dev: &CudaDevice,
-        (q, k, v): &Inputs<'_>,
+        inputs: &Inputs<'_>,
         out: &mut CudaSlice<f32>,
     ) -> candle_core::Result<()> {
         let func = dev.get_or_load_custom_func("paged_attention_f16", "sluice_paged", PTX)?;
-        let (ints, scale) = op.kernel_scalars();
+        let scalars = op.kernel_scalars();
         held::<u32, _>(&op.meta, "paged attention", |meta| {
             let mut b = func.builder();
             b.arg(out);
-            b.arg(q);
-            b.arg(k);
-            b.arg(v);
-            b.arg(&meta);
-            for i in &ints {
-                b.arg(i);
-            }
-            b.arg(&scale);
+            push_inputs(&mut b, inputs, &meta, &scalars);
             // SAFETY: the arguments match paged.cu's signature; every index the kernel forms
             // is within the tensors: the plan builds the metadata from a batch the KV store
             // validated.
@@ -514,7 +527,7 @@ mod cuda {
     fn split_passes(
         op: &PagedAttention,
         dev: &CudaDevice,
-        (q, k, v): &Inputs<'_>,
+        inputs: &Inputs<'_>,
         out: &mut CudaSlice<f32>,
     ) -> candle_core::Result<()> {
         let (acc_len, stats_len) = op.part_lens();
@@ -523,19 +536,12 @@ mod cuda {
         let mut part_stats = unsafe { dev.alloc::<f32>(stats_len) }?;
         let split =
             dev.get_or_load_custom_func("paged_attention_split_f16", "sluice_paged", PTX)?;
-        let (ints, scale) = op.kernel_scalars();
+        let scalars = op.kernel_scalars();
         held::<u32, _>(&op.meta, "paged attention", |meta| {
             let mut b = split.builder();
             b.arg(&mut part_acc);
             b.arg(&mut part_stats);
-            b.arg(q);
-            b.arg(k);
-            b.arg(v);
-            b.arg(&meta);
-            for i in &ints {
-                b.arg(i);
-            }
-            b.arg(&scale);
+            push_inputs(&mut b, inputs, &meta, &scalars);
             // SAFETY: as the one-pass kernel's; the parts are sized by `part_lens`.
             unsafe { b.launch(LaunchConfig::from(op.grid())) }.w()?;
             Ok(())

@@ -203,17 +203,13 @@ fn paged_op(case: &Case, batch: &StepBatch) -> PagedAttention {
     }
 }
 
-/// paged.cu's kernel over `op`'s rows under the host emulation, with `grid`; its output.
-fn emulated(
-    case: &Case,
-    op: &PagedAttention,
-    grid: super::operands::Grid,
-) -> Result<Vec<f32>, String> {
+/// What both attention kernels take after their outputs, in paged.cu's order: the queries,
+/// the pools, the rows' metadata, the op's scalars.
+fn kernel_inputs(case: &Case, op: &PagedAttention) -> Vec<Arg> {
     let flat_f32 = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let flat_f16 = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<half::f16>().unwrap();
     let (ints, scale) = op.kernel_scalars();
     let mut args = vec![
-        Arg::f32s(&vec![0.0; op.rows * op.heads * op.head_dim]),
         Arg::f32s(&flat_f32(&case.q)),
         Arg::f16s(&flat_f16(&case.k)),
         Arg::f16s(&flat_f16(&case.v)),
@@ -221,6 +217,18 @@ fn emulated(
     ];
     args.extend(Arg::ints(&ints));
     args.push(Arg::F32(scale));
+    args
+}
+
+/// paged.cu's one-pass kernel over `op`'s rows under the host emulation, with `grid`; its
+/// output.
+fn emulated(
+    case: &Case,
+    op: &PagedAttention,
+    grid: super::operands::Grid,
+) -> Result<Vec<f32>, String> {
+    let mut args = vec![Arg::f32s(&vec![0.0; op.rows * op.heads * op.head_dim])];
+    args.extend(kernel_inputs(case, op));
     let out = emulator::launch("paged_attention_f16", grid, args)?;
     Ok(as_f32s(&out[0]))
 }
@@ -281,19 +289,11 @@ fn the_split_cuda_kernels_agree_with_the_cpu_op_under_emulation() {
                 ..paged_op(&case, &batch)
             };
             let (acc_len, stats_len) = op.part_lens();
-            let flat_f32 = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let flat_f16 = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<half::f16>().unwrap();
-            let (ints, scale) = op.kernel_scalars();
             let mut args = vec![
                 Arg::f32s(&vec![0.0; acc_len]),
                 Arg::f32s(&vec![0.0; stats_len]),
-                Arg::f32s(&flat_f32(&case.q)),
-                Arg::f16s(&flat_f16(&case.k)),
-                Arg::f16s(&flat_f16(&case.v)),
-                Arg::u32s(&op.meta.to_vec1::<u32>().unwrap()),
             ];
-            args.extend(Arg::ints(&ints));
-            args.push(Arg::F32(scale));
+            args.extend(kernel_inputs(&case, &op));
             let parts = emulator::launch("paged_attention_split_f16", op.grid(), args)
                 .unwrap_or_else(|e| panic!("{e}"));
             let mut args = vec![
