@@ -279,3 +279,15 @@ fn dynamic_shared_memory_becomes_the_launchs_buffer() {
         "a\nfloat *smem = static_cast<float *>(emu::dynamic_shared());\nb"
     );
 }
+
+#[test]
+fn the_launcher_refuses_arguments_that_do_not_match_the_kernel() {
+    let grid = Grid::per_item(4);
+    let err = launch("swiglu_f32", grid, vec![Arg::I32(1)]).expect_err("an i32 for a pointer");
+    assert!(err.contains("argument 0 is of the wrong kind"), "{err}");
+    let short = vec![Arg::f32s(&[0.0; 4]), Arg::f32s(&[0.0; 8]), Arg::I32(1)];
+    let err = launch("swiglu_f32", grid, short).expect_err("an argument missing");
+    assert!(err.contains("too few arguments"), "{err}");
+    let err = launch("no_such_kernel", grid, Vec::new()).expect_err("no such kernel");
+    assert!(err.contains("unknown kernel"), "{err}");
+}
