@@ -220,6 +220,22 @@ fn kernel_inputs(case: &Case, op: &PagedAttention) -> Vec<Arg> {
     args
 }
 
+/// The CPU op over `batch`'s rows, flattened.
+fn on_cpu(case: &Case, batch: &StepBatch) -> Vec<f32> {
+    let q = case.q.narrow(0, 0, batch.num_tokens()).unwrap();
+    let out = paged_op::attend(&q, &case.k, &case.v, &paged_op(case, batch)).unwrap();
+    out.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// The largest difference between two outputs of the same length.
+fn max_diff(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max)
+}
+
 /// paged.cu's one-pass kernel over `op`'s rows under the host emulation, with `grid`; its
 /// output.
 fn emulated(
@@ -253,16 +269,8 @@ fn the_cuda_kernel_agrees_with_the_cpu_op_under_emulation() {
         let case = Case::new(config(heads, kv_heads, hd), 64);
         let batch = across_tiles();
         let op = paged_op(&case, &batch);
-        let q = case.q.narrow(0, 0, batch.num_tokens()).unwrap();
-        let want = paged_op::attend(&q, &case.k, &case.v, &op).unwrap();
-        let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let got = emulated(&case, &op, op.grid()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(got.len(), want.len());
-        let d = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let d = max_diff(&got, &on_cpu(&case, &batch));
         assert!(
             d <= 1e-5,
             "differs by {d} ({heads} heads, {kv_heads} KV, head_dim {hd})"
@@ -279,10 +287,7 @@ fn the_split_cuda_kernels_agree_with_the_cpu_op_under_emulation() {
     for (heads, kv_heads, hd, splits) in [(9, 3, 64, [2, 16]), (32, 8, 128, [3, 3])] {
         let case = Case::new(config(heads, kv_heads, hd), 64);
         let batch = across_tiles();
-        let q = case.q.narrow(0, 0, batch.num_tokens()).unwrap();
-        let whole = paged_op(&case, &batch);
-        let want = paged_op::attend(&q, &case.k, &case.v, &whole).unwrap();
-        let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let want = on_cpu(&case, &batch);
         for splits in splits {
             let op = PagedAttention {
                 splits,
@@ -304,13 +309,7 @@ fn the_split_cuda_kernels_agree_with_the_cpu_op_under_emulation() {
             args.extend(Arg::ints(&op.combine_ints()));
             let out = emulator::launch("paged_attention_combine_f32", op.combine_grid(), args)
                 .unwrap_or_else(|e| panic!("{e}"));
-            let got = as_f32s(&out[0]);
-            assert_eq!(got.len(), want.len());
-            let d = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let d = max_diff(&as_f32s(&out[0]), &want);
             assert!(
                 d <= 1e-5,
                 "{splits} splits differ by {d} ({heads} heads, {kv_heads} KV)"
