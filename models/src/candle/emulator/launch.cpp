@@ -70,6 +70,27 @@ struct Args {
   }
 };
 
+// What both attention kernels take after their outputs, in paged.cu's order.
+struct Attention {
+  const float *q;
+  const __half *k, *v;
+  const unsigned int *meta;
+  int rows, heads, kv_heads, hd, block_size;
+  float scale;
+};
+
+Attention take_attention(Args &args) {
+  Attention a;
+  a.q = args.buf<const float>();
+  a.k = args.buf<const __half>();
+  a.v = args.buf<const __half>();
+  a.meta = args.buf<const unsigned int>();
+  a.rows = args.i32(), a.heads = args.i32(), a.kv_heads = args.i32(), a.hd = args.i32(),
+  a.block_size = args.i32();
+  a.scale = args.f32();
+  return a;
+}
+
 // Runs `kernel` over the grid: blocks one after another, each block's threads at once. The
 // threads are made once and run every block in turn, between a start and an end barrier
 // shared with this thread, as a GPU's multiprocessor reuses its slots.
@@ -131,31 +152,20 @@ int main(int argc, char **argv) {
   // before any thread runs.
   if (name == "paged_attention_f16") {
     auto out = args.buf<float>();
-    auto q = args.buf<const float>();
-    auto k = args.buf<const __half>();
-    auto v = args.buf<const __half>();
-    auto meta = args.buf<const unsigned int>();
-    int rows = args.i32(), heads = args.i32(), kv_heads = args.i32(), hd = args.i32(),
-        block_size = args.i32();
-    float scale = args.f32();
+    const Attention a = take_attention(args);
     args.done();
     launch(grid, block, shared, [=] {
-      paged_attention_f16(out, q, k, v, meta, rows, heads, kv_heads, hd, block_size, scale);
+      paged_attention_f16(out, a.q, a.k, a.v, a.meta, a.rows, a.heads, a.kv_heads, a.hd,
+                          a.block_size, a.scale);
     });
   } else if (name == "paged_attention_split_f16") {
     auto part_acc = args.buf<float>();
     auto part_stats = args.buf<float>();
-    auto q = args.buf<const float>();
-    auto k = args.buf<const __half>();
-    auto v = args.buf<const __half>();
-    auto meta = args.buf<const unsigned int>();
-    int rows = args.i32(), heads = args.i32(), kv_heads = args.i32(), hd = args.i32(),
-        block_size = args.i32();
-    float scale = args.f32();
+    const Attention a = take_attention(args);
     args.done();
     launch(grid, block, shared, [=] {
-      paged_attention_split_f16(part_acc, part_stats, q, k, v, meta, rows, heads, kv_heads, hd,
-                                block_size, scale);
+      paged_attention_split_f16(part_acc, part_stats, a.q, a.k, a.v, a.meta, a.rows, a.heads,
+                                a.kv_heads, a.hd, a.block_size, a.scale);
     });
   } else if (name == "paged_attention_combine_f32") {
     auto out = args.buf<float>();
