@@ -80,10 +80,6 @@ impl Adjust {
         &self.entries
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     /// Applies the changes to a whole row (ids past it are a caller's bug).
     pub fn apply(&self, row: &mut [f32]) {
         for e in &self.entries {

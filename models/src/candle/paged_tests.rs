@@ -227,13 +227,11 @@ fn on_cpu(case: &Case, batch: &StepBatch) -> Vec<f32> {
     out.flatten_all().unwrap().to_vec1::<f32>().unwrap()
 }
 
-/// The largest difference between two outputs of the same length.
+/// The largest difference between two outputs of the same length ([`max_abs_diff`] over them
+/// as one row each).
 fn max_diff(got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len());
-    got.iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max)
+    max_abs_diff(&[got.to_vec()], &[want.to_vec()])
 }
 
 /// paged.cu's one-pass kernel over `op`'s rows under the host emulation, with `grid`; its
