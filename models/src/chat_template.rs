@@ -131,31 +131,79 @@ fn guard_json(v: &serde_json::Value, guard: &impl Fn(&str) -> String) -> serde_j
     }
 }
 
+/// Where a rendered chat ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatEnd {
+    /// With the template's opening of a new assistant turn (`add_generation_prompt`).
+    NewTurn,
+    /// Where the template leaves the last message, closed.
+    Closed,
+    /// Inside the last message, right after its content, so that the model continues it
+    /// (vLLM's `continue_final_message`: a reply the caller has begun, "prefilled").
+    ContinueFinal,
+}
+
+/// Marks the end of the last message's content while a chat is rendered to be continued
+/// ([`ChatEnd::ContinueFinal`]): the prompt is cut there. A Unicode noncharacter, like the
+/// tokenizer's guards: never in a vocabulary, never meaningful in a chat.
+const CONTINUE_MARK: char = '\u{FDD2}';
+
 /// Renders `messages` (and `tools`, when the template reads them) with `template` and encodes
 /// the prompt: the template's own markers are special tokens, while every text that came
 /// from the caller (message content, names, tool calls' arguments, tool definitions) is
 /// encoded as plain text, so that no message can forge a turn marker.
 /// `kwargs` are extra template variables (vLLM's `chat_template_kwargs`, such as
-/// `enable_thinking`), caller text too.
+/// `enable_thinking`), caller text too. `end` says where the prompt stops.
 pub fn encode_chat(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[ChatMessage],
     tools: Option<&serde_json::Value>,
-    add_generation_prompt: bool,
+    end: ChatEnd,
     kwargs: Option<&serde_json::Value>,
 ) -> Result<Vec<u32>> {
     let guard = |s: &str| tokenizer.guard_text(s).into_owned();
-    let guarded: Vec<ChatMessage> = messages.iter().map(|m| m.guarded(&guard)).collect();
+    let mut guarded: Vec<ChatMessage> = messages.iter().map(|m| m.guarded(&guard)).collect();
+    if end == ChatEnd::ContinueFinal {
+        let last = guarded
+            .last_mut()
+            .ok_or_else(|| ModelError::Template("there is no final message to continue".into()))?;
+        last.content.push(CONTINUE_MARK);
+    }
     let tools = tools.map(|t| guard_json(t, &guard));
     let kwargs = kwargs.map(|k| guard_json(k, &guard));
     let rendered = template.render_with_tools(
         &guarded,
         tools.as_ref(),
-        add_generation_prompt,
+        end == ChatEnd::NewTurn,
         kwargs.as_ref(),
     )?;
-    tokenizer.encode_chat(&rendered)
+    let prompt = match end {
+        ChatEnd::ContinueFinal => cut_at_continue_mark(&rendered)?,
+        ChatEnd::NewTurn | ChatEnd::Closed => &rendered,
+    };
+    tokenizer.encode_chat(prompt)
+}
+
+/// The rendered chat up to the end of its last message's content: everything before the
+/// one [`CONTINUE_MARK`]. A template that drops the content, or renders it more than once
+/// (or a chat whose text already holds the mark), cannot be continued: an error rather
+/// than a prompt that is not the chat.
+fn cut_at_continue_mark(rendered: &str) -> Result<&str> {
+    let mut at = rendered.match_indices(CONTINUE_MARK).map(|(i, _)| i);
+    match (at.next(), at.next()) {
+        (Some(i), None) => Ok(&rendered[..i]),
+        (None, _) => Err(ModelError::Template(
+            "the chat template does not render the final message's content, so it cannot be \
+             continued"
+                .into(),
+        )),
+        (Some(_), Some(_)) => Err(ModelError::Template(
+            "the final message's content appears more than once in the rendered chat, so it \
+             cannot be continued"
+                .into(),
+        )),
+    }
 }
 
 fn content_text<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {

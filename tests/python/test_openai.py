@@ -128,6 +128,56 @@ def test_vllm_rendering_and_stop_extensions(client, server):
     assert counts[True] > counts[False]
 
 
+BEGUN = [{"role": "user", "content": "What is the capital of France?"},
+         {"role": "assistant", "content": "Sure! The capital of France is"}]
+
+
+def test_continue_final_message_goes_on_from_the_reply_begun(client, server):
+    """vLLM's `continue_final_message`: the prompt stops inside the final message, right after
+    its text, and the reply holds only the continuation. Greedy, that is exactly what the
+    same prompt ids give through /v1/completions (ids /tokenize reports for the same fields,
+    whose text ends with the begun reply; the closed chat goes on past it); streamed, the
+    same text; `add_generation_prompt` left out is not asking for a new turn."""
+    _, _, t = raw(server.url, "/tokenize", {"messages": BEGUN, "continue_final_message": True})
+    _, _, text = raw(server.url, "/detokenize", {"tokens": t["tokens"]})
+    assert text["prompt"].endswith("<|im_start|>assistant\n" + BEGUN[1]["content"]), text
+    _, _, closed = raw(server.url, "/tokenize", {"messages": BEGUN, "add_generation_prompt": False})
+    assert closed["tokens"][: t["count"]] == t["tokens"] and closed["count"] > t["count"]
+    args = dict(model=MODEL, messages=BEGUN, max_tokens=12, temperature=0,
+                extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    r = client.chat.completions.create(**args)
+    assert r.usage.prompt_tokens == t["count"]
+    c = client.completions.create(model=MODEL, prompt=t["tokens"], max_tokens=12, temperature=0)
+    answer = r.choices[0].message.content
+    assert answer and answer == c.choices[0].text
+    fresh = client.chat.completions.create(**{**args, "extra_body": {}})
+    assert fresh.choices[0].message.content != answer
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+        **{**args, "extra_body": {"continue_final_message": True}}, stream=True) if ch.choices)
+    assert streamed == answer
+
+
+@pytest.mark.parametrize("extra,messages,says", [
+    ({"add_generation_prompt": True}, BEGUN, "cannot both be true"),
+    ({"response_format": {"type": "json_object"}}, BEGUN, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+     BEGUN, "tools"),
+    ({}, BEGUN[:1] + [{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
+     "tool calls"),
+])
+def test_continue_final_message_refusals_name_it(server, extra, messages, says):
+    """A continuation that cannot be built is a 400 naming `continue_final_message`: with a
+    new turn asked for too, with a grammar (which holds a reply from its start), after a
+    message that made tool calls."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": 4,
+            "continue_final_message": True, **extra}
+    status, _, b = raw(server.url, "/v1/chat/completions", body)
+    assert status == 400, b
+    assert_error_shape(b)
+    assert b["error"]["param"] == "continue_final_message" and says in b["error"]["message"], b
+
+
 @pytest.mark.parametrize("body,param", [
     ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ({"bad_words": ["the"]}, "bad_words"),
@@ -136,7 +186,6 @@ def test_vllm_rendering_and_stop_extensions(client, server):
     ({"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
     ({"echo": True}, "echo"),
     ({"chat_template": "{{ messages }}"}, "chat_template"),
-    ({"continue_final_message": True}, "continue_final_message"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
 ])

@@ -80,7 +80,7 @@ impl Endpoint for ChatCompletionRequest {
             model,
             &prompt.messages,
             tools,
-            prompt.add_generation_prompt,
+            prompt.end,
             prompt.template_kwargs.as_ref(),
         )?])
     }

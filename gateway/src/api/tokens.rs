@@ -132,13 +132,9 @@ pub(super) async fn tokenize(
             .map_err(|_| ApiError::Internal)?,
         (None, Some(msgs)) => {
             let m = validate::chat_messages(msgs)?;
-            validate::chat_prompt(
-                model,
-                &m,
-                None,
-                req.add_generation_prompt.unwrap_or(true),
-                None,
-            )?
+            let end =
+                validate::chat_end(req.add_generation_prompt, req.continue_final_message, &m)?;
+            validate::chat_prompt(model, &m, None, end, None)?
         }
         _ => {
             return Err(ApiError::bad(

@@ -267,6 +267,11 @@ with_sampling_fields! {
         pub web_search_options: Option<Value>,
         /// Extension (vLLM): end the prompt with the assistant's turn opened (default true).
         pub add_generation_prompt: Option<bool>,
+        /// Extension (vLLM): end the prompt inside the final message, right after its text,
+        /// so the reply continues it (a reply the caller began); the reply holds only the
+        /// continuation. Not with `add_generation_prompt: true`, nor with a response format
+        /// or tool calls (their grammar holds a reply from its start).
+        pub continue_final_message: Option<bool>,
         /// Extension (vLLM): further variables for the chat template (`enable_thinking`, …).
         #[schema(value_type = Option<Object>)]
         pub chat_template_kwargs: Option<Value>,
@@ -275,8 +280,6 @@ with_sampling_fields! {
         pub modalities: Option<Value>,
         /// vLLM extensions sluice does not implement, refused by name unless sent at their
         /// default.
-        #[schema(value_type = Option<Object>)]
-        pub continue_final_message: Option<Value>,
         #[schema(value_type = Option<Object>)]
         pub echo: Option<Value>,
         #[schema(value_type = Option<Object>)]
@@ -539,6 +542,8 @@ pub struct TokenizeRequest {
     pub messages: Option<Vec<ChatMessageIn>>,
     /// With `messages`: append the assistant turn's opening (default true).
     pub add_generation_prompt: Option<bool>,
+    /// With `messages`: end inside the final message, as chat completions would.
+    pub continue_final_message: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 use sluice_engine::{SamplingParams, MAX_N};
-use sluice_models::chat_template::{encode_chat, ChatMessage};
+use sluice_models::chat_template::{encode_chat, ChatEnd, ChatMessage};
 use sluice_models::{Model, ModelError};
 
 use crate::api::guided::{self, AnswerFormat};
@@ -300,7 +300,8 @@ pub struct ChatPrompt {
     pub messages: Vec<ChatMessage>,
     pub tools: Option<ToolSet>,
     pub output: Output,
-    pub add_generation_prompt: bool,
+    /// Where the prompt ends ([`chat_end`]).
+    pub end: ChatEnd,
     /// `chat_template_kwargs`: further template variables (an object).
     pub template_kwargs: Option<Value>,
 }
@@ -313,7 +314,7 @@ pub fn chat_prompt(
     model: &Model,
     messages: &[ChatMessage],
     tools: Option<&ToolSet>,
-    add_generation_prompt: bool,
+    end: ChatEnd,
     template_kwargs: Option<&Value>,
 ) -> Result<Vec<u32>, ApiError> {
     let template = model.chat_template().ok_or_else(|| {
@@ -340,7 +341,7 @@ pub fn chat_prompt(
         model.tokenizer(),
         &messages,
         defs,
-        add_generation_prompt,
+        end,
         template_kwargs,
     )
     .map_err(|e| match e {
@@ -389,10 +390,6 @@ pub fn chat_checked(
         }
     }
     refuse_unimplemented(req.unimplemented_fields().into_iter().chain([
-        (
-            "continue_final_message",
-            req.continue_final_message.as_ref(),
-        ),
         ("echo", req.echo.as_ref()),
         ("chat_template", req.chat_template.as_ref()),
         ("documents", req.documents.as_ref()),
@@ -406,6 +403,22 @@ pub fn chat_checked(
         ));
     }
     let output = chat_output(req, tools.as_ref())?;
+    let messages = chat_messages(&req.messages)?;
+    let end = chat_end(
+        req.add_generation_prompt,
+        req.continue_final_message,
+        &messages,
+    )?;
+    if end == ChatEnd::ContinueFinal && (output.grammar.is_some() || output.tool_calls) {
+        return Err(ApiError::bad(
+            format!(
+                "'continue_final_message' cannot be combined with '{}': its grammar holds a \
+                 reply from its start, not from inside a message",
+                output.param
+            ),
+            "continue_final_message",
+        ));
+    }
     let f = req.sampling_fields();
     let max = req.max_completion_tokens.or(f.max_tokens);
     let mut sampling = sampling(&f, vocab, max)?;
@@ -421,13 +434,46 @@ pub fn chat_checked(
     };
     let checked = checked(&f, sampling, vocab, CHAT_PARAMS)?;
     let prompt = ChatPrompt {
-        messages: chat_messages(&req.messages)?,
+        messages,
         tools,
         output,
-        add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+        end,
         template_kwargs,
     };
     Ok((checked, prompt))
+}
+
+/// Where a chat's prompt ends, from vLLM's two fields: a new assistant turn unless
+/// `add_generation_prompt` is false; inside the final message with `continue_final_message`,
+/// which opens no turn, so asking for both is an error (as in vLLM), and which cannot go on
+/// from a message that made tool calls (the template writes them after its text).
+pub fn chat_end(
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+    messages: &[ChatMessage],
+) -> Result<ChatEnd, ApiError> {
+    if !continue_final_message.unwrap_or(false) {
+        return Ok(match add_generation_prompt.unwrap_or(true) {
+            true => ChatEnd::NewTurn,
+            false => ChatEnd::Closed,
+        });
+    }
+    let refuse = |why: &str| {
+        Err(ApiError::bad(
+            format!("'continue_final_message' {why}"),
+            "continue_final_message",
+        ))
+    };
+    if add_generation_prompt == Some(true) {
+        return refuse(
+            "and 'add_generation_prompt' cannot both be true: a continued message opens no \
+             new turn",
+        );
+    }
+    if messages.last().is_some_and(|m| m.tool_calls.is_some()) {
+        return refuse("cannot continue a message that made tool calls");
+    }
+    Ok(ChatEnd::ContinueFinal)
 }
 
 /// A checked completion request's prompts as token ids: text encoded as the model reads a
