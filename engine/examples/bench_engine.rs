@@ -413,6 +413,7 @@ fn run_level(engine: &EngineHandle, model: &Arc<Model>, level: Level) -> (Durati
                                 assert_eq!(f.usage.completion_tokens, output_tokens);
                                 break;
                             }
+                            Event::Prompt(_) => unreachable!("no prompt log-probabilities asked"),
                         }
                     }
                     samples.push(s);

@@ -1,6 +1,7 @@
 //! The engine thread and its handle: requests in, events out, one forward call per step.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -350,6 +351,20 @@ struct Prepared {
 }
 
 /// Computes the masks of `work`, timing them.
+/// The rows of logits each sequence of `batch` gets back, in the order they come.
+fn row_ranges(batch: &StepBatch) -> Vec<Range<usize>> {
+    let mut at = 0;
+    batch
+        .seqs
+        .iter()
+        .map(|s| {
+            let rows = at..at + s.logit_rows();
+            at = rows.end;
+            rows
+        })
+        .collect()
+}
+
 fn compute_masks(work: Vec<(usize, ChoiceMatcher)>, stats: &MaskStats) -> Vec<Computed> {
     let started = Instant::now();
     let n = work.len() as u64;
@@ -569,12 +584,16 @@ impl Core {
             let n = plan.tokens[i];
             let start = s.num_computed;
             s.timing.first_scheduled.get_or_insert(started);
-            let pick = (start + n == s.tokens.len())
+            let ends = start + n == s.tokens.len();
+            // Rows the prompt's log-probabilities need: every row of the chunk.
+            let gathers = s.prompt_rows_from().is_some_and(|p| p < start + n);
+            let pick = (ends && !gathers)
                 .then(|| s.device_pick(width, picks_on_device))
                 .flatten();
             let (logits, changes) = match pick {
                 Some((pick, changes)) => (Logits::Pick(pick), changes),
-                None if start + n < s.tokens.len() => (Logits::None, None),
+                None if gathers => (Logits::All, None),
+                None if !ends => (Logits::None, None),
                 None => (Logits::Last, None),
             };
             adjust.push(changes);
@@ -605,7 +624,7 @@ impl Core {
                 return;
             }
         };
-        self.after_forward(&scheduled, &plan, &logits, masks);
+        self.after_forward((&scheduled, &plan, &batch), &logits, masks);
         self.metrics
             .step_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -693,24 +712,37 @@ impl Core {
         self.metrics.prefix_hits.inc_by(plan.cache_hits as u64);
     }
 
-    /// Advances every scheduled sequence, samples those whose chunk reached their end (their
-    /// rows drawn in parallel), and retires the finished.
+    /// Advances every scheduled sequence (gathering the prompt log-probabilities its rows
+    /// give), samples those whose chunk reached their end (their rows drawn in parallel),
+    /// and retires the finished.
     fn after_forward(
         &mut self,
-        scheduled: &[usize],
-        plan: &Plan,
+        (scheduled, plan, batch): (&[usize], &Plan, &StepBatch),
         logits: &HostLogits,
         mut masks: HashMap<usize, MaskResult>,
     ) {
         let now = Instant::now();
         let width = self.shared.limits.vocab_size;
         let row_of = |row: usize| &logits.row(row)[..width];
+        let rows = row_ranges(batch);
+        for (k, &i) in scheduled.iter().enumerate() {
+            // Every row of a chunk that gathers; none otherwise (a prompt of one token has
+            // none to gather, but still sends its empty list).
+            let chunk = &batch.seqs[k];
+            let given = match chunk.logits {
+                Logits::All => chunk.tokens.len(),
+                _ => 0,
+            };
+            let first = rows[k].start;
+            let s = &mut self.sched.running[i];
+            s.gather_prompt_logprobs((chunk.start_pos, given), |j| row_of(first + j));
+        }
         let mut ended: Vec<(usize, Ended)> = Vec::new();
         let mut forked: Vec<Seq> = Vec::new();
         let mut draws: Vec<(usize, usize, Prepared)> = Vec::new();
         // Rows the model answered with their token: their draw is made.
         let mut picked: Vec<(usize, Result<Sampled, String>)> = Vec::new();
-        for (i, row) in self.advance(scheduled, plan) {
+        for (i, row) in self.advance(scheduled, plan, &rows) {
             let s = &mut self.sched.running[i];
             match logits.get(row) {
                 Row::Picked(token) => {
@@ -754,11 +786,16 @@ impl Core {
 
     /// Moves every scheduled sequence past the tokens the step computed (registering the
     /// blocks they filled in the prefix cache); returns those whose chunk reached their end,
-    /// with the logits row each samples from.
-    fn advance(&mut self, scheduled: &[usize], plan: &Plan) -> Vec<(usize, usize)> {
+    /// with the logits row each samples from (the last of its `rows`).
+    fn advance(
+        &mut self,
+        scheduled: &[usize],
+        plan: &Plan,
+        rows: &[Range<usize>],
+    ) -> Vec<(usize, usize)> {
         let bs = self.budget.block_size;
         let mut sampling = Vec::new();
-        for &i in scheduled {
+        for (k, &i) in scheduled.iter().enumerate() {
             let s = &mut self.sched.running[i];
             s.num_computed += plan.tokens[i];
             if self.caching {
@@ -773,7 +810,7 @@ impl Core {
                 }
             }
             if s.num_computed == s.tokens.len() {
-                sampling.push((i, sampling.len()));
+                sampling.push((i, rows[k].end - 1));
             }
         }
         sampling

@@ -3,8 +3,18 @@
 /// One item of a request's event stream.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// The prompt's log-probabilities, once, before any delta (only when the request asked,
+    /// `SamplingParams::prompt_logprobs`).
+    Prompt(PromptLogprobs),
     Delta(Delta),
     Finish(Finish),
+}
+
+/// Each prompt token's log-probability under the tokens before it, from the second token on
+/// (the first has nothing before it), with the most likely alternatives at its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprobs {
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// New output of one choice. `text` never ends inside a UTF-8 character and never contains

@@ -36,7 +36,9 @@ pub use config::EngineConfig;
 pub use constraint::{Constraint, Grammar, GrammarError};
 pub use engine::{Engine, EngineHandle, EventStream, Load, MaskCost};
 pub use error::{EngineError, SubmitError};
-pub use event::{Delta, Event, Finish, FinishReason, MatchedStop, Stage, TokenLogprob, Usage};
+pub use event::{
+    Delta, Event, Finish, FinishReason, MatchedStop, PromptLogprobs, Stage, TokenLogprob, Usage,
+};
 pub use metrics::EngineMetrics;
 pub use request::{
     Field, Invalid, Request, Resume, SamplingParams, MAX_N, MAX_STOP, MAX_TOP_LOGPROBS,

@@ -67,6 +67,11 @@ pub struct SamplingParams {
     /// Return the chosen token's log-probability and this many alternatives (`Some(0)`: the
     /// chosen token's only).
     pub logprobs: Option<usize>,
+    /// The prompt's tokens' log-probabilities, each with this many alternatives, sent once
+    /// before any output ([`crate::Event::Prompt`]; vLLM's `prompt_logprobs`, completions'
+    /// `echo` with `logprobs`). The prompt is computed whole: the prefix cache skips none of
+    /// it, and it is fed at most `PROMPT_LOGPROB_ROWS` (256) tokens a step.
+    pub prompt_logprobs: Option<usize>,
     /// Completion tokens at most; `None`: whatever the context leaves.
     pub max_tokens: Option<usize>,
     /// End-of-sequence and stop tokens are suppressed until this many tokens exist.
@@ -102,6 +107,7 @@ impl Default for SamplingParams {
             seed: None,
             n: 1,
             logprobs: None,
+            prompt_logprobs: None,
             max_tokens: None,
             min_tokens: 0,
             ignore_eos: false,
@@ -150,6 +156,8 @@ pub enum Field {
     N,
     /// `SamplingParams::logprobs`: the alternatives returned per token.
     Logprobs,
+    /// `SamplingParams::prompt_logprobs`.
+    PromptLogprobs,
     MaxTokens,
     MinTokens,
     Stop,
@@ -170,6 +178,7 @@ impl Field {
             Self::LogitBias => "logit_bias",
             Self::N => "n",
             Self::Logprobs => "top_logprobs",
+            Self::PromptLogprobs => "prompt_logprobs",
             Self::MaxTokens => "max_tokens",
             Self::MinTokens => "min_tokens",
             Self::Stop => "stop",
@@ -300,9 +309,14 @@ impl SamplingParams {
                 format!("must be in 1..={MAX_N}"),
             ));
         }
-        if let Some(k) = self.logprobs.filter(|&k| k > MAX_TOP_LOGPROBS) {
-            let rule = format!("must be at most {MAX_TOP_LOGPROBS}");
-            return Err(Invalid::new(Field::Logprobs, k, rule));
+        for (field, asked) in [
+            (Field::Logprobs, self.logprobs),
+            (Field::PromptLogprobs, self.prompt_logprobs),
+        ] {
+            if let Some(k) = asked.filter(|&k| k > MAX_TOP_LOGPROBS) {
+                let rule = format!("must be at most {MAX_TOP_LOGPROBS}");
+                return Err(Invalid::new(field, k, rule));
+            }
         }
         match self.max_tokens {
             Some(0) => Err(Invalid::new(Field::MaxTokens, 0, "must be at least 1")),

@@ -410,7 +410,7 @@ fn adjusted<'a>(
 }
 
 /// The chosen token's log-probability under the raw distribution, with the top `k`.
-fn logprob_of(raw: &[f32], token: u32, k: usize) -> TokenLogprob {
+pub(crate) fn logprob_of(raw: &[f32], token: u32, k: usize) -> TokenLogprob {
     let log_z = log_normaliser(raw);
     TokenLogprob {
         token,

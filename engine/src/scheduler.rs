@@ -87,7 +87,7 @@ impl Scheduler {
                     i += 1;
                     continue;
                 }
-                let want = rem.min(left);
+                let want = self.running[i].schedulable().min(left);
                 if want == 0 {
                     break;
                 }
@@ -150,8 +150,11 @@ impl Scheduler {
             if self.running.len() + seats > self.budget.max_num_seqs {
                 break;
             }
-            // At least one token is computed, so the last prompt token's logits exist.
-            let hashes = prefix_hashes(&seq.tokens[..seq.tokens.len() - 1], bs);
+            // At least one token is computed, so the last prompt token's logits exist; the
+            // rows the prompt's log-probabilities still need are computed too.
+            let cacheable = seq.prompt_rows_from().unwrap_or(usize::MAX);
+            let cacheable = cacheable.min(seq.tokens.len() - 1);
+            let hashes = prefix_hashes(&seq.tokens[..cacheable], bs);
             let hits = self.blocks.cached_prefix_len(&hashes);
             let total = seq.tokens.len().div_ceil(bs);
             let takes = total - hits + self.blocks.unused_in_prefix(&hashes, hits);
@@ -175,7 +178,7 @@ impl Scheduler {
             seq.cached_prompt.get_or_insert(seq.num_computed);
             self.admissions += 1;
             seq.admitted = self.admissions;
-            let n = seq.remaining().min(*left);
+            let n = seq.schedulable().min(*left);
             let need = (seq.num_computed + n).div_ceil(bs);
             while seq.blocks.len() < need {
                 let b = self

@@ -11,10 +11,15 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::block_manager::BlockHash;
 use crate::constraint::ChoiceMatcher;
 use crate::detokenizer::Detokenizer;
-use crate::event::{Delta, Event, FinishReason, MatchedStop, TokenLogprob};
+use crate::event::{Delta, Event, FinishReason, MatchedStop, PromptLogprobs, TokenLogprob};
 use crate::request::SamplingParams;
 use crate::sampler::SamplerState;
 use crate::stop::StopMatcher;
+
+/// Most prompt tokens fed in one step while the prompt's log-probabilities are gathered:
+/// each is a whole row of logits (49k floats for the default model, 128k for Llama-3), so a
+/// long prompt goes in chunks of this many rather than a step's whole token budget.
+pub(crate) const PROMPT_LOGPROB_ROWS: usize = 256;
 
 /// What all choices of one request share.
 #[derive(Debug)]
@@ -70,6 +75,9 @@ pub(crate) struct Seq {
     /// The choice's position in its grammar, when the request has one. It lives with the
     /// choice, so preemption (which recomputes the KV cache, not the output) leaves it as is.
     pub matcher: Option<ChoiceMatcher>,
+    /// While the request's prompt log-probabilities are gathered (choice 0 only): entry `j`
+    /// is token `j + 1`'s under the tokens before it. Taken when sent.
+    prompt_logprobs: Option<Vec<TokenLogprob>>,
     detok: Detokenizer,
     stop: StopMatcher,
     /// Output tokens whose text has not been released yet, with their log-probabilities.
@@ -95,6 +103,7 @@ impl Seq {
         let stop = StopMatcher::new(p.stop.clone(), p.include_stop_str);
         let forks_left = if index == 0 { p.n - 1 } else { 0 };
         let matcher = p.constraint.as_ref().map(|c| c.start());
+        let prompt_logprobs = (index == 0 && p.prompt_logprobs.is_some()).then(Vec::new);
         Self {
             req,
             index,
@@ -107,6 +116,7 @@ impl Seq {
             forks_left,
             sampler,
             matcher,
+            prompt_logprobs,
             detok,
             stop,
             pending_ids: Vec::new(),
@@ -127,6 +137,55 @@ impl Seq {
     /// Tokens still to feed before the next sample (1 for a decode).
     pub fn remaining(&self) -> usize {
         self.tokens.len() - self.num_computed
+    }
+
+    /// Tokens the next step may feed: all that remain, but while the prompt's
+    /// log-probabilities are gathered at most [`PROMPT_LOGPROB_ROWS`] (each fed token is a
+    /// whole row of logits then).
+    pub fn schedulable(&self) -> usize {
+        match self.prompt_rows_from() {
+            Some(_) => self.remaining().min(PROMPT_LOGPROB_ROWS),
+            None => self.remaining(),
+        }
+    }
+
+    /// The first position whose row of logits the prompt's log-probabilities still need (row
+    /// `p` gives token `p + 1`'s), while some are missing. The prefix cache may supply only
+    /// positions before it.
+    pub fn prompt_rows_from(&self) -> Option<usize> {
+        let found = self.prompt_logprobs.as_ref()?.len();
+        (found + 1 < self.req.prompt_len).then_some(found)
+    }
+
+    /// Gathers the prompt log-probabilities a step's rows give (`row(j)`: position `start +
+    /// j`'s, for `j < n`) and sends them once all are found, before any output: a prompt of
+    /// one token has none to find and sends an empty list on its first step.
+    pub fn gather_prompt_logprobs<'a>(
+        &mut self,
+        (start, n): (usize, usize),
+        row: impl Fn(usize) -> &'a [f32],
+    ) {
+        let (prompt_len, k) = (
+            self.req.prompt_len,
+            self.req.params.prompt_logprobs.unwrap_or(0),
+        );
+        let Some(found) = self.prompt_logprobs.as_mut() else {
+            return;
+        };
+        while found.len() + 1 < prompt_len && (start..start + n).contains(&found.len()) {
+            let p = found.len();
+            let lp = crate::sampler::logprob_of(row(p - start), self.tokens[p + 1], k);
+            found.push(lp);
+        }
+        if found.len() + 1 >= prompt_len {
+            let logprobs = self.prompt_logprobs.take().unwrap_or_default();
+            if !self.muted {
+                let _ = self
+                    .req
+                    .events
+                    .send(Event::Prompt(PromptLogprobs { logprobs }));
+            }
+        }
     }
 
     /// The token the model may choose on its device for the next draw, over the ids below

@@ -71,7 +71,7 @@ fn delta_ids(engine: &sluice_engine::EngineHandle, req: &Request, index: usize) 
     while left > 0 {
         match s.blocking_next().unwrap() {
             Event::Delta(d) if d.index == index => out.push(d.token_ids),
-            Event::Delta(_) => {}
+            Event::Delta(_) | Event::Prompt(_) => {}
             Event::Finish(_) => left -= 1,
         }
     }

@@ -225,6 +225,111 @@ fn logprobs_come_with_every_token() {
     }
 }
 
+/// The log-probability of `next` after `prefix`, found by forcing it: the greedy token under
+/// a +100 bias, whose reported log-probability is the raw one (before bias).
+fn forced_logprob(engine: &sluice_engine::EngineHandle, prefix: &[u32], next: u32) -> f32 {
+    let mut force = SamplingParams::greedy(1);
+    force.logprobs = Some(0);
+    force.logit_bias.insert(next, 100.0);
+    let got = run(engine, request(prefix.to_vec(), force)).remove(0);
+    assert_eq!(got.token_ids, [next]);
+    got.logprobs[0].logprob
+}
+
+/// Prompt log-probabilities: one per prompt token after the first, each the token's
+/// log-probability after the tokens before it (checked against forcing that token after
+/// that prefix, at chunk boundaries and elsewhere), with sorted alternatives; gathered over
+/// several steps for a long prompt, sent once before any output of any choice, whole even
+/// when the prefix cache holds the prompt (which then supplies none of it), and an empty
+/// list for a prompt of one token.
+#[test]
+fn prompt_logprobs_cover_every_prompt_token() {
+    let engine = start(|_| {});
+    let mut long = Vec::new();
+    for t in TOPICS.iter().cycle().take(40) {
+        long.extend(prompt(t));
+    }
+    assert!(
+        long.len() > 300,
+        "{} tokens: must span two steps' rows",
+        long.len()
+    );
+    // Cache the prompt first.
+    run(&engine, request(long.clone(), SamplingParams::greedy(1)));
+    let mut params = SamplingParams::greedy(3);
+    params.prompt_logprobs = Some(2);
+    params.n = 2;
+    params.temperature = 0.8;
+    let got = run(&engine, request(long.clone(), params));
+    let lps = got[0].prompt_logprobs.clone().expect("asked for");
+    assert_eq!(got[1].prompt_logprobs.as_ref(), Some(&lps));
+    assert_eq!(got[0].usage.cached_prompt_tokens, 0);
+    assert_eq!(lps.len(), long.len() - 1);
+    for (lp, &t) in lps.iter().zip(&long[1..]) {
+        assert_eq!(lp.token, t);
+        assert!(lp.logprob <= 0.0 && lp.top.len() == 2, "{lp:?}");
+        assert!(lp.top[0].1 >= lp.top[1].1 && lp.top[0].1 >= lp.logprob - 1e-6);
+    }
+    for p in [1, 17, 254, 255, 256, 257, long.len() - 2] {
+        let want = forced_logprob(&engine, &long[..=p], long[p + 1]);
+        let diff = (lps[p].logprob - want).abs();
+        assert!(diff < 1e-3, "position {p}: {} vs {want}", lps[p].logprob);
+    }
+    let mut one = SamplingParams::greedy(1);
+    one.prompt_logprobs = Some(0);
+    let got = run(&engine, request(long[..1].to_vec(), one)).remove(0);
+    assert_eq!(got.prompt_logprobs, Some(Vec::new()));
+}
+
+/// Prompt log-probabilities under preemption by recompute: in a pool far too small, each
+/// request's list is still whole, sent once, and what it is alone; nothing is left held.
+#[test]
+fn prompt_logprobs_survive_preemption() {
+    let reqs: Vec<_> = (0..8)
+        .map(|i| {
+            let mut params = SamplingParams::greedy(40);
+            params.prompt_logprobs = Some(1);
+            let text = format!("{} Please answer at length. ({i})", TOPICS[i % 8]);
+            request(prompt(&text.repeat(2)), params)
+        })
+        .collect();
+    let alone = start(|_| {});
+    let solo: Vec<_> = reqs
+        .iter()
+        .map(|r| run(&alone, r.clone()).remove(0))
+        .collect();
+    let engine = start(|c| {
+        c.num_kv_blocks = Some(24);
+        c.max_model_len = Some(256);
+    });
+    let streams: Vec<_> = reqs
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    for (i, (s, want)) in streams.into_iter().zip(&solo).enumerate() {
+        let got = collect(s, 1).remove(0);
+        let (got, want) = (
+            got.prompt_logprobs.unwrap(),
+            want.prompt_logprobs.clone().unwrap(),
+        );
+        assert_eq!(got.len(), reqs[i].prompt.len() - 1, "request {i}");
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.token, w.token, "request {i}");
+            assert!(
+                (g.logprob - w.logprob).abs() < 1e-3,
+                "request {i}: {g:?} vs {w:?}"
+            );
+        }
+    }
+    assert!(
+        engine.metrics().preemptions.get() > 0,
+        "the pool must have been too small"
+    );
+    wait_for(&engine, "idle", |l| {
+        l.running == 0 && l.waiting == 0 && l.kv_blocks_used == 0
+    });
+}
+
 /// A request that cannot fit, a full queue and bad parameters fail at submission.
 #[test]
 fn submission_errors_are_typed() {

@@ -128,6 +128,47 @@ def test_vllm_rendering_and_stop_extensions(client, server):
     assert counts[True] > counts[False]
 
 
+def test_echo_with_logprobs_scores_the_prompt(client, server):
+    """Completions' `echo` with `logprobs`, as lm-evaluation-harness scores a continuation:
+    text and log-probabilities begin with the prompt's tokens, the first without one; each
+    other prompt token's is its log-probability after the tokens before it (what forcing it
+    there with a +100 bias reports); `max_tokens: 0` answers the prompt alone; streamed, the
+    same text and tokens; several prompts and choices each begin with their own prompt."""
+    text = "The capital of France is Paris, and the capital of Italy is"
+    ids = raw(server.url, "/tokenize", {"prompt": text})[2]["tokens"]
+    args = dict(model=MODEL, max_tokens=2, temperature=0, echo=True, logprobs=1)
+    r = client.completions.create(prompt=ids, **args)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 2 and r.choices[0].text.startswith(text)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset[len(ids)] == len(text)
+    for j in (1, len(ids) // 2, len(ids) - 1):
+        forced = client.completions.create(
+            model=MODEL, prompt=ids[:j], max_tokens=1, temperature=0, logprobs=0,
+            logit_bias={str(ids[j]): 100}).choices[0].logprobs
+        assert forced.tokens[0] == lp.tokens[j]
+        assert abs(forced.token_logprobs[0] - lp.token_logprobs[j]) < 1e-3, j
+        assert max(lp.top_logprobs[j].values()) >= lp.token_logprobs[j] - 1e-6
+    only = client.completions.create(model=MODEL, prompt=text, max_tokens=0, echo=True,
+                                     logprobs=1)
+    c = only.choices[0]
+    assert (c.text, c.finish_reason, only.usage.completion_tokens) == (text, "length", 0)
+    assert c.logprobs.tokens == lp.tokens[:len(ids)]
+    assert c.logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:len(ids)], abs=1e-5)
+    chunks = [ch for ch in client.completions.create(prompt=text, stream=True, **args)]
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == r.choices[0].text
+    streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for t in ch.choices[0].logprobs.tokens]
+    assert streamed == lp.tokens
+    many = client.completions.create(model=MODEL, prompt=["Hello there", "One, two,"], n=2,
+                                     max_tokens=3, temperature=0.7, seed=1, echo=True)
+    for ch in many.choices:
+        assert ch.text.startswith(["Hello there", "One, two,"][ch.index // 2]), ch.text
+    status, _, b = raw(server.url, "/v1/completions", {"model": MODEL, "prompt": text,
+                                                        "max_tokens": 0})
+    assert status == 400 and b["error"]["param"] == "max_tokens", b
+
+
 BEGUN = [{"role": "user", "content": "What is the capital of France?"},
          {"role": "assistant", "content": "Sure! The capital of France is"}]
 

@@ -103,18 +103,27 @@ pub struct Choice {
     pub reason: FinishReason,
     pub matched: Option<MatchedStop>,
     pub usage: Usage,
+    /// The request's prompt log-probabilities, when it asked (the same in every choice).
+    pub prompt_logprobs: Option<Vec<TokenLogprob>>,
 }
 
-/// Collects a stream until every choice finished.
+/// Collects a stream until every choice finished; prompt log-probabilities must come once,
+/// before any delta.
 pub fn collect(mut stream: sluice_engine::EventStream, n: usize) -> Vec<Choice> {
     let mut choices: Vec<Option<Choice>> = vec![None; n];
     let mut partial: Vec<(Vec<String>, Vec<u32>, Vec<TokenLogprob>)> = vec![Default::default(); n];
+    let mut prompt_logprobs = None;
     let mut done = 0;
     while done < n {
         match stream
             .blocking_next()
             .expect("the stream ends only after every finish")
         {
+            Event::Prompt(p) => {
+                let nothing_yet = partial.iter().all(|p| p.0.is_empty()) && done == 0;
+                assert!(nothing_yet && prompt_logprobs.is_none(), "late or repeated");
+                prompt_logprobs = Some(p.logprobs);
+            }
             Event::Delta(d) => {
                 assert!(choices[d.index].is_none(), "delta after finish");
                 let p = &mut partial[d.index];
@@ -132,6 +141,7 @@ pub fn collect(mut stream: sluice_engine::EventStream, n: usize) -> Vec<Choice> 
                     reason: f.reason,
                     matched: f.matched_stop,
                     usage: f.usage,
+                    prompt_logprobs: prompt_logprobs.clone(),
                 });
                 done += 1;
             }

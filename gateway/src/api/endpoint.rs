@@ -53,6 +53,19 @@ pub trait Endpoint: DeserializeOwned + Send + 'static {
     fn tool_calls(_prompt: &Self::Prompt) -> Option<bool> {
         None
     }
+    /// The engine prompts' text as an echo shows it: decoded from their ids, unless the
+    /// request sent it as text.
+    fn prompt_texts(&self, prompts: &[Vec<u32>], model: &Model) -> Result<Vec<String>, ApiError> {
+        prompts.iter().map(|ids| decoded(ids, model)).collect()
+    }
+}
+
+/// A prompt's ids as text, special tokens included.
+fn decoded(ids: &[u32], model: &Model) -> Result<String, ApiError> {
+    model.tokenizer().decode(ids, false).map_err(|e| {
+        tracing::error!("decoding a prompt: {e}");
+        ApiError::Internal
+    })
 }
 
 impl Endpoint for ChatCompletionRequest {
@@ -139,6 +152,16 @@ impl Endpoint for CompletionRequest {
 
     fn grammar(format: &Self::Prompt) -> Option<(Grammar, &'static str)> {
         format.clone().map(|f| (f.grammar, f.param))
+    }
+
+    fn prompt_texts(&self, prompts: &[Vec<u32>], model: &Model) -> Result<Vec<String>, ApiError> {
+        match &self.prompt {
+            PromptSpec::Text(t) => Ok(vec![t.clone()]),
+            PromptSpec::Texts(ts) => Ok(ts.clone()),
+            PromptSpec::Tokens(_) | PromptSpec::TokenLists(_) => {
+                prompts.iter().map(|ids| decoded(ids, model)).collect()
+            }
+        }
     }
 
     fn routing(&self, _: &Self::Prompt) -> Routing {

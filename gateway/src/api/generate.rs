@@ -44,6 +44,17 @@ pub struct Head {
     pub token_ids: bool,
     /// A continuation (`X-Sluice-Resume`): the client has had the opening already.
     pub resumed: bool,
+    /// Completions' `echo` (never on a continuation: the client has had the prompt).
+    pub echo: Option<Echoed>,
+}
+
+/// Completions' `echo`, as the answer needs it.
+#[derive(Debug, Clone)]
+pub struct Echoed {
+    /// Each prompt's text as sent (a prompt of token ids: decoded) and its token ids.
+    pub prompts: Vec<(String, Vec<u32>)>,
+    /// The prompt alone (`max_tokens: 0`): the engine's one token is dropped.
+    pub only: bool,
 }
 
 impl Head {
@@ -81,6 +92,11 @@ pub trait Render: Send + Sized + 'static {
 
     /// Choice `i` continues output another replica sent (`ids`): later pieces go on from it.
     fn resumed(&mut self, _i: usize, _ids: &[u32]) {}
+
+    /// The chunk carrying prompt `p`'s log-probabilities, if the answer shows them.
+    fn prompt(&mut self, _p: usize, _lps: &[TokenLogprob]) -> Option<Bytes> {
+        None
+    }
 
     /// The chunk carrying `d`; `None` when it carries nothing to send yet.
     fn delta(&mut self, i: usize, d: Delta) -> Option<Bytes> {
@@ -297,21 +313,77 @@ impl Render for ChatRender {
     }
 }
 
-/// `/v1/completions`' shapes; text offsets of log-probabilities run on per choice.
+/// `/v1/completions`' shapes; text offsets of log-probabilities run on per choice (after
+/// the prompt's text, when echoed).
 #[derive(Debug)]
 pub struct TextRender {
     head: Head,
     offsets: Vec<usize>,
 }
 
+impl TextRender {
+    /// Choice `i`'s echoed prompt: its text and ids.
+    fn echoed(&self, i: usize) -> Option<&(String, Vec<u32>)> {
+        let prompts = &self.head.echo.as_ref()?.prompts;
+        let n = self.offsets.len() / prompts.len().max(1);
+        prompts.get(i / n.max(1))
+    }
+
+    /// The choice carrying choice `i`'s echoed prompt, with its tokens' log-probabilities
+    /// when the answer shows them (`lps`: the prompt's, from its second token on).
+    fn echo_choice(&self, i: usize, lps: &[TokenLogprob]) -> Option<CompletionChoice> {
+        let (text, ids) = self.echoed(i)?;
+        Some(CompletionChoice {
+            index: i,
+            text: text.clone(),
+            logprobs: self.head.logprobs.then(|| {
+                let mut out = CompletionLogprobs::default();
+                prompt_logprobs(self.head.tok(), ids, lps, &mut out);
+                out
+            }),
+            finish_reason: None,
+            token_ids: None,
+            sluice_usage: None,
+        })
+    }
+
+    /// Choices `range`' echoes as one chunk.
+    fn echo_chunk(&self, range: std::ops::Range<usize>, lps: &[TokenLogprob]) -> Option<Bytes> {
+        let choices: Vec<_> = range.filter_map(|i| self.echo_choice(i, lps)).collect();
+        (!choices.is_empty()).then(|| self.chunk(choices, self.head.usage_field()))
+    }
+}
+
 impl Render for TextRender {
     type Choice = CompletionChoice;
 
     fn new(head: Head, choices: usize) -> Self {
-        Self {
+        let mut r = Self {
             head,
             offsets: vec![0; choices],
+        };
+        r.offsets = (0..choices)
+            .map(|i| r.echoed(i).map_or(0, |(text, _)| text.len()))
+            .collect();
+        r
+    }
+
+    /// Echoed without log-probabilities, every choice's prompt at once; with them, each
+    /// prompt's when its log-probabilities come ([`Render::prompt`]).
+    fn opening(&self, choices: usize) -> Option<Bytes> {
+        match self.head.logprobs {
+            true => None,
+            false => self.echo_chunk(0..choices, &[]),
         }
+    }
+
+    fn prompt(&mut self, p: usize, lps: &[TokenLogprob]) -> Option<Bytes> {
+        let prompts = self.head.echo.as_ref()?.prompts.len();
+        let n = self.offsets.len() / prompts.max(1);
+        self.head
+            .logprobs
+            .then(|| self.echo_chunk(p * n..(p + 1) * n, lps))
+            .flatten()
     }
 
     fn head(&self) -> &Head {
@@ -364,23 +436,28 @@ impl Render for TextRender {
     }
 
     fn body(self, choices: Vec<Acc>, usage: UsageOut) -> Response {
-        let head = self.head;
         let choices = choices
             .into_iter()
             .enumerate()
-            .map(|(i, a)| CompletionChoice {
-                index: i,
-                logprobs: head.logprobs.then(|| {
-                    let mut out = CompletionLogprobs::default();
-                    completion_logprobs(head.tok(), &a.lps, &mut 0, &mut out);
-                    out
-                }),
-                text: a.text,
-                finish_reason: a.finish.as_ref().map(finish_label),
-                token_ids: None,
-                sluice_usage: None,
+            .map(|(i, a)| {
+                let echo = self.echo_choice(i, a.prompt.as_deref().unwrap_or_default());
+                let mut logprobs = echo.as_ref().and_then(|e| e.logprobs.clone());
+                if self.head.logprobs {
+                    let out = logprobs.get_or_insert_with(CompletionLogprobs::default);
+                    let mut offset = self.offsets[i];
+                    completion_logprobs(self.head.tok(), &a.lps, &mut offset, out);
+                }
+                CompletionChoice {
+                    index: i,
+                    logprobs,
+                    text: echo.map_or(String::new(), |e| e.text) + &a.text,
+                    finish_reason: a.finish.as_ref().map(finish_label),
+                    token_ids: None,
+                    sluice_usage: None,
+                }
             })
             .collect();
+        let head = self.head;
         Json(Completion {
             id: head.id,
             object: "text_completion",
@@ -472,14 +549,35 @@ fn completion_logprobs(
         out.text_offset.push(*offset);
         *offset += t.len();
         out.tokens.push(t);
-        out.token_logprobs.push(lp.logprob);
-        out.top_logprobs.push(
-            lp.top
-                .iter()
-                .map(|&(id, l)| (piece(tok, id), l))
-                .collect::<HashMap<_, _>>(),
-        );
+        out.token_logprobs.push(Some(lp.logprob));
+        out.top_logprobs.push(Some(top_pieces(tok, lp)));
     }
+}
+
+/// An echoed prompt's tokens in the completions logprobs shape: the first has no
+/// log-probability (nothing comes before it), the others `lps`' (the engine's, from the
+/// second token on). Offsets run over the tokens' text from 0.
+fn prompt_logprobs(
+    tok: &Tokenizer,
+    ids: &[u32],
+    lps: &[TokenLogprob],
+    out: &mut CompletionLogprobs,
+) {
+    let mut offset = 0;
+    for (j, &id) in ids.iter().enumerate() {
+        let t = piece(tok, id);
+        out.text_offset.push(offset);
+        offset += t.len();
+        out.tokens.push(t);
+        let lp = j.checked_sub(1).and_then(|k| lps.get(k));
+        out.token_logprobs.push(lp.map(|lp| lp.logprob));
+        out.top_logprobs.push(lp.map(|lp| top_pieces(tok, lp)));
+    }
+}
+
+/// A token's alternatives by their text.
+fn top_pieces(tok: &Tokenizer, lp: &TokenLogprob) -> HashMap<String, f32> {
+    lp.top.iter().map(|&(id, l)| (piece(tok, id), l)).collect()
 }
 
 /// All prompts' events in one stream, tagged with the prompt's index.
@@ -571,6 +669,8 @@ pub struct Acc {
     pub text: String,
     pub lps: Vec<TokenLogprob>,
     pub finish: Option<FinishReason>,
+    /// The prompt's log-probabilities, when the request asked (echo with logprobs).
+    pub prompt: Option<Vec<TokenLogprob>>,
 }
 
 /// Everything needed to answer one accepted request.
@@ -591,10 +691,14 @@ struct Choices {
     total: usize,
     finished: usize,
     usage: UsageSum,
+    /// Echoing the prompt alone: the engine's token is dropped (`Echoed::only`).
+    prompt_only: bool,
 }
 
 /// What one event means for the response.
 enum Step {
+    /// Prompt `p`'s log-probabilities.
+    Prompt(usize, Vec<TokenLogprob>),
     Delta(usize, Delta),
     Finish(usize, FinishReason, Usage),
 }
@@ -611,6 +715,7 @@ impl Choices {
             n,
             finished: 0,
             usage: UsageSum::default(),
+            prompt_only: head.echo.as_ref().is_some_and(|e| e.only),
         }
     }
 
@@ -618,17 +723,27 @@ impl Choices {
         self.finished == self.total
     }
 
-    /// The next delta or finish, numbered by choice; usage is summed as finishes arrive.
+    /// The next prompt's log-probabilities, delta or finish, numbered by choice; usage is
+    /// summed as finishes arrive. Echoing the prompt alone, the one token made is dropped:
+    /// no delta, no completion tokens, and the finish is `length` (`max_tokens: 0`).
     async fn next(&mut self) -> Result<Step, ApiError> {
-        let (p, ev) = self.events.next().await?;
-        Ok(match ev {
-            Event::Delta(d) => Step::Delta(choice_index(p, self.n, d.index), d),
-            Event::Finish(f) => {
-                self.finished += 1;
-                self.usage.add(&f.usage, f.index == 0);
-                Step::Finish(choice_index(p, self.n, f.index), f.reason, f.usage)
-            }
-        })
+        loop {
+            let (p, ev) = self.events.next().await?;
+            return Ok(match ev {
+                Event::Prompt(lps) => Step::Prompt(p, lps.logprobs),
+                Event::Delta(_) if self.prompt_only => continue,
+                Event::Delta(d) => Step::Delta(choice_index(p, self.n, d.index), d),
+                Event::Finish(mut f) => {
+                    if self.prompt_only {
+                        f.usage.completion_tokens = 0;
+                        f.reason = FinishReason::Length;
+                    }
+                    self.finished += 1;
+                    self.usage.add(&f.usage, f.index == 0);
+                    Step::Finish(choice_index(p, self.n, f.index), f.reason, f.usage)
+                }
+            });
+        }
     }
 }
 
@@ -651,6 +766,11 @@ pub async fn respond<R: Render>(g: Generation<R>) -> Result<Response, ApiError> 
                 acc[i].lps.extend(d.logprobs);
             }
             Ok(Step::Finish(i, reason, _)) => acc[i].finish = Some(reason),
+            Ok(Step::Prompt(p, lps)) => {
+                for a in &mut acc[p * n..(p + 1) * n] {
+                    a.prompt = Some(lps.clone());
+                }
+            }
             Err(e) => {
                 scope.fail(&e);
                 return Err(e);
@@ -694,6 +814,7 @@ impl<R: Render> Streaming<R> {
             Ok(Step::Finish(i, reason, usage)) => {
                 Some(self.render.finish(i, finish_label(&reason), &usage))
             }
+            Ok(Step::Prompt(p, lps)) => self.render.prompt(p, &lps),
             Err(e) => {
                 // Dropping the engine streams now aborts whatever is left.
                 self.choices = None;

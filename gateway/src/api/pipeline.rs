@@ -23,7 +23,7 @@ use sluice_engine::{EventStream, Request as EngineRequest, Resume, SamplingParam
 use super::body::{parse_json, read_body};
 use super::endpoint::Endpoint;
 use super::gate::{Ask, Gate};
-use super::generate::{self, Generation, Head, Render};
+use super::generate::{self, Echoed, Generation, Head, Render};
 use super::internal::{self, Internal, ResumeSpec};
 use super::proxy::{self, Forward};
 use super::resume::Resumption;
@@ -31,7 +31,7 @@ use super::scope::RequestScope;
 use super::state::{AppState, RequestId};
 use super::tools;
 use super::types::*;
-use super::validate::Checked;
+use super::validate::{Checked, Echo};
 use crate::backend::{LocalBackend, Target};
 use crate::error::ApiError;
 use crate::router::dispatch::Routed;
@@ -193,6 +193,18 @@ async fn start_local<E: Endpoint>(
     let tool_calls = E::tool_calls(&prompt);
     let prompts = req.encode(prompt, model)?;
     let (prompts, resume) = resumed(prompts, &mut checked, internal.resume)?;
+    // A continuation's client has had the prompt.
+    let echo = match checked.echo.filter(|_| resume.is_none()) {
+        Some(e) => Some(Echoed {
+            prompts: req
+                .prompt_texts(&prompts, model)?
+                .into_iter()
+                .zip(prompts.clone())
+                .collect(),
+            only: e == Echo::PromptOnly,
+        }),
+        None => None,
+    };
     if let Some((grammar, param)) = grammar {
         checked.sampling.constraint = Some(tools::compile(backend, grammar, param).await?);
     }
@@ -220,6 +232,7 @@ async fn start_local<E: Endpoint>(
         tool_calls,
         token_ids: internal.token_ids,
         resumed: resumed.is_some(),
+        echo,
     };
     let n = checked.sampling.n;
     let mut render = E::Render::new(head, streams.len() * n);

@@ -306,6 +306,8 @@ with_sampling_fields! {
         pub prompt: PromptSpec,
         /// Top alternatives per token, 0..=20 (OpenAI: 0..=5).
         pub logprobs: Option<i64>,
+        /// Each choice's text (and log-probabilities) begins with its prompt; with
+        /// `max_tokens: 0`, the prompt alone (scoring a text: its tokens' log-probabilities).
         pub echo: Option<bool>,
         pub best_of: Option<i64>,
         #[schema(value_type = Option<String>)]
@@ -481,12 +483,13 @@ pub struct ChatCompletionChunk {
     pub system_fingerprint: Option<String>,
 }
 
-/// The legacy completions logprobs shape.
+/// The legacy completions logprobs shape. With `echo` it begins with the prompt's tokens,
+/// the first of which has no log-probability (`null`).
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
-    pub token_logprobs: Vec<f32>,
-    pub top_logprobs: Vec<HashMap<String, f32>>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<Option<HashMap<String, f32>>>,
     pub text_offset: Vec<usize>,
 }
 

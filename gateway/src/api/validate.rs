@@ -114,6 +114,7 @@ fn sampling(
         seed: f.seed.map(|s| s as u64),
         n: count(f.n.unwrap_or(1), "n")?,
         logprobs: None,
+        prompt_logprobs: None,
         max_tokens: max_tokens.map(|m| count(m, "max_tokens")).transpose()?,
         min_tokens: count(f.min_tokens.unwrap_or(0), "min_tokens")?,
         ignore_eos: f.ignore_eos.unwrap_or(false),
@@ -132,6 +133,18 @@ pub struct Checked {
     pub priority: i32,
     pub stream: bool,
     pub include_usage: bool,
+    /// Completions' `echo`.
+    pub echo: Option<Echo>,
+}
+
+/// Completions' `echo`: each choice's text begins with its prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Echo {
+    /// The prompt, then the completion.
+    Prompt,
+    /// `max_tokens: 0`: the prompt alone. The engine makes one token, which is dropped (a
+    /// step computes the prompt's log-probabilities and samples one token together).
+    PromptOnly,
 }
 
 /// The engine's range checks on `sampling`, and the request's streaming and priority fields
@@ -152,6 +165,7 @@ fn checked(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         sampling,
+        echo: None,
     })
 }
 
@@ -516,9 +530,6 @@ pub fn completion_checked(
     if present(&req.suffix) {
         return Err(unsupported("suffix", "no fill-in-the-middle"));
     }
-    if req.echo.unwrap_or(false) {
-        return Err(unsupported("echo", "the prompt is not returned"));
-    }
     refuse_unimplemented(req.unimplemented_fields())?;
     let f = req.sampling_fields();
     if let Some(b) = req.best_of {
@@ -529,13 +540,25 @@ pub fn completion_checked(
             ));
         }
     }
-    let max = Some(
-        f.max_tokens
-            .unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS as i64),
-    );
-    let mut sampling = sampling(&f, vocab, max)?;
+    let asked = f
+        .max_tokens
+        .unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS as i64);
+    let echo = match (req.echo.unwrap_or(false), asked) {
+        (false, _) => None,
+        (true, 0) => Some(Echo::PromptOnly),
+        (true, _) => Some(Echo::Prompt),
+    };
+    let max = if echo == Some(Echo::PromptOnly) {
+        1
+    } else {
+        asked
+    };
+    let mut sampling = sampling(&f, vocab, Some(max))?;
     sampling.logprobs = req.logprobs.map(|k| count(k, "logprobs")).transpose()?;
-    let checked = checked(&f, sampling, vocab, COMPLETION_PARAMS)?;
+    // Echoed with log-probabilities: the prompt's tokens carry theirs.
+    sampling.prompt_logprobs = echo.and(sampling.logprobs);
+    let mut checked = checked(&f, sampling, vocab, COMPLETION_PARAMS)?;
+    checked.echo = echo;
     let format = guided::answer_format(req.response_format.as_ref(), req.guided_fields())?;
     let (prompts, empty) = match &req.prompt {
         // Whether a text prompt is empty depends on the tokenizer (a BOS token may be added):
