@@ -15,6 +15,9 @@ pub enum Event {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptLogprobs {
     pub logprobs: Vec<TokenLogprob>,
+    /// Per entry of `logprobs`, its token's rank in the vocabulary at its position (1: the
+    /// most likely; ties share the better rank), as vLLM reports it.
+    pub ranks: Vec<u32>,
 }
 
 /// New output of one choice. `text` never ends inside a UTF-8 character and never contains

@@ -77,7 +77,7 @@ pub(crate) struct Seq {
     pub matcher: Option<ChoiceMatcher>,
     /// While the request's prompt log-probabilities are gathered (choice 0 only): entry `j`
     /// is token `j + 1`'s under the tokens before it. Taken when sent.
-    prompt_logprobs: Option<Vec<TokenLogprob>>,
+    prompt_logprobs: Option<PromptLogprobs>,
     detok: Detokenizer,
     stop: StopMatcher,
     /// Output tokens whose text has not been released yet, with their log-probabilities.
@@ -103,7 +103,10 @@ impl Seq {
         let stop = StopMatcher::new(p.stop.clone(), p.include_stop_str);
         let forks_left = if index == 0 { p.n - 1 } else { 0 };
         let matcher = p.constraint.as_ref().map(|c| c.start());
-        let prompt_logprobs = (index == 0 && p.prompt_logprobs.is_some()).then(Vec::new);
+        let prompt_logprobs = (index == 0 && p.prompt_logprobs.is_some()).then(|| PromptLogprobs {
+            logprobs: Vec::new(),
+            ranks: Vec::new(),
+        });
         Self {
             req,
             index,
@@ -153,7 +156,7 @@ impl Seq {
     /// `p` gives token `p + 1`'s), while some are missing. The prefix cache may supply only
     /// positions before it.
     pub fn prompt_rows_from(&self) -> Option<usize> {
-        let found = self.prompt_logprobs.as_ref()?.len();
+        let found = self.prompt_logprobs.as_ref()?.logprobs.len();
         (found + 1 < self.req.prompt_len).then_some(found)
     }
 
@@ -172,18 +175,17 @@ impl Seq {
         let Some(found) = self.prompt_logprobs.as_mut() else {
             return;
         };
-        while found.len() + 1 < prompt_len && (start..start + n).contains(&found.len()) {
-            let p = found.len();
-            let lp = crate::sampler::logprob_of(row(p - start), self.tokens[p + 1], k);
-            found.push(lp);
+        let mut p = found.logprobs.len();
+        while p + 1 < prompt_len && (start..start + n).contains(&p) {
+            let (r, token) = (row(p - start), self.tokens[p + 1]);
+            found.logprobs.push(crate::sampler::logprob_of(r, token, k));
+            found.ranks.push(sluice_models::logits::rank_of(r, token));
+            p += 1;
         }
-        if found.len() + 1 >= prompt_len {
-            let logprobs = self.prompt_logprobs.take().unwrap_or_default();
+        if p + 1 >= prompt_len {
+            let found = self.prompt_logprobs.take().expect("gathering");
             if !self.muted {
-                let _ = self
-                    .req
-                    .events
-                    .send(Event::Prompt(PromptLogprobs { logprobs }));
+                let _ = self.req.events.send(Event::Prompt(found));
             }
         }
     }

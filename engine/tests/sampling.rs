@@ -261,14 +261,21 @@ fn prompt_logprobs_cover_every_prompt_token() {
     params.n = 2;
     params.temperature = 0.8;
     let got = run(&engine, request(long.clone(), params));
-    let lps = got[0].prompt_logprobs.clone().expect("asked for");
-    assert_eq!(got[1].prompt_logprobs.as_ref(), Some(&lps));
+    let prompt = got[0].prompt_logprobs.clone().expect("asked for");
+    assert_eq!(got[1].prompt_logprobs.as_ref(), Some(&prompt));
     assert_eq!(got[0].usage.cached_prompt_tokens, 0);
-    assert_eq!(lps.len(), long.len() - 1);
-    for (lp, &t) in lps.iter().zip(&long[1..]) {
+    let lps = prompt.logprobs;
+    assert_eq!(
+        (lps.len(), prompt.ranks.len()),
+        (long.len() - 1, long.len() - 1)
+    );
+    for ((lp, &t), &rank) in lps.iter().zip(&long[1..]).zip(&prompt.ranks) {
         assert_eq!(lp.token, t);
         assert!(lp.logprob <= 0.0 && lp.top.len() == 2, "{lp:?}");
         assert!(lp.top[0].1 >= lp.top[1].1 && lp.top[0].1 >= lp.logprob - 1e-6);
+        // Rank 1 is the most likely (the top's first, up to ties); rank 2 the second's.
+        assert_eq!(rank == 1, lp.logprob == lp.top[0].1, "{lp:?} rank {rank}");
+        assert!(rank != 2 || lp.logprob == lp.top[1].1, "{lp:?} rank {rank}");
     }
     for p in [1, 17, 254, 255, 256, 257, long.len() - 2] {
         let want = forced_logprob(&engine, &long[..=p], long[p + 1]);
@@ -278,7 +285,8 @@ fn prompt_logprobs_cover_every_prompt_token() {
     let mut one = SamplingParams::greedy(1);
     one.prompt_logprobs = Some(0);
     let got = run(&engine, request(long[..1].to_vec(), one)).remove(0);
-    assert_eq!(got.prompt_logprobs, Some(Vec::new()));
+    let empty = got.prompt_logprobs.unwrap();
+    assert!(empty.logprobs.is_empty() && empty.ranks.is_empty());
 }
 
 /// Prompt log-probabilities under preemption by recompute: in a pool far too small, each
@@ -308,10 +316,8 @@ fn prompt_logprobs_survive_preemption() {
         .collect();
     for (i, (s, want)) in streams.into_iter().zip(&solo).enumerate() {
         let got = collect(s, 1).remove(0);
-        let (got, want) = (
-            got.prompt_logprobs.unwrap(),
-            want.prompt_logprobs.clone().unwrap(),
-        );
+        let got = got.prompt_logprobs.unwrap().logprobs;
+        let want = want.prompt_logprobs.clone().unwrap().logprobs;
         assert_eq!(got.len(), reqs[i].prompt.len() - 1, "request {i}");
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g.token, w.token, "request {i}");

@@ -96,6 +96,13 @@ pub fn top_k(logits: &[f32], k: usize) -> Vec<u32> {
     best.into_iter().map(|(_, i)| i).collect()
 }
 
+/// `token`'s rank in the row: 1 for the most likely, 1 + the ids strictly more likely
+/// otherwise (ties share the better rank; NaN counts as less likely), as vLLM reports ranks.
+pub fn rank_of(logits: &[f32], token: u32) -> u32 {
+    let v = logits[token as usize];
+    1 + logits.iter().filter(|&&x| x > v).count() as u32
+}
+
 /// The `k` most likely tokens with their log-probabilities, most likely first.
 pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     let top = top_k(logits, k);
@@ -247,6 +254,13 @@ pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rank_counts_the_ids_strictly_more_likely() {
+        let logits = [1.0, 3.0, 2.0, 3.0, f32::NAN];
+        let ranks: Vec<u32> = (0..4).map(|t| rank_of(&logits, t)).collect();
+        assert_eq!(ranks, [4, 1, 3, 1]);
+    }
 
     #[test]
     fn top_k_is_sorted_and_normalised() {

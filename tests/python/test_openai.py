@@ -169,6 +169,37 @@ def test_echo_with_logprobs_scores_the_prompt(client, server):
     assert status == 400 and b["error"]["param"] == "max_tokens", b
 
 
+def test_vllm_prompt_logprobs_rank_every_prompt_token(client, server):
+    """vLLM's `prompt_logprobs`: per choice on completions, beside the choices on chat;
+    `null` for the first prompt token, then per token a map from token id to log-probability,
+    rank and text holding the token itself (its log-probability the one echo reports) and its
+    position's k most likely (ranks 1..k); refused with `stream`, as vLLM refuses it."""
+    text = "The capital of France is Paris"
+    ids = raw(server.url, "/tokenize", {"prompt": text})[2]["tokens"]
+    status, _, b = raw(server.url, "/v1/completions", {
+        "model": MODEL, "prompt": text, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2,
+        "echo": True, "logprobs": 1})
+    assert status == 200, b
+    ranked, echoed = b["choices"][0]["prompt_logprobs"], b["choices"][0]["logprobs"]
+    assert len(ranked) == len(ids) and ranked[0] is None
+    for j in range(1, len(ids)):
+        entry, own = ranked[j], ranked[j][str(ids[j])]
+        assert own["logprob"] == pytest.approx(echoed["token_logprobs"][j], abs=1e-6)
+        assert own["decoded_token"] == echoed["tokens"][j]
+        others = sorted(v["rank"] for k, v in entry.items() if k != str(ids[j]))
+        assert others == ([1, 2] if own["rank"] > 2 else [r for r in (1, 2) if r != own["rank"]])
+        assert all(v["logprob"] <= 0 for v in entry.values())
+    chat_ids = raw(server.url, "/tokenize", {"messages": MESSAGES})[2]["tokens"]
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
+                                       extra_body={"prompt_logprobs": 0})
+    ranked = r.model_extra["prompt_logprobs"]
+    assert len(ranked) == len(chat_ids) and ranked[0] is None
+    assert all(list(e) == [str(t)] for e, t in zip(ranked[1:], chat_ids[1:]))
+    status, _, b = raw(server.url, "/v1/chat/completions", {
+        "model": MODEL, "messages": MESSAGES, "stream": True, "prompt_logprobs": 1})
+    assert status == 400 and b["error"]["param"] == "prompt_logprobs", b
+
+
 BEGUN = [{"role": "user", "content": "What is the capital of France?"},
          {"role": "assistant", "content": "Sure! The capital of France is"}]
 
@@ -220,7 +251,6 @@ def test_continue_final_message_refusals_name_it(server, extra, messages, says):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ({"bad_words": ["the"]}, "bad_words"),
     ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
     ({"use_beam_search": True}, "use_beam_search"),

@@ -6,8 +6,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use sluice_engine::{
-    Engine, EngineConfig, EngineHandle, Event, FinishReason, MatchedStop, Request, SamplingParams,
-    TokenLogprob, Usage,
+    Engine, EngineConfig, EngineHandle, Event, FinishReason, MatchedStop, PromptLogprobs, Request,
+    SamplingParams, TokenLogprob, Usage,
 };
 use sluice_models::{registry, Backend, Model, ModelOptions};
 
@@ -104,7 +104,7 @@ pub struct Choice {
     pub matched: Option<MatchedStop>,
     pub usage: Usage,
     /// The request's prompt log-probabilities, when it asked (the same in every choice).
-    pub prompt_logprobs: Option<Vec<TokenLogprob>>,
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// Collects a stream until every choice finished; prompt log-probabilities must come once,
@@ -122,7 +122,7 @@ pub fn collect(mut stream: sluice_engine::EventStream, n: usize) -> Vec<Choice> 
             Event::Prompt(p) => {
                 let nothing_yet = partial.iter().all(|p| p.0.is_empty()) && done == 0;
                 assert!(nothing_yet && prompt_logprobs.is_none(), "late or repeated");
-                prompt_logprobs = Some(p.logprobs);
+                prompt_logprobs = Some(p);
             }
             Event::Delta(d) => {
                 assert!(choices[d.index].is_none(), "delta after finish");

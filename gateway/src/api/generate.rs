@@ -14,17 +14,17 @@ use axum::body::{Body, Bytes};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, BoxStream, StreamExt};
-use sluice_engine::{Delta, Event, EventStream, FinishReason, TokenLogprob, Usage};
+use sluice_engine::{Delta, Event, EventStream, FinishReason, PromptLogprobs, TokenLogprob, Usage};
 use sluice_models::tokenizer::Tokenizer;
 use sluice_models::Model;
 
+use crate::api::logprobs::{self, chat_logprobs, completion_logprobs, piece};
 use crate::api::scope::RequestScope;
 use crate::api::sse;
 use crate::api::tools::{self, CallReader};
 use crate::api::types::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
-    ChatLogprobs, ChatTokenLogprob, Completion, CompletionChoice, CompletionLogprobs,
-    PromptTokensDetails, TopLogprobOut, UsageOut,
+    Completion, CompletionChoice, CompletionLogprobs, PromptTokensDetails, RankedLogprob, UsageOut,
 };
 use crate::error::ApiError;
 
@@ -46,6 +46,8 @@ pub struct Head {
     pub resumed: bool,
     /// Completions' `echo` (never on a continuation: the client has had the prompt).
     pub echo: Option<Echoed>,
+    /// vLLM's `prompt_logprobs`: the alternatives each prompt token's entry lists.
+    pub ranked_prompt: Option<usize>,
 }
 
 /// Completions' `echo`, as the answer needs it.
@@ -60,6 +62,14 @@ pub struct Echoed {
 impl Head {
     fn tok(&self) -> &Tokenizer {
         self.tokenizer.tokenizer()
+    }
+
+    /// vLLM's `prompt_logprobs` of a choice's prompt, when the request asked.
+    fn ranked(&self, a: &Acc) -> Option<Vec<Option<HashMap<String, RankedLogprob>>>> {
+        let k = self.ranked_prompt?;
+        a.prompt
+            .as_ref()
+            .map(|p| logprobs::ranked_prompt(self.tok(), p, k))
     }
 
     /// `"usage": null` on every chunk when usage is asked for, absent otherwise.
@@ -94,7 +104,7 @@ pub trait Render: Send + Sized + 'static {
     fn resumed(&mut self, _i: usize, _ids: &[u32]) {}
 
     /// The chunk carrying prompt `p`'s log-probabilities, if the answer shows them.
-    fn prompt(&mut self, _p: usize, _lps: &[TokenLogprob]) -> Option<Bytes> {
+    fn prompt(&mut self, _p: usize, _lps: &PromptLogprobs) -> Option<Bytes> {
         None
     }
 
@@ -282,6 +292,7 @@ impl Render for ChatRender {
     }
 
     fn body(self, choices: Vec<Acc>, usage: UsageOut) -> Response {
+        let ranked = choices.first().and_then(|a| self.head.ranked(a));
         let choices = choices
             .into_iter()
             .enumerate()
@@ -305,6 +316,7 @@ impl Render for ChatRender {
             choices,
             usage,
             system_fingerprint: None,
+            prompt_logprobs: ranked,
             id: head.id,
             created: head.created,
             model: head.model,
@@ -338,10 +350,11 @@ impl TextRender {
             text: text.clone(),
             logprobs: self.head.logprobs.then(|| {
                 let mut out = CompletionLogprobs::default();
-                prompt_logprobs(self.head.tok(), ids, lps, &mut out);
+                logprobs::echoed_prompt(self.head.tok(), ids, lps, &mut out);
                 out
             }),
             finish_reason: None,
+            prompt_logprobs: None,
             token_ids: None,
             sluice_usage: None,
         })
@@ -377,12 +390,12 @@ impl Render for TextRender {
         }
     }
 
-    fn prompt(&mut self, p: usize, lps: &[TokenLogprob]) -> Option<Bytes> {
+    fn prompt(&mut self, p: usize, lps: &PromptLogprobs) -> Option<Bytes> {
         let prompts = self.head.echo.as_ref()?.prompts.len();
         let n = self.offsets.len() / prompts.max(1);
         self.head
             .logprobs
-            .then(|| self.echo_chunk(p * n..(p + 1) * n, lps))
+            .then(|| self.echo_chunk(p * n..(p + 1) * n, &lps.logprobs))
             .flatten()
     }
 
@@ -413,6 +426,7 @@ impl Render for TextRender {
             text: d.text,
             logprobs,
             finish_reason: None,
+            prompt_logprobs: None,
             token_ids: self.head.token_ids.then_some(d.token_ids),
             sluice_usage: None,
         }
@@ -430,6 +444,7 @@ impl Render for TextRender {
             text: String::new(),
             logprobs: None,
             finish_reason: Some(reason),
+            prompt_logprobs: None,
             token_ids: None,
             sluice_usage: usage,
         }
@@ -440,7 +455,8 @@ impl Render for TextRender {
             .into_iter()
             .enumerate()
             .map(|(i, a)| {
-                let echo = self.echo_choice(i, a.prompt.as_deref().unwrap_or_default());
+                let prompt = a.prompt.as_ref().map_or(&[][..], |p| &p.logprobs[..]);
+                let echo = self.echo_choice(i, prompt);
                 let mut logprobs = echo.as_ref().and_then(|e| e.logprobs.clone());
                 if self.head.logprobs {
                     let out = logprobs.get_or_insert_with(CompletionLogprobs::default);
@@ -450,6 +466,7 @@ impl Render for TextRender {
                 CompletionChoice {
                     index: i,
                     logprobs,
+                    prompt_logprobs: self.head.ranked(&a),
                     text: echo.map_or(String::new(), |e| e.text) + &a.text,
                     finish_reason: a.finish.as_ref().map(finish_label),
                     token_ids: None,
@@ -503,81 +520,6 @@ impl UsageSum {
         }
         self.total.completion_tokens += u.completion_tokens;
     }
-}
-
-fn piece(tok: &Tokenizer, id: u32) -> String {
-    tok.token_to_piece(id).unwrap_or_default()
-}
-
-fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprob]) -> ChatLogprobs {
-    ChatLogprobs {
-        content: lps
-            .iter()
-            .map(|lp| {
-                let token = piece(tok, lp.token);
-                ChatTokenLogprob {
-                    bytes: tok.token_bytes(lp.token).0,
-                    token,
-                    logprob: lp.logprob,
-                    top_logprobs: lp
-                        .top
-                        .iter()
-                        .map(|&(id, l)| {
-                            let t = piece(tok, id);
-                            TopLogprobOut {
-                                bytes: tok.token_bytes(id).0,
-                                token: t,
-                                logprob: l,
-                            }
-                        })
-                        .collect(),
-                }
-            })
-            .collect(),
-    }
-}
-
-/// Appends tokens to the completions logprobs shape; `offset` is the text length so far.
-fn completion_logprobs(
-    tok: &Tokenizer,
-    lps: &[TokenLogprob],
-    offset: &mut usize,
-    out: &mut CompletionLogprobs,
-) {
-    for lp in lps {
-        let t = piece(tok, lp.token);
-        out.text_offset.push(*offset);
-        *offset += t.len();
-        out.tokens.push(t);
-        out.token_logprobs.push(Some(lp.logprob));
-        out.top_logprobs.push(Some(top_pieces(tok, lp)));
-    }
-}
-
-/// An echoed prompt's tokens in the completions logprobs shape: the first has no
-/// log-probability (nothing comes before it), the others `lps`' (the engine's, from the
-/// second token on). Offsets run over the tokens' text from 0.
-fn prompt_logprobs(
-    tok: &Tokenizer,
-    ids: &[u32],
-    lps: &[TokenLogprob],
-    out: &mut CompletionLogprobs,
-) {
-    let mut offset = 0;
-    for (j, &id) in ids.iter().enumerate() {
-        let t = piece(tok, id);
-        out.text_offset.push(offset);
-        offset += t.len();
-        out.tokens.push(t);
-        let lp = j.checked_sub(1).and_then(|k| lps.get(k));
-        out.token_logprobs.push(lp.map(|lp| lp.logprob));
-        out.top_logprobs.push(lp.map(|lp| top_pieces(tok, lp)));
-    }
-}
-
-/// A token's alternatives by their text.
-fn top_pieces(tok: &Tokenizer, lp: &TokenLogprob) -> HashMap<String, f32> {
-    lp.top.iter().map(|&(id, l)| (piece(tok, id), l)).collect()
 }
 
 /// All prompts' events in one stream, tagged with the prompt's index.
@@ -669,8 +611,9 @@ pub struct Acc {
     pub text: String,
     pub lps: Vec<TokenLogprob>,
     pub finish: Option<FinishReason>,
-    /// The prompt's log-probabilities, when the request asked (echo with logprobs).
-    pub prompt: Option<Vec<TokenLogprob>>,
+    /// The prompt's log-probabilities, when the request asked (echo with logprobs, vLLM's
+    /// `prompt_logprobs`).
+    pub prompt: Option<PromptLogprobs>,
 }
 
 /// Everything needed to answer one accepted request.
@@ -698,7 +641,7 @@ struct Choices {
 /// What one event means for the response.
 enum Step {
     /// Prompt `p`'s log-probabilities.
-    Prompt(usize, Vec<TokenLogprob>),
+    Prompt(usize, PromptLogprobs),
     Delta(usize, Delta),
     Finish(usize, FinishReason, Usage),
 }
@@ -730,7 +673,7 @@ impl Choices {
         loop {
             let (p, ev) = self.events.next().await?;
             return Ok(match ev {
-                Event::Prompt(lps) => Step::Prompt(p, lps.logprobs),
+                Event::Prompt(lps) => Step::Prompt(p, lps),
                 Event::Delta(_) if self.prompt_only => continue,
                 Event::Delta(d) => Step::Delta(choice_index(p, self.n, d.index), d),
                 Event::Finish(mut f) => {

@@ -8,6 +8,7 @@ mod gate;
 pub mod generate;
 mod guided;
 pub mod internal;
+mod logprobs;
 mod pipeline;
 pub mod proxy;
 mod resume;

@@ -233,6 +233,7 @@ async fn start_local<E: Endpoint>(
         token_ids: internal.token_ids,
         resumed: resumed.is_some(),
         echo,
+        ranked_prompt: checked.ranked_prompt,
     };
     let n = checked.sampling.n;
     let mut render = E::Render::new(head, streams.len() * n);

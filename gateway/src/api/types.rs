@@ -95,10 +95,12 @@ macro_rules! with_sampling_fields {
             pub structured_outputs: Option<Value>,
             /// Extension (vLLM): keep the stop string that ended a choice in its text.
             pub include_stop_str_in_output: Option<bool>,
+            /// Extension (vLLM): each prompt token's log-probability, rank and this many
+            /// most likely alternatives (0..=20), as `prompt_logprobs` (per choice on
+            /// completions, beside the choices on chat). Not streamed.
+            pub prompt_logprobs: Option<i64>,
             /// vLLM extensions sluice does not implement, refused by name unless sent at their
             /// default (see `validate::refuse_unimplemented`).
-            #[schema(value_type = Option<Object>)]
-            pub prompt_logprobs: Option<Value>,
             #[schema(value_type = Option<Object>)]
             pub bad_words: Option<Value>,
             #[schema(value_type = Option<Object>)]
@@ -137,15 +139,14 @@ macro_rules! with_sampling_fields {
                     stop_token_ids: self.stop_token_ids.clone(),
                     skip_special_tokens: self.skip_special_tokens,
                     include_stop_str_in_output: self.include_stop_str_in_output,
+                    prompt_logprobs: self.prompt_logprobs,
                 }
             }
 
             /// vLLM's extensions sluice does not implement, with their names, for
             /// `validate::refuse_unimplemented`.
-            pub fn unimplemented_fields(&self) -> [(&'static str, Option<&Value>); 7] {
-                [
-                    ("prompt_logprobs", self.prompt_logprobs.as_ref()),
-                    ("bad_words", self.bad_words.as_ref()),
+            pub fn unimplemented_fields(&self) -> [(&'static str, Option<&Value>); 6] {
+                [                    ("bad_words", self.bad_words.as_ref()),
                     ("allowed_token_ids", self.allowed_token_ids.as_ref()),
                     ("return_tokens_as_token_ids", self.return_tokens_as_token_ids.as_ref()),
                     ("use_beam_search", self.use_beam_search.as_ref()),
@@ -192,6 +193,7 @@ pub struct SamplingFields {
     pub stop_token_ids: Option<Vec<i64>>,
     pub skip_special_tokens: Option<bool>,
     pub include_stop_str_in_output: Option<bool>,
+    pub prompt_logprobs: Option<i64>,
 }
 
 /// vLLM's structured-output fields of either request, as parsed.
@@ -442,6 +444,18 @@ pub struct ChatCompletion {
     pub choices: Vec<ChatChoice>,
     pub usage: UsageOut,
     pub system_fingerprint: Option<String>,
+    /// Extension (vLLM): the prompt's, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<HashMap<String, RankedLogprob>>>>,
+}
+
+/// One entry of vLLM's `prompt_logprobs`, keyed by token id.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RankedLogprob {
+    pub logprob: f32,
+    /// 1 for the most likely token at its position.
+    pub rank: u32,
+    pub decoded_token: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
@@ -499,6 +513,9 @@ pub struct CompletionChoice {
     pub text: String,
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// Extension (vLLM): the prompt's, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<HashMap<String, RankedLogprob>>>>,
     /// Internal (`X-Sluice-Token-Ids`): the tokens of this piece, for a routing gateway.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]

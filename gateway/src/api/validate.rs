@@ -114,7 +114,10 @@ fn sampling(
         seed: f.seed.map(|s| s as u64),
         n: count(f.n.unwrap_or(1), "n")?,
         logprobs: None,
-        prompt_logprobs: None,
+        prompt_logprobs: f
+            .prompt_logprobs
+            .map(|k| count(k, "prompt_logprobs"))
+            .transpose()?,
         max_tokens: max_tokens.map(|m| count(m, "max_tokens")).transpose()?,
         min_tokens: count(f.min_tokens.unwrap_or(0), "min_tokens")?,
         ignore_eos: f.ignore_eos.unwrap_or(false),
@@ -135,6 +138,8 @@ pub struct Checked {
     pub include_usage: bool,
     /// Completions' `echo`.
     pub echo: Option<Echo>,
+    /// vLLM's `prompt_logprobs`: the alternatives each prompt token's entry lists.
+    pub ranked_prompt: Option<usize>,
 }
 
 /// Completions' `echo`: each choice's text begins with its prompt.
@@ -156,9 +161,18 @@ fn checked(
     params: Params,
 ) -> Result<Checked, ApiError> {
     sampling.check(vocab).map_err(|e| params.invalid(&e))?;
+    let stream = f.stream.unwrap_or(false);
+    if stream && f.prompt_logprobs.is_some() {
+        return Err(ApiError::bad(
+            "'prompt_logprobs' are not available when 'stream' is true (as in vLLM)",
+            "prompt_logprobs",
+        ));
+    }
     Ok(Checked {
         priority: priority(f)?,
-        stream: f.stream.unwrap_or(false),
+        // In range: `sampling` took it through `count` and the engine's check.
+        ranked_prompt: f.prompt_logprobs.map(|k| k as usize),
+        stream,
         include_usage: f
             .stream_options
             .as_ref()
@@ -555,8 +569,11 @@ pub fn completion_checked(
     };
     let mut sampling = sampling(&f, vocab, Some(max))?;
     sampling.logprobs = req.logprobs.map(|k| count(k, "logprobs")).transpose()?;
-    // Echoed with log-probabilities: the prompt's tokens carry theirs.
-    sampling.prompt_logprobs = echo.and(sampling.logprobs);
+    // Echoed with log-probabilities: the prompt's tokens carry theirs (as many alternatives
+    // as either field asks).
+    if let Some(k) = echo.and(sampling.logprobs) {
+        sampling.prompt_logprobs = Some(sampling.prompt_logprobs.map_or(k, |v| v.max(k)));
+    }
     let mut checked = checked(&f, sampling, vocab, COMPLETION_PARAMS)?;
     checked.echo = echo;
     let format = guided::answer_format(req.response_format.as_ref(), req.guided_fields())?;
