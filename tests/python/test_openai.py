@@ -200,6 +200,46 @@ def test_vllm_prompt_logprobs_rank_every_prompt_token(client, server):
     assert status == 400 and b["error"]["param"] == "prompt_logprobs", b
 
 
+def test_vllm_truncate_prompt_tokens_and_token_ids(client, server):
+    """vLLM's `truncate_prompt_tokens: k` keeps the prompt's last k tokens (the reply is what
+    those k tokens alone give; -1 leaves a prompt within the context whole; 0, -2 and more
+    than the context are 400s naming it). `return_tokens_as_token_ids` names the
+    log-probabilities' tokens `token_id:<id>` (the ids of the text, the same figures and
+    offsets; chat's `bytes` are the name's)."""
+    text = "One, two, three, four, five, six, seven, eight"
+    ids = raw(server.url, "/tokenize", {"prompt": text})[2]["tokens"]
+    base = dict(model=MODEL, max_tokens=6, temperature=0)
+    cut = client.completions.create(prompt=text, extra_body={"truncate_prompt_tokens": 5}, **base)
+    assert cut.usage.prompt_tokens == 5
+    alone = client.completions.create(prompt=ids[-5:], **base)
+    assert cut.choices[0].text == alone.choices[0].text
+    whole = client.completions.create(prompt=text, extra_body={"truncate_prompt_tokens": -1},
+                                      **base)
+    assert whole.usage.prompt_tokens == len(ids)
+    chat = client.chat.completions.create(messages=MESSAGES,
+                                          extra_body={"truncate_prompt_tokens": 4}, **base)
+    assert chat.usage.prompt_tokens == 4
+    for bad in (0, -2, 5000):
+        status, _, b = raw(server.url, "/v1/completions",
+                           {"model": MODEL, "prompt": text, "truncate_prompt_tokens": bad})
+        assert status == 400 and b["error"]["param"] == "truncate_prompt_tokens", b
+    by_text = client.completions.create(prompt=text, logprobs=2, **base).choices[0]
+    by_id = client.completions.create(prompt=text, logprobs=2, **base,
+                                      extra_body={"return_tokens_as_token_ids": True}).choices[0]
+    assert by_id.text == by_text.text
+    named = [int(t.removeprefix("token_id:")) for t in by_id.logprobs.tokens]
+    assert all(t.startswith("token_id:") for t in by_id.logprobs.tokens)
+    assert raw(server.url, "/detokenize", {"tokens": named})[2]["prompt"] == by_text.text
+    assert by_id.logprobs.token_logprobs == by_text.logprobs.token_logprobs
+    assert by_id.logprobs.text_offset == by_text.logprobs.text_offset
+    assert all(all(k.startswith("token_id:") for k in top) for top in by_id.logprobs.top_logprobs)
+    c = client.chat.completions.create(messages=MESSAGES, logprobs=True, top_logprobs=2, **base,
+                                       extra_body={"return_tokens_as_token_ids": True})
+    for lp in c.choices[0].logprobs.content:
+        assert lp.token.startswith("token_id:") and lp.bytes == list(lp.token.encode())
+        assert all(t.token.startswith("token_id:") for t in lp.top_logprobs)
+
+
 BEGUN = [{"role": "user", "content": "What is the capital of France?"},
          {"role": "assistant", "content": "Sure! The capital of France is"}]
 
@@ -254,7 +294,6 @@ def test_continue_final_message_refusals_name_it(server, extra, messages, says):
     ({"bad_words": ["the"]}, "bad_words"),
     ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
     ({"use_beam_search": True}, "use_beam_search"),
-    ({"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
     ({"echo": True}, "echo"),
     ({"chat_template": "{{ messages }}"}, "chat_template"),
     ({"modalities": ["text", "audio"]}, "modalities"),

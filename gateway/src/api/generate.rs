@@ -18,7 +18,7 @@ use sluice_engine::{Delta, Event, EventStream, FinishReason, PromptLogprobs, Tok
 use sluice_models::tokenizer::Tokenizer;
 use sluice_models::Model;
 
-use crate::api::logprobs::{self, chat_logprobs, completion_logprobs, piece};
+use crate::api::logprobs::{self, chat_logprobs, completion_logprobs, piece, Names};
 use crate::api::scope::RequestScope;
 use crate::api::sse;
 use crate::api::tools::{self, CallReader};
@@ -48,6 +48,8 @@ pub struct Head {
     pub echo: Option<Echoed>,
     /// vLLM's `prompt_logprobs`: the alternatives each prompt token's entry lists.
     pub ranked_prompt: Option<usize>,
+    /// vLLM's `return_tokens_as_token_ids`: log-probabilities name tokens `token_id:<id>`.
+    pub token_names_as_ids: bool,
 }
 
 /// Completions' `echo`, as the answer needs it.
@@ -62,6 +64,13 @@ pub struct Echoed {
 impl Head {
     fn tok(&self) -> &Tokenizer {
         self.tokenizer.tokenizer()
+    }
+
+    fn names(&self) -> Names<'_> {
+        Names {
+            tok: self.tok(),
+            ids: self.token_names_as_ids,
+        }
     }
 
     /// vLLM's `prompt_logprobs` of a choice's prompt, when the request asked.
@@ -220,7 +229,7 @@ impl Render for ChatRender {
         let logprobs = self
             .head
             .logprobs
-            .then(|| chat_logprobs(self.head.tok(), &d.logprobs));
+            .then(|| chat_logprobs(self.head.names(), &d.logprobs));
         let delta = match self.readers.get_mut(i) {
             None => ChatDelta {
                 role: None,
@@ -300,7 +309,7 @@ impl Render for ChatRender {
                 let logprobs = self
                     .head
                     .logprobs
-                    .then(|| chat_logprobs(self.head.tok(), &a.lps));
+                    .then(|| chat_logprobs(self.head.names(), &a.lps));
                 let (message, finish_reason) = self.message(a);
                 ChatChoice {
                     index: i,
@@ -350,7 +359,7 @@ impl TextRender {
             text: text.clone(),
             logprobs: self.head.logprobs.then(|| {
                 let mut out = CompletionLogprobs::default();
-                logprobs::echoed_prompt(self.head.tok(), ids, lps, &mut out);
+                logprobs::echoed_prompt(self.head.names(), ids, lps, &mut out);
                 out
             }),
             finish_reason: None,
@@ -418,7 +427,12 @@ impl Render for TextRender {
     fn delta_choice(&mut self, i: usize, d: Delta) -> CompletionChoice {
         let logprobs = self.head.logprobs.then(|| {
             let mut out = CompletionLogprobs::default();
-            completion_logprobs(self.head.tok(), &d.logprobs, &mut self.offsets[i], &mut out);
+            completion_logprobs(
+                self.head.names(),
+                &d.logprobs,
+                &mut self.offsets[i],
+                &mut out,
+            );
             out
         });
         CompletionChoice {
@@ -461,7 +475,7 @@ impl Render for TextRender {
                 if self.head.logprobs {
                     let out = logprobs.get_or_insert_with(CompletionLogprobs::default);
                     let mut offset = self.offsets[i];
-                    completion_logprobs(self.head.tok(), &a.lps, &mut offset, out);
+                    completion_logprobs(self.head.names(), &a.lps, &mut offset, out);
                 }
                 CompletionChoice {
                     index: i,

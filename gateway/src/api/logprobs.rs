@@ -10,52 +10,79 @@ use crate::api::types::{
     ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, RankedLogprob, TopLogprobOut,
 };
 
+/// A token's text (its piece of the output), whatever the request asked its name to be.
 pub fn piece(tok: &Tokenizer, id: u32) -> String {
     tok.token_to_piece(id).unwrap_or_default()
 }
 
-pub fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprob]) -> ChatLogprobs {
+/// How log-probabilities name tokens: by their text, or with vLLM's
+/// `return_tokens_as_token_ids` as `token_id:<id>` (exact where a piece of text is not: a
+/// token that is part of a character, or two tokens with the same text).
+#[derive(Clone, Copy)]
+pub struct Names<'a> {
+    pub tok: &'a Tokenizer,
+    pub ids: bool,
+}
+
+impl Names<'_> {
+    fn name(&self, id: u32) -> String {
+        match self.ids {
+            true => format!("token_id:{id}"),
+            false => piece(self.tok, id),
+        }
+    }
+
+    /// The name's UTF-8 bytes; by text, the token's own bytes (a part of a character
+    /// included), as OpenAI's `bytes`.
+    fn bytes(&self, id: u32, name: &str) -> Vec<u8> {
+        match self.ids {
+            true => name.as_bytes().to_vec(),
+            false => self.tok.token_bytes(id).0,
+        }
+    }
+
+    /// A token's alternatives by name.
+    fn top(&self, lp: &TokenLogprob) -> HashMap<String, f32> {
+        lp.top.iter().map(|&(id, l)| (self.name(id), l)).collect()
+    }
+}
+
+pub fn chat_logprobs(names: Names<'_>, lps: &[TokenLogprob]) -> ChatLogprobs {
+    let out = |id: u32, logprob: f32| {
+        let token = names.name(id);
+        TopLogprobOut {
+            bytes: names.bytes(id, &token),
+            token,
+            logprob,
+        }
+    };
+    let content = lps.iter().map(|lp| {
+        let own = out(lp.token, lp.logprob);
+        ChatTokenLogprob {
+            token: own.token,
+            bytes: own.bytes,
+            logprob: lp.logprob,
+            top_logprobs: lp.top.iter().map(|&(id, l)| out(id, l)).collect(),
+        }
+    });
     ChatLogprobs {
-        content: lps
-            .iter()
-            .map(|lp| {
-                let token = piece(tok, lp.token);
-                ChatTokenLogprob {
-                    bytes: tok.token_bytes(lp.token).0,
-                    token,
-                    logprob: lp.logprob,
-                    top_logprobs: lp
-                        .top
-                        .iter()
-                        .map(|&(id, l)| {
-                            let t = piece(tok, id);
-                            TopLogprobOut {
-                                bytes: tok.token_bytes(id).0,
-                                token: t,
-                                logprob: l,
-                            }
-                        })
-                        .collect(),
-                }
-            })
-            .collect(),
+        content: content.collect(),
     }
 }
 
 /// Appends tokens to the completions logprobs shape; `offset` is the text length so far.
 pub fn completion_logprobs(
-    tok: &Tokenizer,
+    names: Names<'_>,
     lps: &[TokenLogprob],
     offset: &mut usize,
     out: &mut CompletionLogprobs,
 ) {
     for lp in lps {
-        let t = piece(tok, lp.token);
         out.text_offset.push(*offset);
-        *offset += t.len();
-        out.tokens.push(t);
+        *offset += piece(names.tok, lp.token).len();
+        out.tokens.push(names.name(lp.token));
         out.token_logprobs.push(Some(lp.logprob));
-        out.top_logprobs.push(Some(top_pieces(tok, lp)));
+        out.top_logprobs.push(Some(names.top(lp)));
     }
 }
 
@@ -63,26 +90,20 @@ pub fn completion_logprobs(
 /// log-probability (nothing comes before it), the others `lps`' (the engine's, from the
 /// second token on). Offsets run over the tokens' text from 0.
 pub fn echoed_prompt(
-    tok: &Tokenizer,
+    names: Names<'_>,
     ids: &[u32],
     lps: &[TokenLogprob],
     out: &mut CompletionLogprobs,
 ) {
     let mut offset = 0;
     for (j, &id) in ids.iter().enumerate() {
-        let t = piece(tok, id);
         out.text_offset.push(offset);
-        offset += t.len();
-        out.tokens.push(t);
+        offset += piece(names.tok, id).len();
+        out.tokens.push(names.name(id));
         let lp = j.checked_sub(1).and_then(|k| lps.get(k));
         out.token_logprobs.push(lp.map(|lp| lp.logprob));
-        out.top_logprobs.push(lp.map(|lp| top_pieces(tok, lp)));
+        out.top_logprobs.push(lp.map(|lp| names.top(lp)));
     }
-}
-
-/// A token's alternatives by their text.
-fn top_pieces(tok: &Tokenizer, lp: &TokenLogprob) -> HashMap<String, f32> {
-    lp.top.iter().map(|&(id, l)| (piece(tok, id), l)).collect()
 }
 
 /// vLLM's `prompt_logprobs`: `null` for the first prompt token (nothing comes before it),

@@ -191,7 +191,14 @@ async fn start_local<E: Endpoint>(
     let (mut checked, prompt) = req.check(Some(model.config().vocab_size))?;
     let grammar = E::grammar(&prompt);
     let tool_calls = E::tool_calls(&prompt);
-    let prompts = req.encode(prompt, model)?;
+    let mut prompts = req.encode(prompt, model)?;
+    if let Some(t) = checked.truncate {
+        let max = backend.max_model_len();
+        prompts = prompts
+            .into_iter()
+            .map(|p| t.apply(p, max))
+            .collect::<Result<_, _>>()?;
+    }
     let (prompts, resume) = resumed(prompts, &mut checked, internal.resume)?;
     // A continuation's client has had the prompt.
     let echo = match checked.echo.filter(|_| resume.is_none()) {
@@ -234,6 +241,7 @@ async fn start_local<E: Endpoint>(
         resumed: resumed.is_some(),
         echo,
         ranked_prompt: checked.ranked_prompt,
+        token_names_as_ids: checked.token_names_as_ids,
     };
     let n = checked.sampling.n;
     let mut render = E::Render::new(head, streams.len() * n);

@@ -99,6 +99,11 @@ macro_rules! with_sampling_fields {
             /// most likely alternatives (0..=20), as `prompt_logprobs` (per choice on
             /// completions, beside the choices on chat). Not streamed.
             pub prompt_logprobs: Option<i64>,
+            /// Extension (vLLM): log-probabilities name tokens `token_id:<id>`, not by text.
+            pub return_tokens_as_token_ids: Option<bool>,
+            /// Extension (vLLM): keep only the prompt's last k tokens (-1: the model's
+            /// context length), cut after rendering and tokenising.
+            pub truncate_prompt_tokens: Option<i64>,
             /// vLLM extensions sluice does not implement, refused by name unless sent at their
             /// default (see `validate::refuse_unimplemented`).
             #[schema(value_type = Option<Object>)]
@@ -106,13 +111,9 @@ macro_rules! with_sampling_fields {
             #[schema(value_type = Option<Object>)]
             pub allowed_token_ids: Option<Value>,
             #[schema(value_type = Option<Object>)]
-            pub return_tokens_as_token_ids: Option<Value>,
-            #[schema(value_type = Option<Object>)]
             pub use_beam_search: Option<Value>,
             #[schema(value_type = Option<Object>)]
             pub length_penalty: Option<Value>,
-            #[schema(value_type = Option<Object>)]
-            pub truncate_prompt_tokens: Option<Value>,
         }
 
         impl $name {
@@ -140,18 +141,18 @@ macro_rules! with_sampling_fields {
                     skip_special_tokens: self.skip_special_tokens,
                     include_stop_str_in_output: self.include_stop_str_in_output,
                     prompt_logprobs: self.prompt_logprobs,
+                    return_tokens_as_token_ids: self.return_tokens_as_token_ids,
+                    truncate_prompt_tokens: self.truncate_prompt_tokens,
                 }
             }
 
             /// vLLM's extensions sluice does not implement, with their names, for
             /// `validate::refuse_unimplemented`.
-            pub fn unimplemented_fields(&self) -> [(&'static str, Option<&Value>); 6] {
+            pub fn unimplemented_fields(&self) -> [(&'static str, Option<&Value>); 4] {
                 [                    ("bad_words", self.bad_words.as_ref()),
                     ("allowed_token_ids", self.allowed_token_ids.as_ref()),
-                    ("return_tokens_as_token_ids", self.return_tokens_as_token_ids.as_ref()),
                     ("use_beam_search", self.use_beam_search.as_ref()),
                     ("length_penalty", self.length_penalty.as_ref()),
-                    ("truncate_prompt_tokens", self.truncate_prompt_tokens.as_ref()),
                 ]
             }
 
@@ -194,6 +195,8 @@ pub struct SamplingFields {
     pub skip_special_tokens: Option<bool>,
     pub include_stop_str_in_output: Option<bool>,
     pub prompt_logprobs: Option<i64>,
+    pub return_tokens_as_token_ids: Option<bool>,
+    pub truncate_prompt_tokens: Option<i64>,
 }
 
 /// vLLM's structured-output fields of either request, as parsed.

@@ -140,6 +140,51 @@ pub struct Checked {
     pub echo: Option<Echo>,
     /// vLLM's `prompt_logprobs`: the alternatives each prompt token's entry lists.
     pub ranked_prompt: Option<usize>,
+    /// vLLM's `return_tokens_as_token_ids`.
+    pub token_names_as_ids: bool,
+    /// vLLM's `truncate_prompt_tokens`.
+    pub truncate: Option<Truncate>,
+}
+
+/// vLLM's `truncate_prompt_tokens`: keep only a prompt's last tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Truncate {
+    /// This many.
+    To(usize),
+    /// As many as the model's context holds (`-1`).
+    ToContext,
+}
+
+impl Truncate {
+    fn of(v: Option<i64>) -> Result<Option<Self>, ApiError> {
+        match v {
+            None => Ok(None),
+            Some(-1) => Ok(Some(Self::ToContext)),
+            Some(k) if k >= 1 => Ok(Some(Self::To(k as usize))),
+            Some(k) => Err(ApiError::bad(
+                format!("{k} is not a valid value for 'truncate_prompt_tokens': it must be -1 or at least 1"),
+                "truncate_prompt_tokens",
+            )),
+        }
+    }
+
+    /// `prompt` cut to its last tokens, refusing a count beyond the model's context (as
+    /// vLLM does: such a prompt could not run whole anyway).
+    pub fn apply(self, mut prompt: Vec<u32>, max_model_len: usize) -> Result<Vec<u32>, ApiError> {
+        let keep = match self {
+            Self::To(k) if k > max_model_len => {
+                return Err(ApiError::bad(
+                    format!("'truncate_prompt_tokens' {k} exceeds this model's maximum context length of {max_model_len} tokens"),
+                    "truncate_prompt_tokens",
+                ))
+            }
+            Self::To(k) => k,
+            Self::ToContext => max_model_len,
+        };
+        let cut = prompt.len().saturating_sub(keep);
+        prompt.drain(..cut);
+        Ok(prompt)
+    }
 }
 
 /// Completions' `echo`: each choice's text begins with its prompt.
@@ -172,6 +217,8 @@ fn checked(
         priority: priority(f)?,
         // In range: `sampling` took it through `count` and the engine's check.
         ranked_prompt: f.prompt_logprobs.map(|k| k as usize),
+        token_names_as_ids: f.return_tokens_as_token_ids.unwrap_or(false),
+        truncate: Truncate::of(f.truncate_prompt_tokens)?,
         stream,
         include_usage: f
             .stream_options
