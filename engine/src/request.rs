@@ -82,6 +82,10 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// Strings that end the choice; the text is cut before the match.
     pub stop: Vec<String>,
+    /// Token sequences the output never ends with (vLLM's `bad_words`, tokenised): a
+    /// sequence's last token is held back whenever the output ends with the rest of it (a
+    /// one-token sequence always). Each is non-empty.
+    pub bad_words: Vec<Vec<u32>>,
     /// Keep the stop string that ended the choice at the end of its text (vLLM's
     /// `include_stop_str_in_output`).
     pub include_stop_str: bool,
@@ -113,6 +117,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
+            bad_words: Vec::new(),
             include_stop_str: false,
             skip_special_tokens: true,
             constraint: None,
@@ -141,6 +146,10 @@ pub const MAX_N: usize = 16;
 /// Most stop strings per request.
 pub const MAX_STOP: usize = 8;
 
+/// Most token sequences `bad_words` may hold (each word is tokenised as it starts a text and
+/// after a space: two per word).
+pub const MAX_BAD_WORDS: usize = 256;
+
 /// A request field the engine checks, named in [`Invalid`] so that a caller can report it under
 /// its own API's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -158,6 +167,7 @@ pub enum Field {
     Logprobs,
     /// `SamplingParams::prompt_logprobs`.
     PromptLogprobs,
+    BadWords,
     MaxTokens,
     MinTokens,
     Stop,
@@ -179,6 +189,7 @@ impl Field {
             Self::N => "n",
             Self::Logprobs => "top_logprobs",
             Self::PromptLogprobs => "prompt_logprobs",
+            Self::BadWords => "bad_words",
             Self::MaxTokens => "max_tokens",
             Self::MinTokens => "min_tokens",
             Self::Stop => "stop",
@@ -340,6 +351,21 @@ impl SamplingParams {
         }
         for &t in &self.stop_token_ids {
             in_vocab(Field::StopTokenIds, t, vocab)?;
+        }
+        if self.bad_words.len() > MAX_BAD_WORDS {
+            let n = self.bad_words.len();
+            let rule = format!("has {n} token sequences: at most {MAX_BAD_WORDS} are allowed");
+            return Err(Invalid::new(Field::BadWords, "", rule));
+        }
+        if self.bad_words.iter().any(Vec::is_empty) {
+            return Err(Invalid::new(
+                Field::BadWords,
+                "",
+                "must not hold an empty word",
+            ));
+        }
+        for &t in self.bad_words.iter().flatten() {
+            in_vocab(Field::BadWords, t, vocab)?;
         }
         Ok(())
     }

@@ -208,7 +208,7 @@ impl Seq {
     }
 
     /// Tokens that must not be sampled now: until `min_tokens` exist, the end-of-sequence
-    /// and stop tokens.
+    /// and stop tokens; the token that would complete a bad word.
     pub fn suppressed(&self) -> Vec<u32> {
         let p = &self.req.params;
         let mut s = if self.matcher.is_some() {
@@ -219,6 +219,14 @@ impl Seq {
         if self.output_len() < p.min_tokens {
             s.extend_from_slice(&self.req.eos);
             s.extend_from_slice(&p.stop_token_ids);
+        }
+        let output = &self.tokens[self.req.prompt_len..];
+        for word in &p.bad_words {
+            if let Some((&last, rest)) = word.split_last() {
+                if output.ends_with(rest) {
+                    s.push(last);
+                }
+            }
         }
         s
     }

@@ -225,6 +225,33 @@ fn logprobs_come_with_every_token() {
     }
 }
 
+/// Bad words: the output never holds a banned token sequence (a one-token word is never
+/// chosen, a longer one's last token is held back right after the rest of it), on the host
+/// path and the device-pick path alike; an empty word or a token outside the vocabulary is
+/// refused.
+#[test]
+fn bad_words_are_never_completed() {
+    let engine = start(|_| {});
+    let p = prompt(TOPICS[1]);
+    let free = run(&engine, request(p.clone(), SamplingParams::greedy(24))).remove(0);
+    let ids = free.token_ids.clone();
+    assert!(ids.len() >= 4, "{ids:?}");
+    let (single, pair) = (vec![ids[0]], ids[1..3].to_vec());
+    for logprobs in [None, Some(3)] {
+        let mut params = SamplingParams::greedy(24);
+        params.bad_words = vec![single.clone(), pair.clone()];
+        params.logprobs = logprobs;
+        let got = run(&engine, request(p.clone(), params)).remove(0).token_ids;
+        assert!(!got.contains(&single[0]), "{got:?}");
+        assert!(!got.windows(2).any(|w| w == pair.as_slice()), "{got:?}");
+    }
+    for bad in [vec![Vec::new()], vec![vec![49_152]]] {
+        let mut params = SamplingParams::greedy(4);
+        params.bad_words = bad;
+        assert!(engine.submit(request(p.clone(), params)).is_err());
+    }
+}
+
 /// The log-probability of `next` after `prefix`, found by forcing it: the greedy token under
 /// a +100 bias, whose reported log-probability is the raw one (before bias).
 fn forced_logprob(engine: &sluice_engine::EngineHandle, prefix: &[u32], next: u32) -> f32 {

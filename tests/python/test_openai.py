@@ -240,6 +240,27 @@ def test_vllm_truncate_prompt_tokens_and_token_ids(client, server):
         assert all(t.token.startswith("token_id:") for t in lp.top_logprobs)
 
 
+def test_vllm_bad_words_are_never_written(client, server):
+    """vLLM's `bad_words`: a word of the free greedy answer, banned, appears in the new
+    answer's tokens neither as it starts a text nor after a space (token ids read back with
+    `return_tokens_as_token_ids`); an empty word is a 400 naming the field."""
+    args = dict(model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0,
+                logprobs=0)
+    free = client.completions.create(**args).choices[0].text
+    word = max(free.split(), key=len).strip(".,;:!?")
+    assert len(word) > 2, free
+    r = client.completions.create(**args, extra_body={"bad_words": [word],
+                                                      "return_tokens_as_token_ids": True})
+    out = [int(t.removeprefix("token_id:")) for t in r.choices[0].logprobs.tokens]
+    assert r.choices[0].text != free
+    for variant in (word, " " + word):
+        ids = raw(server.url, "/tokenize", {"prompt": variant})[2]["tokens"]
+        assert all(out[i:i + len(ids)] != ids for i in range(len(out))), (variant, out)
+    status, _, b = raw(server.url, "/v1/completions", {"model": MODEL, "prompt": "Hi",
+                                                        "bad_words": ["  "]})
+    assert status == 400 and b["error"]["param"] == "bad_words", b
+
+
 BEGUN = [{"role": "user", "content": "What is the capital of France?"},
          {"role": "assistant", "content": "Sure! The capital of France is"}]
 
@@ -291,7 +312,6 @@ def test_continue_final_message_refusals_name_it(server, extra, messages, says):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"bad_words": ["the"]}, "bad_words"),
     ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
     ({"use_beam_search": True}, "use_beam_search"),
     ({"echo": True}, "echo"),

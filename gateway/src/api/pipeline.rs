@@ -31,7 +31,7 @@ use super::scope::RequestScope;
 use super::state::{AppState, RequestId};
 use super::tools;
 use super::types::*;
-use super::validate::{Checked, Echo};
+use super::validate::{self, Checked, Echo};
 use crate::backend::{LocalBackend, Target};
 use crate::error::ApiError;
 use crate::router::dispatch::Routed;
@@ -192,6 +192,7 @@ async fn start_local<E: Endpoint>(
     let grammar = E::grammar(&prompt);
     let tool_calls = E::tool_calls(&prompt);
     let mut prompts = req.encode(prompt, model)?;
+    checked.sampling.bad_words = validate::bad_word_ids(&checked.bad_words, model.tokenizer())?;
     if let Some(t) = checked.truncate {
         let max = backend.max_model_len();
         prompts = prompts

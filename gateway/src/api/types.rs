@@ -104,10 +104,11 @@ macro_rules! with_sampling_fields {
             /// Extension (vLLM): keep only the prompt's last k tokens (-1: the model's
             /// context length), cut after rendering and tokenising.
             pub truncate_prompt_tokens: Option<i64>,
+            /// Extension (vLLM): words the output never holds (each as it starts a text and
+            /// after a space, tokenised).
+            pub bad_words: Option<Vec<String>>,
             /// vLLM extensions sluice does not implement, refused by name unless sent at their
             /// default (see `validate::refuse_unimplemented`).
-            #[schema(value_type = Option<Object>)]
-            pub bad_words: Option<Value>,
             #[schema(value_type = Option<Object>)]
             pub allowed_token_ids: Option<Value>,
             #[schema(value_type = Option<Object>)]
@@ -143,13 +144,14 @@ macro_rules! with_sampling_fields {
                     prompt_logprobs: self.prompt_logprobs,
                     return_tokens_as_token_ids: self.return_tokens_as_token_ids,
                     truncate_prompt_tokens: self.truncate_prompt_tokens,
+                    bad_words: self.bad_words.clone(),
                 }
             }
 
             /// vLLM's extensions sluice does not implement, with their names, for
             /// `validate::refuse_unimplemented`.
-            pub fn unimplemented_fields(&self) -> [(&'static str, Option<&Value>); 4] {
-                [                    ("bad_words", self.bad_words.as_ref()),
+            pub fn unimplemented_fields(&self) -> [(&'static str, Option<&Value>); 3] {
+                [
                     ("allowed_token_ids", self.allowed_token_ids.as_ref()),
                     ("use_beam_search", self.use_beam_search.as_ref()),
                     ("length_penalty", self.length_penalty.as_ref()),
@@ -197,6 +199,7 @@ pub struct SamplingFields {
     pub prompt_logprobs: Option<i64>,
     pub return_tokens_as_token_ids: Option<bool>,
     pub truncate_prompt_tokens: Option<i64>,
+    pub bad_words: Option<Vec<String>>,
 }
 
 /// vLLM's structured-output fields of either request, as parsed.

@@ -6,6 +6,7 @@
 use serde_json::Value;
 use sluice_engine::{SamplingParams, MAX_N};
 use sluice_models::chat_template::{encode_chat, ChatEnd, ChatMessage};
+use sluice_models::tokenizer::Tokenizer;
 use sluice_models::{Model, ModelError};
 
 use crate::api::guided::{self, AnswerFormat};
@@ -123,6 +124,8 @@ fn sampling(
         ignore_eos: f.ignore_eos.unwrap_or(false),
         stop_token_ids,
         stop,
+        // Tokenised once the model is known (`bad_word_ids`).
+        bad_words: Vec::new(),
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         include_stop_str: f.include_stop_str_in_output.unwrap_or(false),
         constraint: None,
@@ -144,6 +147,47 @@ pub struct Checked {
     pub token_names_as_ids: bool,
     /// vLLM's `truncate_prompt_tokens`.
     pub truncate: Option<Truncate>,
+    /// vLLM's `bad_words`, tokenised with the model into `sampling.bad_words`
+    /// ([`bad_word_ids`]).
+    pub bad_words: Vec<String>,
+}
+
+/// Most words `bad_words` may hold.
+const MAX_BAD_WORDS: usize = 64;
+
+/// `words` as the token sequences the engine holds back: each as it starts a text and after a
+/// space (the two ways a word is usually tokenised), leading spaces trimmed, duplicates once.
+pub fn bad_word_ids(words: &[String], tok: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
+    let mut out: Vec<Vec<u32>> = Vec::new();
+    for w in words.iter().map(|w| w.trim_start()) {
+        for text in [w.to_string(), format!(" {w}")] {
+            let ids = tok.encode(&text, false).map_err(|e| {
+                tracing::error!("tokenising a bad word: {e}");
+                ApiError::Internal
+            })?;
+            if !ids.is_empty() && !out.contains(&ids) {
+                out.push(ids);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `bad_words` as sent: at most [`MAX_BAD_WORDS`], none empty.
+fn bad_words(f: &SamplingFields) -> Result<Vec<String>, ApiError> {
+    let words = f.bad_words.clone().unwrap_or_default();
+    if words.len() > MAX_BAD_WORDS {
+        let n = words.len();
+        let message = format!("'bad_words' has {n} words: at most {MAX_BAD_WORDS} are allowed");
+        return Err(ApiError::bad(message, "bad_words"));
+    }
+    if words.iter().any(|w| w.trim().is_empty()) {
+        return Err(ApiError::bad(
+            "'bad_words' must not hold an empty word",
+            "bad_words",
+        ));
+    }
+    Ok(words)
 }
 
 /// vLLM's `truncate_prompt_tokens`: keep only a prompt's last tokens.
@@ -219,6 +263,7 @@ fn checked(
         ranked_prompt: f.prompt_logprobs.map(|k| k as usize),
         token_names_as_ids: f.return_tokens_as_token_ids.unwrap_or(false),
         truncate: Truncate::of(f.truncate_prompt_tokens)?,
+        bad_words: bad_words(f)?,
         stream,
         include_usage: f
             .stream_options
@@ -244,7 +289,7 @@ fn present(v: &Option<Value>) -> bool {
 
 /// vLLM extensions sluice does not implement: refused by name (never silently ignored, which
 /// would answer something other than what was asked), unless sent at the value that asks for
-/// nothing (`false`, `[]`, a `length_penalty` of 1, which only beam search reads, the text
+/// nothing (`false`, a `length_penalty` of 1, which only beam search reads, the text
 /// modality alone).
 fn refuse_unimplemented<'a>(
     fields: impl IntoIterator<Item = (&'static str, Option<&'a Value>)>,
@@ -253,7 +298,6 @@ fn refuse_unimplemented<'a>(
         let asks_nothing = match v {
             None | Some(Value::Null) | Some(Value::Bool(false)) => true,
             Some(Value::Array(a)) if field == "modalities" => a == &[Value::from("text")],
-            Some(Value::Array(a)) => a.is_empty() && field == "bad_words",
             Some(Value::Number(n)) => field == "length_penalty" && n.as_f64() == Some(1.0),
             Some(_) => false,
         };
