@@ -86,6 +86,10 @@ pub struct SamplingParams {
     /// sequence's last token is held back whenever the output ends with the rest of it (a
     /// one-token sequence always). Each is non-empty.
     pub bad_words: Vec<Vec<u32>>,
+    /// Only these ids may be sampled (vLLM's `allowed_token_ids`; sorted, no duplicates, not
+    /// empty): every other id of the row is held back, end-of-sequence ids included unless
+    /// listed. The row is read on the host.
+    pub allowed_token_ids: Option<Vec<u32>>,
     /// Keep the stop string that ended the choice at the end of its text (vLLM's
     /// `include_stop_str_in_output`).
     pub include_stop_str: bool,
@@ -118,6 +122,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
             bad_words: Vec::new(),
+            allowed_token_ids: None,
             include_stop_str: false,
             skip_special_tokens: true,
             constraint: None,
@@ -168,6 +173,7 @@ pub enum Field {
     /// `SamplingParams::prompt_logprobs`.
     PromptLogprobs,
     BadWords,
+    AllowedTokenIds,
     MaxTokens,
     MinTokens,
     Stop,
@@ -190,6 +196,7 @@ impl Field {
             Self::Logprobs => "top_logprobs",
             Self::PromptLogprobs => "prompt_logprobs",
             Self::BadWords => "bad_words",
+            Self::AllowedTokenIds => "allowed_token_ids",
             Self::MaxTokens => "max_tokens",
             Self::MinTokens => "min_tokens",
             Self::Stop => "stop",
@@ -366,6 +373,22 @@ impl SamplingParams {
         }
         for &t in self.bad_words.iter().flatten() {
             in_vocab(Field::BadWords, t, vocab)?;
+        }
+        if let Some(allowed) = &self.allowed_token_ids {
+            if allowed.is_empty() {
+                return Err(Invalid::new(
+                    Field::AllowedTokenIds,
+                    "",
+                    "must not be empty",
+                ));
+            }
+            if !allowed.windows(2).all(|w| w[0] < w[1]) {
+                let rule = "must be sorted without duplicates";
+                return Err(Invalid::new(Field::AllowedTokenIds, "", rule));
+            }
+            for &t in allowed {
+                in_vocab(Field::AllowedTokenIds, t, vocab)?;
+            }
         }
         Ok(())
     }

@@ -197,7 +197,7 @@ pub fn device_pick(
     below: u32,
 ) -> Option<Pick> {
     let top_logprobs = p.logprobs.unwrap_or(0);
-    if top_logprobs > DEVICE_TOP_LOGPROBS {
+    if top_logprobs > DEVICE_TOP_LOGPROBS || p.allowed_token_ids.is_some() {
         return None;
     }
     // The device makes the row's changes ([`adjustment`]) before it picks; log-probabilities
@@ -300,7 +300,10 @@ pub fn sample_top(top: &Top, p: &SamplingParams, state: &mut SamplerState) -> Sa
 
 /// Whether `p` leaves the raw logits as they are: no bias, no penalties.
 fn untouched(p: &SamplingParams) -> bool {
-    p.logit_bias.is_empty() && !repeats_penalised(p) && !occurrences_penalised(p)
+    p.logit_bias.is_empty()
+        && !repeats_penalised(p)
+        && !occurrences_penalised(p)
+        && p.allowed_token_ids.is_none()
 }
 
 /// `p`'s bias and penalties at `state`'s position as single changes, each setting one part
@@ -377,6 +380,18 @@ fn occurrences_penalised(p: &SamplingParams) -> bool {
     p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
 }
 
+/// Every id of `l` but the `allowed` ones (sorted) set to −∞.
+fn keep_only(allowed: &[u32], l: &mut [f32]) {
+    let mut next = allowed.iter().peekable();
+    for (id, v) in l.iter_mut().enumerate() {
+        if next.peek() == Some(&&(id as u32)) {
+            next.next();
+        } else {
+            *v = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// The logits after bias, penalties, the grammar's mask and `suppress`: the raw row itself
 /// (no copy) when none of them applies, as for most requests.
 fn adjusted<'a>(
@@ -397,7 +412,12 @@ fn adjusted<'a>(
     if let Some(mask) = mask {
         constraint::apply(mask, &mut l);
     }
-    let before_suppress = mask.filter(|_| !suppress.is_empty()).map(|_| l.clone());
+    if let Some(allowed) = &p.allowed_token_ids {
+        keep_only(allowed, &mut l);
+    }
+    // Held back last; what a grammar or an allow-list leaves is kept should that leave nothing.
+    let narrowed = mask.is_some() || p.allowed_token_ids.is_some();
+    let before_suppress = (narrowed && !suppress.is_empty()).then(|| l.clone());
     for &t in suppress {
         l[t as usize] = f32::NEG_INFINITY;
     }

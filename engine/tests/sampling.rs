@@ -252,6 +252,42 @@ fn bad_words_are_never_completed() {
     }
 }
 
+/// An allow-list: every token drawn is listed, greedy or sampled; the greedy one is the
+/// listed id the model finds most likely there (each listed id's log-probability found by
+/// forcing it); an empty, unsorted or out-of-vocabulary list is refused.
+#[test]
+fn allowed_token_ids_bound_every_draw() {
+    let engine = start(|_| {});
+    let p = prompt(TOPICS[3]);
+    let free = run(&engine, request(p.clone(), SamplingParams::greedy(8))).remove(0);
+    // Not the free answer's first token: the list changes the answer.
+    let mut allowed: Vec<u32> = vec![free.token_ids[1], 11, 30, 1_000, 20_000];
+    allowed.retain(|&t| t != free.token_ids[0]);
+    allowed.sort_unstable();
+    allowed.dedup();
+    for params in [SamplingParams::greedy(12), sampled(7, 12)] {
+        let mut params = params;
+        params.allowed_token_ids = Some(allowed.clone());
+        let got = run(&engine, request(p.clone(), params)).remove(0).token_ids;
+        assert!(got.iter().all(|t| allowed.contains(t)), "{got:?}");
+        assert_eq!(got.len(), 12, "no end-of-sequence id is listed");
+    }
+    let mut greedy = SamplingParams::greedy(1);
+    greedy.allowed_token_ids = Some(allowed.clone());
+    let first = run(&engine, request(p.clone(), greedy)).remove(0).token_ids[0];
+    let best = allowed
+        .iter()
+        .map(|&t| (forced_logprob(&engine, &p, t), t))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .unwrap();
+    assert_eq!(first, best.1);
+    for bad in [vec![], vec![30, 11], vec![11, 11], vec![49_152]] {
+        let mut params = SamplingParams::greedy(4);
+        params.allowed_token_ids = Some(bad);
+        assert!(engine.submit(request(p.clone(), params)).is_err());
+    }
+}
+
 /// The log-probability of `next` after `prefix`, found by forcing it: the greedy token under
 /// a +100 bias, whose reported log-probability is the raw one (before bias).
 fn forced_logprob(engine: &sluice_engine::EngineHandle, prefix: &[u32], next: u32) -> f32 {

@@ -261,6 +261,28 @@ def test_vllm_bad_words_are_never_written(client, server):
     assert status == 400 and b["error"]["param"] == "bad_words", b
 
 
+def test_vllm_allowed_token_ids_bound_the_answer(client, server):
+    """vLLM's `allowed_token_ids`, as a multiple-choice prompt uses it: every token of the
+    answer is listed (read back as ids), on both endpoints; an empty list or an id outside
+    the vocabulary is a 400 naming the field."""
+    choices = [raw(server.url, "/tokenize", {"prompt": t})[2]["tokens"][0]
+               for t in (" A", " B", " C", " D")]
+    ask = "Question: which letter comes first in the alphabet? A, B, C or D?\nAnswer:"
+    r = client.completions.create(
+        model=MODEL, prompt=ask, max_tokens=3, temperature=0, logprobs=0,
+        extra_body={"allowed_token_ids": choices, "return_tokens_as_token_ids": True})
+    out = [int(t.removeprefix("token_id:")) for t in r.choices[0].logprobs.tokens]
+    assert len(out) == 3 and set(out) <= set(choices), out
+    c = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ask}], max_tokens=2, temperature=0.9,
+        seed=3, extra_body={"allowed_token_ids": choices})
+    assert c.choices[0].message.content.strip(" ABCD") == "", c.choices[0].message.content
+    for bad in ([], [10**6]):
+        status, _, b = raw(server.url, "/v1/completions",
+                           {"model": MODEL, "prompt": ask, "allowed_token_ids": bad})
+        assert status == 400 and b["error"]["param"] == "allowed_token_ids", b
+
+
 BEGUN = [{"role": "user", "content": "What is the capital of France?"},
          {"role": "assistant", "content": "Sure! The capital of France is"}]
 
@@ -312,7 +334,6 @@ def test_continue_final_message_refusals_name_it(server, extra, messages, says):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
     ({"use_beam_search": True}, "use_beam_search"),
     ({"echo": True}, "echo"),
     ({"chat_template": "{{ messages }}"}, "chat_template"),

@@ -107,10 +107,10 @@ macro_rules! with_sampling_fields {
             /// Extension (vLLM): words the output never holds (each as it starts a text and
             /// after a space, tokenised).
             pub bad_words: Option<Vec<String>>,
+            /// Extension (vLLM): only these token ids may be sampled.
+            pub allowed_token_ids: Option<Vec<i64>>,
             /// vLLM extensions sluice does not implement, refused by name unless sent at their
             /// default (see `validate::refuse_unimplemented`).
-            #[schema(value_type = Option<Object>)]
-            pub allowed_token_ids: Option<Value>,
             #[schema(value_type = Option<Object>)]
             pub use_beam_search: Option<Value>,
             #[schema(value_type = Option<Object>)]
@@ -145,14 +145,14 @@ macro_rules! with_sampling_fields {
                     return_tokens_as_token_ids: self.return_tokens_as_token_ids,
                     truncate_prompt_tokens: self.truncate_prompt_tokens,
                     bad_words: self.bad_words.clone(),
+                    allowed_token_ids: self.allowed_token_ids.clone(),
                 }
             }
 
             /// vLLM's extensions sluice does not implement, with their names, for
             /// `validate::refuse_unimplemented`.
-            pub fn unimplemented_fields(&self) -> [(&'static str, Option<&Value>); 3] {
+            pub fn unimplemented_fields(&self) -> [(&'static str, Option<&Value>); 2] {
                 [
-                    ("allowed_token_ids", self.allowed_token_ids.as_ref()),
                     ("use_beam_search", self.use_beam_search.as_ref()),
                     ("length_penalty", self.length_penalty.as_ref()),
                 ]
@@ -200,6 +200,7 @@ pub struct SamplingFields {
     pub return_tokens_as_token_ids: Option<bool>,
     pub truncate_prompt_tokens: Option<i64>,
     pub bad_words: Option<Vec<String>>,
+    pub allowed_token_ids: Option<Vec<i64>>,
 }
 
 /// vLLM's structured-output fields of either request, as parsed.

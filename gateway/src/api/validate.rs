@@ -126,6 +126,7 @@ fn sampling(
         stop,
         // Tokenised once the model is known (`bad_word_ids`).
         bad_words: Vec::new(),
+        allowed_token_ids: allowed_ids(f, vocab)?,
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         include_stop_str: f.include_stop_str_in_output.unwrap_or(false),
         constraint: None,
@@ -150,6 +151,20 @@ pub struct Checked {
     /// vLLM's `bad_words`, tokenised with the model into `sampling.bad_words`
     /// ([`bad_word_ids`]).
     pub bad_words: Vec<String>,
+}
+
+/// `allowed_token_ids` as the engine takes them: ids of the vocabulary, sorted, once each.
+fn allowed_ids(f: &SamplingFields, vocab: Option<usize>) -> Result<Option<Vec<u32>>, ApiError> {
+    let Some(ids) = &f.allowed_token_ids else {
+        return Ok(None);
+    };
+    let mut out = ids
+        .iter()
+        .map(|&t| vocab_id(t, vocab, "allowed_token_ids"))
+        .collect::<Result<Vec<u32>, _>>()?;
+    out.sort_unstable();
+    out.dedup();
+    Ok(Some(out))
 }
 
 /// Most words `bad_words` may hold.
