@@ -312,6 +312,28 @@ def test_continue_final_message_goes_on_from_the_reply_begun(client, server):
     assert streamed == answer
 
 
+def test_chat_echo_begins_the_reply_with_the_assistants_last_message(client, server):
+    """vLLM's chat `echo`: with a final assistant message, the reply begins with its text
+    (with `continue_final_message`, the whole message: begun text plus continuation, whole
+    and streamed); after a user message there is nothing to echo; with tool calls it is a
+    400 naming it."""
+    args = dict(model=MODEL, messages=BEGUN, max_tokens=8, temperature=0)
+    cont = {"continue_final_message": True}
+    alone = client.chat.completions.create(**args, extra_body=cont).choices[0].message.content
+    r = client.chat.completions.create(**args, extra_body={**cont, "echo": True})
+    assert r.choices[0].message.content == BEGUN[1]["content"] + alone
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+        **args, extra_body={**cont, "echo": True}, stream=True) if ch.choices)
+    assert streamed == BEGUN[1]["content"] + alone
+    plain = dict(model=MODEL, messages=BEGUN[:1], max_tokens=8, temperature=0)
+    assert (client.chat.completions.create(**plain, extra_body={"echo": True}).choices[0]
+            .message.content == client.chat.completions.create(**plain).choices[0].message.content)
+    status, _, b = raw(server.url, "/v1/chat/completions", {
+        **plain, "echo": True, "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "f"}}]})
+    assert status == 400 and b["error"]["param"] == "echo", b
+
+
 @pytest.mark.parametrize("extra,messages,says", [
     ({"add_generation_prompt": True}, BEGUN, "cannot both be true"),
     ({"response_format": {"type": "json_object"}}, BEGUN, "response_format"),
@@ -335,7 +357,6 @@ def test_continue_final_message_refusals_name_it(server, extra, messages, says):
 
 @pytest.mark.parametrize("body,param", [
     ({"use_beam_search": True}, "use_beam_search"),
-    ({"echo": True}, "echo"),
     ({"chat_template": "{{ messages }}"}, "chat_template"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),

@@ -111,6 +111,17 @@ impl Endpoint for ChatCompletionRequest {
             .then(|| set.choice != ToolChoice::Auto)
     }
 
+    /// vLLM's chat `echo` shows the last message's text when it is the assistant's (the
+    /// reply's role), nothing otherwise.
+    fn prompt_texts(&self, prompts: &[Vec<u32>], _: &Model) -> Result<Vec<String>, ApiError> {
+        let messages = validate::chat_messages(&self.messages)?;
+        let last = messages
+            .last()
+            .filter(|m| m.role == "assistant")
+            .map_or(String::new(), |m| m.content.clone());
+        Ok(vec![last; prompts.len()])
+    }
+
     fn routing(&self, prompt: &Self::Prompt) -> Routing {
         let text = affinity::chat_text(
             prompt

@@ -157,12 +157,18 @@ impl ChatRender {
         }
     }
 
+    /// Echoed, the last message's text (empty when it is not the assistant's); else empty.
+    fn echoed(&self) -> &str {
+        let echo = self.head.echo.as_ref().and_then(|e| e.prompts.first());
+        echo.map_or("", |(text, _)| text)
+    }
+
     fn message(&self, a: Acc) -> (AssistantMessage, Option<&'static str>) {
         let finish = a.finish.as_ref().map(finish_label);
         let Some(calls_only) = self.head.tool_calls else {
             let message = AssistantMessage {
                 role: "assistant",
-                content: Some(a.text),
+                content: Some(self.echoed().to_string() + &a.text),
                 tool_calls: Vec::new(),
             };
             return (message, finish);
@@ -206,14 +212,15 @@ impl Render for ChatRender {
         })
     }
 
-    /// Chat streams open each choice with the assistant role, as OpenAI's do.
+    /// Chat streams open each choice with the assistant role, as OpenAI's do (and, echoed,
+    /// the last message's text).
     fn opening(&self, choices: usize) -> Option<Bytes> {
         let opening = (0..choices)
             .map(|i| ChatChunkChoice {
                 index: i,
                 delta: ChatDelta {
                     role: Some("assistant"),
-                    content: Some(String::new()),
+                    content: Some(self.echoed().to_string()),
                     tool_calls: None,
                 },
                 logprobs: None,

@@ -287,10 +287,11 @@ with_sampling_fields! {
         /// Output modalities: only `["text"]`.
         #[schema(value_type = Option<Vec<String>>)]
         pub modalities: Option<Value>,
+        /// Extension (vLLM): when the last message is the assistant's, the reply begins with
+        /// its text (with `continue_final_message`: the whole message). Not with tool calls.
+        pub echo: Option<bool>,
         /// vLLM extensions sluice does not implement, refused by name unless sent at their
         /// default.
-        #[schema(value_type = Option<Object>)]
-        pub echo: Option<Value>,
         #[schema(value_type = Option<Object>)]
         pub chat_template: Option<Value>,
         #[schema(value_type = Option<Object>)]

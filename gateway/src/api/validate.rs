@@ -140,7 +140,7 @@ pub struct Checked {
     pub priority: i32,
     pub stream: bool,
     pub include_usage: bool,
-    /// Completions' `echo`.
+    /// `echo`.
     pub echo: Option<Echo>,
     /// vLLM's `prompt_logprobs`: the alternatives each prompt token's entry lists.
     pub ranked_prompt: Option<usize>,
@@ -246,7 +246,8 @@ impl Truncate {
     }
 }
 
-/// Completions' `echo`: each choice's text begins with its prompt.
+/// `echo`: on completions each choice's text begins with its prompt; on chat with the last
+/// message's, when it is the assistant's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Echo {
     /// The prompt, then the completion.
@@ -524,7 +525,6 @@ pub fn chat_checked(
         }
     }
     refuse_unimplemented(req.unimplemented_fields().into_iter().chain([
-        ("echo", req.echo.as_ref()),
         ("chat_template", req.chat_template.as_ref()),
         ("documents", req.documents.as_ref()),
         ("modalities", req.modalities.as_ref()),
@@ -543,6 +543,14 @@ pub fn chat_checked(
         req.continue_final_message,
         &messages,
     )?;
+    let echo = req.echo.unwrap_or(false);
+    if echo && output.tool_calls {
+        return Err(ApiError::bad(
+            "'echo' cannot be combined with tool calls: a reply read as calls has no text to \
+             begin with the last message's",
+            "echo",
+        ));
+    }
     if end == ChatEnd::ContinueFinal && (output.grammar.is_some() || output.tool_calls) {
         return Err(ApiError::bad(
             format!(
@@ -566,7 +574,8 @@ pub fn chat_checked(
         (true, k) => Some(count(k.unwrap_or(0), "top_logprobs")?),
         (false, None) => None,
     };
-    let checked = checked(&f, sampling, vocab, CHAT_PARAMS)?;
+    let mut checked = checked(&f, sampling, vocab, CHAT_PARAMS)?;
+    checked.echo = echo.then_some(Echo::Prompt);
     let prompt = ChatPrompt {
         messages,
         tools,
