@@ -103,6 +103,15 @@ pub struct ServeArgs {
     /// Log prompts (off by default: prompts are user data).
     #[arg(long, env = "SLUICE_LOG_PROMPTS")]
     pub log_prompts: bool,
+    /// A chat template in place of the model's: a file, or the template itself (Jinja, as in
+    /// Hugging Face's `tokenizer_config.json`) when no such file exists. Read and compiled
+    /// when the model loads; an error there stops the start.
+    #[arg(long, env = "SLUICE_CHAT_TEMPLATE")]
+    pub chat_template: Option<String>,
+    /// Accept a `chat_template` in chat requests (a template is code the server runs, bounded
+    /// in instructions and output, but the caller's; off by default, as vLLM's flag).
+    #[arg(long, env = "SLUICE_TRUST_REQUEST_CHAT_TEMPLATE")]
+    pub trust_request_chat_template: bool,
     /// Parse and validate every option (flags and SLUICE_* variables), print the resulting
     /// configuration as one JSON object and exit: 0 when valid, 1 when not. Binds nothing,
     /// loads nothing, reads no file. Deployment checks run the manifests' arguments through it.
@@ -340,6 +349,8 @@ pub struct ServeConfig {
     pub request_timeout: Option<Duration>,
     pub max_body_bytes: usize,
     pub log_prompts: bool,
+    pub chat_template: Option<String>,
+    pub trust_request_chat_template: bool,
 }
 
 impl ServeConfig {
@@ -537,6 +548,8 @@ impl ServeArgs {
                 .transpose()?,
             max_body_bytes: self.max_body_bytes,
             log_prompts: self.log_prompts,
+            chat_template: self.chat_template.clone(),
+            trust_request_chat_template: self.trust_request_chat_template,
         })
     }
 }

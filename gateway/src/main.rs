@@ -19,6 +19,7 @@ use sluice_gateway::rate_limit::RateLimiter;
 use sluice_gateway::router::Router;
 use sluice_gateway::server::{self, ServeOptions};
 use sluice_gateway::tenants::Tenants;
+use sluice_models::chat_template::ChatTemplate;
 use sluice_models::{registry, Model, ModelOptions};
 
 #[derive(Parser, Debug)]
@@ -133,6 +134,7 @@ fn app_state(
             request_timeout: cfg.request_timeout,
         },
         log_prompts: cfg.log_prompts,
+        trust_request_chat_template: cfg.trust_request_chat_template,
     }
 }
 
@@ -247,6 +249,10 @@ fn load(
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;
+    let mut model = model;
+    if let Some(given) = &cfg.chat_template {
+        model.set_chat_template(chat_template(given, &model)?);
+    }
     let model = Arc::new(model);
     let mut ec = EngineConfig::for_model(&model);
     ec.model_name = served.clone();
@@ -269,6 +275,19 @@ fn load(
         .backend
         .set(Arc::new(LocalBackend::new(served, engine)));
     Ok(())
+}
+
+/// `--chat-template`: a file's template, or the flag's text itself when no such file exists,
+/// compiled for the model's tokenizer.
+fn chat_template(given: &str, model: &Model) -> Result<ChatTemplate> {
+    let path = std::path::Path::new(given);
+    let source = match path.is_file() {
+        true => std::fs::read_to_string(path)
+            .with_context(|| format!("reading --chat-template {}", path.display()))?,
+        false => given.to_string(),
+    };
+    ChatTemplate::for_tokenizer(&source, model.tokenizer())
+        .context("compiling --chat-template (a file path, or the template itself)")
 }
 
 fn inspect(model: &str, model_dir: &std::path::Path) -> Result<()> {

@@ -289,12 +289,18 @@ impl ChatTemplate {
         let source = value
             .to_string()
             .map_err(|e| ModelError::Metadata(format!("tokenizer.chat_template: {e}")))?;
+        Self::for_tokenizer(source, tokenizer).map(Some)
+    }
+
+    /// Compiles `source` with `tokenizer`'s BOS/EOS texts: the model's own template, or one
+    /// given to the server (`--chat-template`) or in a request.
+    pub fn for_tokenizer(source: &str, tokenizer: &Tokenizer) -> Result<Self> {
         let bos = match tokenizer.bos_id() {
             Some(id) => tokenizer.token_to_piece(id)?,
             None => String::new(),
         };
         let eos = tokenizer.token_to_piece(tokenizer.eos_id())?;
-        Self::new(source, bos, eos).map(Some)
+        Self::new(source, bos, eos)
     }
 
     /// Renders `messages`; with `add_generation_prompt` the prompt ends with the opening of an

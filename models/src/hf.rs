@@ -462,12 +462,7 @@ pub fn chat_template(dir: &Path, tokenizer: &Tokenizer) -> Result<Option<ChatTem
             None => return Ok(None),
         }
     };
-    let bos = match tokenizer.bos_id() {
-        Some(id) => tokenizer.token_to_piece(id)?,
-        None => String::new(),
-    };
-    let eos = tokenizer.token_to_piece(tokenizer.eos_id())?;
-    ChatTemplate::new(&source, bos, eos).map(Some)
+    ChatTemplate::for_tokenizer(&source, tokenizer).map(Some)
 }
 
 #[cfg(test)]

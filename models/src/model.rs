@@ -279,6 +279,11 @@ impl Model {
         self.chat_template.as_ref()
     }
 
+    /// Replaces the model's chat template (the server's `--chat-template`).
+    pub fn set_chat_template(&mut self, template: ChatTemplate) {
+        self.chat_template = Some(template);
+    }
+
     /// How long [`Model::load`] took.
     pub fn load_time(&self) -> Duration {
         self.load_time

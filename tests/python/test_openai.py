@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -11,7 +12,7 @@ import urllib.request
 import openai
 import pytest
 
-from conftest import MODEL, Server, assert_error_shape, raw
+from conftest import MODEL, Server, assert_error_shape, binary, raw
 
 MESSAGES = [{"role": "user", "content": "Name three rivers in Europe."}]
 
@@ -357,7 +358,6 @@ def test_continue_final_message_refusals_name_it(server, extra, messages, says):
 
 @pytest.mark.parametrize("body,param", [
     ({"use_beam_search": True}, "use_beam_search"),
-    ({"chat_template": "{{ messages }}"}, "chat_template"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
 ])
@@ -550,6 +550,75 @@ def test_api_keys_are_required_when_configured():
     finally:
         assert s.stop() == 0
         os.unlink(keys.name)
+
+
+PLAIN_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                  "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                  "{% endif %}")
+DOCS_TEMPLATE = ("{% for d in documents %}<|im_start|>system\nDocument {{ d.title }}: {{ d.text }}"
+                 "<|im_end|>\n{% endfor %}" + PLAIN_TEMPLATE)
+
+
+def rendered(url, messages, **fields):
+    """The chat's prompt as /tokenize renders it, as text (special tokens written out), and
+    its token count."""
+    status, _, t = raw(url, "/tokenize", {"messages": messages, **fields})
+    assert status == 200, t
+    return raw(url, "/detokenize", {"tokens": t["tokens"]})[2]["prompt"], t["count"]
+
+
+def test_chat_templates_from_the_server_and_the_request(server):
+    """`--chat-template` replaces the model's (a file, or the template itself): the prompt is
+    the plain template's rendering, without the model's default system turn; one that does
+    not compile stops the start with a message naming the flag. A request's `chat_template`
+    is a 400 naming it unless the server trusts request templates; trusted, it renders the
+    prompt, with `documents` as its variable (a template that does not read them ignores
+    them; documents that are not a list of objects are a 400)."""
+    hi = [{"role": "user", "content": "Hi"}]
+    plain = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    f = tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False)
+    f.write(PLAIN_TEMPLATE)
+    f.close()
+    for given in (f.name, PLAIN_TEMPLATE):
+        s = Server("--chat-template", given, "--max-model-len", "512")
+        try:
+            assert rendered(s.url, hi)[0] == plain
+        finally:
+            assert s.stop() == 0
+    os.unlink(f.name)
+    bad = subprocess.run([binary(), "serve", "--port", "0", "--chat-template", "{% for %}",
+                          "--model-dir", os.environ.get("SLUICE_MODEL_DIR", "models/cache")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--chat-template" in bad.stderr, bad.stderr[-2000:]
+    body = {"model": MODEL, "messages": hi, "max_tokens": 1, "chat_template": PLAIN_TEMPLATE}
+    status, _, b = raw(server.url, "/v1/chat/completions", body)
+    assert status == 400 and b["error"]["param"] == "chat_template", b
+    docs = [{"title": "A", "text": "Rivers flow."}, {"title": "B", "text": "Seas are salty."}]
+    status, _, b = raw(server.url, "/tokenize", {"messages": hi, "chat_template": PLAIN_TEMPLATE})
+    assert status == 400 and b["error"]["param"] == "chat_template", b
+    s = Server("--trust-request-chat-template", "--max-model-len", "512")
+    try:
+        with_docs = {"chat_template": DOCS_TEMPLATE, "documents": docs}
+        text, count = rendered(s.url, hi, **with_docs)
+        assert text == ("<|im_start|>system\nDocument A: Rivers flow.<|im_end|>\n<|im_start|>"
+                        "system\nDocument B: Seas are salty.<|im_end|>\n" + plain), text
+        status, _, b = raw(s.url, "/v1/chat/completions", {**body, **with_docs})
+        assert status == 200 and b["usage"]["prompt_tokens"] == count, b
+        text, count = rendered(s.url, hi, chat_template=PLAIN_TEMPLATE)
+        status, _, b = raw(s.url, "/v1/chat/completions", body)
+        assert text == plain and b["usage"]["prompt_tokens"] == count, b
+        status, _, b = raw(s.url, "/v1/chat/completions", {**body, "chat_template": "{% for %}"})
+        assert status == 400 and b["error"]["param"] == "chat_template", b
+        own = raw(s.url, "/tokenize", {"messages": hi})[2]["count"]
+        status, _, b = raw(s.url, "/v1/chat/completions",
+                           {"model": MODEL, "messages": hi, "max_tokens": 1, "documents": docs})
+        assert status == 200 and b["usage"]["prompt_tokens"] == own, b
+        for wrong in ([1, 2], {"title": "A"}, ["text"]):
+            status, _, b = raw(s.url, "/v1/chat/completions",
+                               {"model": MODEL, "messages": hi, "documents": wrong})
+            assert status == 400 and b["error"]["param"] == "documents", b
+    finally:
+        assert s.stop() == 0
 
 
 def metrics(url):

@@ -53,6 +53,11 @@ pub trait Endpoint: DeserializeOwned + Send + 'static {
     fn tool_calls(_prompt: &Self::Prompt) -> Option<bool> {
         None
     }
+    /// Whether the request brings its own chat template (run only where the server trusts
+    /// request templates).
+    fn own_template(_prompt: &Self::Prompt) -> bool {
+        false
+    }
     /// The engine prompts' text as an echo shows it: decoded from their ids, unless the
     /// request sent it as text.
     fn prompt_texts(&self, prompts: &[Vec<u32>], model: &Model) -> Result<Vec<String>, ApiError> {
@@ -90,7 +95,7 @@ impl Endpoint for ChatCompletionRequest {
     fn encode(&self, prompt: Self::Prompt, model: &Model) -> Result<Vec<Vec<u32>>, ApiError> {
         let tools = prompt.tools.as_ref();
         Ok(vec![validate::chat_prompt(
-            model,
+            (model, prompt.template.as_deref()),
             &prompt.messages,
             tools,
             prompt.end,
@@ -109,6 +114,10 @@ impl Endpoint for ChatCompletionRequest {
             .output
             .tool_calls
             .then(|| set.choice != ToolChoice::Auto)
+    }
+
+    fn own_template(prompt: &Self::Prompt) -> bool {
+        prompt.template.is_some()
     }
 
     /// vLLM's chat `echo` shows the last message's text when it is the assistant's (the

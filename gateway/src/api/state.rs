@@ -56,6 +56,8 @@ pub struct AppState {
     pub in_flight: Arc<InFlight>,
     pub limits: HttpLimits,
     pub log_prompts: bool,
+    /// Chat requests may bring their own `chat_template` (`--trust-request-chat-template`).
+    pub trust_request_chat_template: bool,
 }
 
 impl AppState {

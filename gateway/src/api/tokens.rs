@@ -134,7 +134,15 @@ pub(super) async fn tokenize(
             let m = validate::chat_messages(msgs)?;
             let end =
                 validate::chat_end(req.add_generation_prompt, req.continue_final_message, &m)?;
-            validate::chat_prompt(model, &m, None, end, None)?
+            let kwargs = validate::template_kwargs(
+                req.chat_template_kwargs.as_ref(),
+                req.documents.as_ref(),
+            )?;
+            let own = req.chat_template.as_deref();
+            if own.is_some() && !s.trust_request_chat_template {
+                return Err(validate::untrusted_template());
+            }
+            validate::chat_prompt((model, own), &m, None, end, kwargs.as_ref())?
         }
         _ => {
             return Err(ApiError::bad(

@@ -290,11 +290,13 @@ with_sampling_fields! {
         /// Extension (vLLM): when the last message is the assistant's, the reply begins with
         /// its text (with `continue_final_message`: the whole message). Not with tool calls.
         pub echo: Option<bool>,
-        /// vLLM extensions sluice does not implement, refused by name unless sent at their
-        /// default.
-        #[schema(value_type = Option<Object>)]
-        pub chat_template: Option<Value>,
-        #[schema(value_type = Option<Object>)]
+        /// Extension (vLLM): a chat template for this request in place of the model's (only
+        /// when the server runs with `--trust-request-chat-template`).
+        pub chat_template: Option<String>,
+        /// Extension (vLLM): documents for a template that reads them (retrieval-augmented
+        /// templates), as its `documents` variable: a list of objects, such as `{"title",
+        /// "text"}`. A template that does not read them ignores them.
+        #[schema(value_type = Option<Vec<Object>>)]
         pub documents: Option<Value>,
     }
 }
@@ -572,6 +574,13 @@ pub struct TokenizeRequest {
     pub add_generation_prompt: Option<bool>,
     /// With `messages`: end inside the final message, as chat completions would.
     pub continue_final_message: Option<bool>,
+    /// With `messages`, as chat completions take them: the request's own template (on a
+    /// server that trusts them), its further variables and `documents`.
+    pub chat_template: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub chat_template_kwargs: Option<Value>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub documents: Option<Value>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 use sluice_engine::{SamplingParams, MAX_N};
-use sluice_models::chat_template::{encode_chat, ChatEnd, ChatMessage};
+use sluice_models::chat_template::{encode_chat, ChatEnd, ChatMessage, ChatTemplate};
 use sluice_models::tokenizer::Tokenizer;
 use sluice_models::{Model, ModelError};
 
@@ -437,8 +437,42 @@ pub struct ChatPrompt {
     pub output: Output,
     /// Where the prompt ends ([`chat_end`]).
     pub end: ChatEnd,
-    /// `chat_template_kwargs`: further template variables (an object).
+    /// `chat_template_kwargs` and `documents`: further template variables (an object).
     pub template_kwargs: Option<Value>,
+    /// The request's own `chat_template`, when it brings one.
+    pub template: Option<String>,
+}
+
+/// The template's further variables: `chat_template_kwargs` (an object), and `documents`
+/// (a list of objects), which wins over a key of the same name there.
+pub fn template_kwargs(
+    kwargs: Option<&Value>,
+    documents: Option<&Value>,
+) -> Result<Option<Value>, ApiError> {
+    let mut kwargs = kwargs.filter(|v| !v.is_null()).cloned();
+    if kwargs.as_ref().is_some_and(|v| !v.is_object()) {
+        return Err(ApiError::bad(
+            "'chat_template_kwargs' must be an object",
+            "chat_template_kwargs",
+        ));
+    }
+    let Some(docs) = documents.filter(|v| !v.is_null()) else {
+        return Ok(kwargs);
+    };
+    if !docs
+        .as_array()
+        .is_some_and(|a| a.iter().all(Value::is_object))
+    {
+        return Err(ApiError::bad(
+            "'documents' must be a list of objects (such as {\"title\": …, \"text\": …})",
+            "documents",
+        ));
+    }
+    let all = kwargs.get_or_insert_with(|| Value::Object(Default::default()));
+    if let Some(o) = all.as_object_mut() {
+        o.insert("documents".into(), docs.clone());
+    }
+    Ok(kwargs)
 }
 
 /// Renders and tokenises chat messages with the model's template: the template's markers are
@@ -446,13 +480,22 @@ pub struct ChatPrompt {
 /// template's `tools` variable when it reads it, else into the system message; assistant
 /// tool calls go into the content when the template does not render `tool_calls`.
 pub fn chat_prompt(
-    model: &Model,
+    (model, own): (&Model, Option<&str>),
     messages: &[ChatMessage],
     tools: Option<&ToolSet>,
     end: ChatEnd,
     template_kwargs: Option<&Value>,
 ) -> Result<Vec<u32>, ApiError> {
-    let template = model.chat_template().ok_or_else(|| {
+    let compiled = own
+        .map(|src| ChatTemplate::for_tokenizer(src, model.tokenizer()))
+        .transpose()
+        .map_err(|e| {
+            ApiError::bad(
+                format!("the request's 'chat_template' does not compile: {e}"),
+                "chat_template",
+            )
+        })?;
+    let template = compiled.as_ref().or(model.chat_template()).ok_or_else(|| {
         ApiError::bad(
             "this model has no chat template: use /v1/completions",
             "messages",
@@ -524,18 +567,13 @@ pub fn chat_checked(
             return Err(unsupported(field, "not implemented"));
         }
     }
-    refuse_unimplemented(req.unimplemented_fields().into_iter().chain([
-        ("chat_template", req.chat_template.as_ref()),
-        ("documents", req.documents.as_ref()),
-        ("modalities", req.modalities.as_ref()),
-    ]))?;
-    let template_kwargs = req.chat_template_kwargs.clone().filter(|v| !v.is_null());
-    if template_kwargs.as_ref().is_some_and(|v| !v.is_object()) {
-        return Err(ApiError::bad(
-            "'chat_template_kwargs' must be an object",
-            "chat_template_kwargs",
-        ));
-    }
+    refuse_unimplemented(
+        req.unimplemented_fields()
+            .into_iter()
+            .chain([("modalities", req.modalities.as_ref())]),
+    )?;
+    let template_kwargs =
+        template_kwargs(req.chat_template_kwargs.as_ref(), req.documents.as_ref())?;
     let output = chat_output(req, tools.as_ref())?;
     let messages = chat_messages(&req.messages)?;
     let end = chat_end(
@@ -582,6 +620,7 @@ pub fn chat_checked(
         output,
         end,
         template_kwargs,
+        template: req.chat_template.clone(),
     };
     Ok((checked, prompt))
 }
@@ -617,6 +656,15 @@ pub fn chat_end(
         return refuse("cannot continue a message that made tool calls");
     }
     Ok(ChatEnd::ContinueFinal)
+}
+
+/// A request's own `chat_template` on a server that does not trust them.
+pub fn untrusted_template() -> ApiError {
+    ApiError::bad(
+        "a request's 'chat_template' runs only on a server started with \
+         --trust-request-chat-template",
+        "chat_template",
+    )
 }
 
 /// A checked completion request's prompts as token ids: text encoded as the model reads a

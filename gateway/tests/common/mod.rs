@@ -90,6 +90,7 @@ pub fn state(setup: Setup) -> (Arc<AppState>, EngineHandle) {
         in_flight: Arc::default(),
         limits: setup.limits,
         log_prompts: false,
+        trust_request_chat_template: false,
     });
     state
         .backend

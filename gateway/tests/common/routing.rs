@@ -60,6 +60,7 @@ pub async fn gateway(cfg: RouterConfig, sources: Vec<Source>, limits: HttpLimits
         in_flight: Arc::default(),
         limits,
         log_prompts: false,
+        trust_request_chat_template: false,
     });
     for s in sources {
         discovery::spawn(s, router.clone(), Duration::from_millis(50));
