@@ -70,7 +70,8 @@ pub struct SamplingParams {
     /// The prompt's tokens' log-probabilities, each with this many alternatives, sent once
     /// before any output ([`crate::Event::Prompt`]; vLLM's `prompt_logprobs`, completions'
     /// `echo` with `logprobs`). The prompt is computed whole: the prefix cache skips none of
-    /// it, and it is fed at most `PROMPT_LOGPROB_ROWS` (256) tokens a step.
+    /// it, and a step feeds at most `PROMPT_LOGPROB_ROWS` (256) such prompt tokens across
+    /// requests (each a whole row of logits).
     pub prompt_logprobs: Option<usize>,
     /// Completion tokens at most; `None`: whatever the context leaves.
     pub max_tokens: Option<usize>,

@@ -78,6 +78,7 @@ impl Scheduler {
             ..Plan::default()
         };
         let mut left = self.budget.max_num_batched_tokens;
+        let mut rows = RowsLeft(PROMPT_LOGPROB_ROWS);
         // Decodes, then prefill chunks of running sequences.
         for decodes in [true, false] {
             let mut i = 0;
@@ -87,12 +88,18 @@ impl Scheduler {
                     i += 1;
                     continue;
                 }
-                let want = self.running[i].schedulable().min(left);
+                let want = rows.cap(&self.running[i], rem.min(left));
+                if want == 0 && left > 0 {
+                    // Gathering prompt log-probabilities, with no rows left this step.
+                    i += 1;
+                    continue;
+                }
                 if want == 0 {
                     break;
                 }
                 match self.grow(i, want, &mut plan, &mut left) {
                     Grown::Yes => {
+                        rows.take(&self.running[i], want);
                         plan.tokens[i] = want;
                         left -= want;
                         i += 1;
@@ -102,7 +109,7 @@ impl Scheduler {
             }
         }
         if plan.preempted == 0 {
-            self.admit(&mut plan, &mut left);
+            self.admit(&mut plan, (&mut left, &mut rows));
         }
         plan
     }
@@ -139,7 +146,7 @@ impl Scheduler {
     }
 
     /// Admits waiting sequences while they fit.
-    fn admit(&mut self, plan: &mut Plan, left: &mut usize) {
+    fn admit(&mut self, plan: &mut Plan, (left, rows): (&mut usize, &mut RowsLeft)) {
         let bs = self.budget.block_size;
         while *left > 0 {
             let Some((&key, seq)) = self.waiting.first_key_value() else {
@@ -148,6 +155,11 @@ impl Scheduler {
             // Choice 0 of an n-way request brings its siblings with it after the prompt.
             let seats = 1 + seq.forks_left;
             if self.running.len() + seats > self.budget.max_num_seqs {
+                break;
+            }
+            // The head gathers prompt log-probabilities and the step has no rows left for
+            // them: it waits for the next step (admission keeps the queue's order).
+            if rows.cap(seq, 1) == 0 {
                 break;
             }
             // At least one token is computed, so the last prompt token's logits exist; the
@@ -178,7 +190,8 @@ impl Scheduler {
             seq.cached_prompt.get_or_insert(seq.num_computed);
             self.admissions += 1;
             seq.admitted = self.admissions;
-            let n = seq.schedulable().min(*left);
+            let n = rows.cap(&seq, seq.remaining().min(*left));
+            rows.take(&seq, n);
             let need = (seq.num_computed + n).div_ceil(bs);
             while seq.blocks.len() < need {
                 let b = self
@@ -222,6 +235,30 @@ enum Grown {
     SelfPreempted,
 }
 
+/// Most rows of logits one step gathers prompt log-probabilities from, across sequences:
+/// each is a whole row (49k floats for the default model, 128k for Llama-3), so a long
+/// prompt goes in chunks of at most this many tokens rather than the step's token budget.
+pub(crate) const PROMPT_LOGPROB_ROWS: usize = 256;
+
+/// What is left of a step's [`PROMPT_LOGPROB_ROWS`].
+struct RowsLeft(usize);
+
+impl RowsLeft {
+    /// `want` tokens of `seq`, fewer where it gathers prompt log-probabilities.
+    fn cap(&self, seq: &Seq, want: usize) -> usize {
+        match seq.prompt_rows_from() {
+            Some(_) => want.min(self.0),
+            None => want,
+        }
+    }
+
+    fn take(&mut self, seq: &Seq, n: usize) {
+        if seq.prompt_rows_from().is_some() {
+            self.0 -= n.min(self.0);
+        }
+    }
+}
+
 fn queue_key(seq: &Seq) -> QueueKey {
     (Reverse(seq.req.priority), seq.req.arrival_seq, seq.index)
 }
@@ -236,9 +273,18 @@ mod tests {
     use crate::sequence::RequestInfo;
 
     fn seq(prompt_len: usize, priority: i32, arrival_seq: u64) -> Seq {
+        seq_with(
+            prompt_len,
+            priority,
+            arrival_seq,
+            SamplingParams::greedy(100),
+        )
+    }
+
+    fn seq_with(prompt_len: usize, priority: i32, arrival_seq: u64, params: SamplingParams) -> Seq {
         let (events, _rx) = tokio::sync::mpsc::unbounded_channel();
         let req = Arc::new(RequestInfo {
-            params: SamplingParams::greedy(100),
+            params,
             max_tokens: 100,
             priority,
             prompt_len,
@@ -269,15 +315,43 @@ mod tests {
         )
     }
 
-    /// Applies a plan as the engine would after the forward pass, and samples token 7 for
-    /// sequences that reached their end.
+    /// Applies a plan as the engine would after the forward pass (gathering prompt
+    /// log-probabilities from flat rows), and samples token 7 for sequences that reached
+    /// their end.
     fn apply(s: &mut Scheduler, plan: &Plan) {
+        let row = vec![0.0f32; 4096];
         for (seq, &n) in s.running.iter_mut().zip(&plan.tokens) {
+            seq.gather_prompt_logprobs((seq.num_computed, n), |_| &row);
             seq.num_computed += n;
             if n > 0 && seq.num_computed == seq.tokens.len() {
                 seq.tokens.push(7);
             }
         }
+    }
+
+    /// Sequences gathering prompt log-probabilities share `PROMPT_LOGPROB_ROWS` rows a step
+    /// (a long prompt goes in chunks of them; the next one waits its turn, and the queue
+    /// behind it with it); others take the rest of the token budget.
+    #[test]
+    fn prompt_log_probability_rows_are_capped_per_step() {
+        let mut s = scheduler(512, 16, 1024);
+        let mut gathering = SamplingParams::greedy(4);
+        gathering.prompt_logprobs = Some(1);
+        s.enqueue(seq_with(400, 0, 1, gathering.clone()));
+        s.enqueue(seq_with(400, 0, 2, gathering));
+        s.enqueue(seq(100, 0, 3));
+        let p = s.plan();
+        assert_eq!(p.tokens, [PROMPT_LOGPROB_ROWS]);
+        apply(&mut s, &p);
+        let p = s.plan();
+        let rest = 400 - PROMPT_LOGPROB_ROWS;
+        assert_eq!(p.tokens, [rest, PROMPT_LOGPROB_ROWS - rest, 100]);
+        apply(&mut s, &p);
+        assert_eq!(
+            s.running[0].prompt_rows_from(),
+            None,
+            "the first has all its rows"
+        );
     }
 
     #[test]

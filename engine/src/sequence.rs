@@ -16,11 +16,6 @@ use crate::request::SamplingParams;
 use crate::sampler::SamplerState;
 use crate::stop::StopMatcher;
 
-/// Most prompt tokens fed in one step while the prompt's log-probabilities are gathered:
-/// each is a whole row of logits (49k floats for the default model, 128k for Llama-3), so a
-/// long prompt goes in chunks of this many rather than a step's whole token budget.
-pub(crate) const PROMPT_LOGPROB_ROWS: usize = 256;
-
 /// What all choices of one request share.
 #[derive(Debug)]
 pub(crate) struct RequestInfo {
@@ -140,16 +135,6 @@ impl Seq {
     /// Tokens still to feed before the next sample (1 for a decode).
     pub fn remaining(&self) -> usize {
         self.tokens.len() - self.num_computed
-    }
-
-    /// Tokens the next step may feed: all that remain, but while the prompt's
-    /// log-probabilities are gathered at most [`PROMPT_LOGPROB_ROWS`] (each fed token is a
-    /// whole row of logits then).
-    pub fn schedulable(&self) -> usize {
-        match self.prompt_rows_from() {
-            Some(_) => self.remaining().min(PROMPT_LOGPROB_ROWS),
-            None => self.remaining(),
-        }
     }
 
     /// The first position whose row of logits the prompt's log-probabilities still need (row
