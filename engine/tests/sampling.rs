@@ -364,23 +364,14 @@ fn prompt_logprobs_survive_preemption() {
             request(prompt(&text.repeat(2)), params)
         })
         .collect();
-    let alone = start(|_| {});
-    let solo: Vec<_> = reqs
-        .iter()
-        .map(|r| run(&alone, r.clone()).remove(0))
-        .collect();
     let engine = start(|c| {
         c.num_kv_blocks = Some(24);
         c.max_model_len = Some(256);
     });
-    let streams: Vec<_> = reqs
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    for (i, (s, want)) in streams.into_iter().zip(&solo).enumerate() {
-        let got = collect(s, 1).remove(0);
+    let pairs = together_and_alone(&start(|_| {}), &engine, &reqs);
+    for (i, (got, want)) in pairs.into_iter().enumerate() {
         let got = got.prompt_logprobs.unwrap().logprobs;
-        let want = want.prompt_logprobs.clone().unwrap().logprobs;
+        let want = want.prompt_logprobs.unwrap().logprobs;
         assert_eq!(got.len(), reqs[i].prompt.len() - 1, "request {i}");
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g.token, w.token, "request {i}");

@@ -159,9 +159,13 @@ pub fn run(engine: &EngineHandle, req: Request) -> Vec<Choice> {
     collect(engine.submit(req).expect("accepted"), n)
 }
 
-/// Runs `reqs` one at a time on `alone`, then all together on `engine`; asserts that each
-/// request gives the same tokens, text and finish both ways.
-pub fn assert_together_match_alone(alone: &EngineHandle, engine: &EngineHandle, reqs: &[Request]) {
+/// Runs `reqs` one at a time on `alone`, then all together on `engine`: each request's first
+/// choice both ways, (together, alone).
+pub fn together_and_alone(
+    alone: &EngineHandle,
+    engine: &EngineHandle,
+    reqs: &[Request],
+) -> Vec<(Choice, Choice)> {
     let solo: Vec<_> = reqs
         .iter()
         .map(|r| run(alone, r.clone()).remove(0))
@@ -170,8 +174,14 @@ pub fn assert_together_match_alone(alone: &EngineHandle, engine: &EngineHandle, 
         .iter()
         .map(|r| engine.submit(r.clone()).unwrap())
         .collect();
-    for (i, (s, want)) in streams.into_iter().zip(&solo).enumerate() {
-        let got = collect(s, 1).remove(0);
+    let together = streams.into_iter().map(|s| collect(s, 1).remove(0));
+    together.zip(solo).collect()
+}
+
+/// [`together_and_alone`], asserting that each request gives the same tokens, text and
+/// finish both ways.
+pub fn assert_together_match_alone(alone: &EngineHandle, engine: &EngineHandle, reqs: &[Request]) {
+    for (i, (got, want)) in together_and_alone(alone, engine, reqs).iter().enumerate() {
         assert_eq!(got.token_ids, want.token_ids, "request {i}");
         assert_eq!(got.text, want.text, "request {i}");
         assert_eq!(got.reason, want.reason, "request {i}");
