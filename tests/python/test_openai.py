@@ -284,6 +284,51 @@ def test_vllm_allowed_token_ids_bound_the_answer(client, server):
         assert status == 400 and b["error"]["param"] == "allowed_token_ids", b
 
 
+def test_vllm_beam_search_answers_the_best_beams(client, server):
+    """vLLM's `use_beam_search` with n beams: n distinct answers, best first by vLLM's score
+    (the log-probability of prompt and answer over their length), each answer's
+    log-probability what scoring it with echo reports (and the end-of-sequence token's, for
+    an answer that stopped); the best scores at least what the greedy answer does. On chat
+    too; refused beside streaming, log-probabilities, a response format or more than 10 beams,
+    and `length_penalty` without it."""
+    prompt = "The capital of France is"
+    tokenize = lambda text: raw(server.url, "/tokenize", {"prompt": text})[2]["tokens"]
+    ids, eos = tokenize(prompt), 2
+
+    def score(text, stopped):
+        out = tokenize(text)
+        scored = client.completions.create(model=MODEL, prompt=ids + out, max_tokens=0,
+                                           echo=True, logprobs=0).choices[0].logprobs
+        total = sum(scored.token_logprobs[len(ids):])
+        if stopped:
+            total += client.completions.create(
+                model=MODEL, prompt=ids + out, max_tokens=1, logprobs=0, temperature=0,
+                logit_bias={str(eos): 100}, extra_body={"ignore_eos": True},
+            ).choices[0].logprobs.token_logprobs[0]
+        return total / (len(ids) + len(out))
+
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, n=3,
+                                  extra_body={"use_beam_search": True})
+    answers = [(c.text, c.finish_reason == "stop") for c in r.choices]
+    assert len({t for t, _ in answers}) == 3, answers
+    scores = [score(t, s) for t, s in answers]
+    assert all(a >= b - 1e-2 for a, b in zip(scores, scores[1:])), (answers, scores)
+    greedy = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8,
+                                       temperature=0).choices[0]
+    assert scores[0] >= score(greedy.text, greedy.finish_reason == "stop") - 1e-2
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, n=2,
+                                          extra_body={"use_beam_search": True,
+                                                      "length_penalty": 0.5})
+    assert len(chat.choices) == 2 and all(c.message.content for c in chat.choices)
+    base = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "use_beam_search": True}
+    for extra, param in [({"stream": True}, "use_beam_search"), ({"logprobs": 1}, "use_beam_search"),
+                         ({"response_format": {"type": "json_object"}}, "use_beam_search"),
+                         ({"n": 11}, "n"), ({"use_beam_search": False, "length_penalty": 2},
+                                            "length_penalty")]:
+        status, _, b = raw(server.url, "/v1/completions", {**base, **extra})
+        assert status == 400 and b["error"]["param"] == param, (extra, b)
+
+
 BEGUN = [{"role": "user", "content": "What is the capital of France?"},
          {"role": "assistant", "content": "Sure! The capital of France is"}]
 
@@ -357,7 +402,6 @@ def test_continue_final_message_refusals_name_it(server, extra, messages, says):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"use_beam_search": True}, "use_beam_search"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
 ])

@@ -2,6 +2,7 @@
 //! the OpenAPI document. [`app`] builds the router so tests can drive it with
 //! `tower::ServiceExt::oneshot`; `crate::server` puts it on a socket.
 
+mod beam;
 mod body;
 mod endpoint;
 mod gate;

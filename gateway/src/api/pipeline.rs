@@ -20,6 +20,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use sluice_engine::{EventStream, Request as EngineRequest, Resume, SamplingParams, SubmitError};
 
+use super::beam::{self, BeamRun};
 use super::body::{parse_json, read_body};
 use super::endpoint::Endpoint;
 use super::gate::{Ask, Gate};
@@ -31,7 +32,7 @@ use super::scope::RequestScope;
 use super::state::{AppState, RequestId};
 use super::tools;
 use super::types::*;
-use super::validate::{self, Checked, Echo};
+use super::validate::{self, Beam, Checked, Echo};
 use crate::backend::{LocalBackend, Target};
 use crate::error::ApiError;
 use crate::router::dispatch::Routed;
@@ -97,12 +98,14 @@ enum Started<R> {
     Remote(Box<(Routed, Option<Resumption>)>),
 }
 
-/// The engine's streams for an admitted local request, and how to render them.
+/// The engine's streams for an admitted local request, and how to render them; or the beam
+/// search it runs instead.
 struct LocalRun<R> {
     render: R,
     streams: Vec<EventStream>,
     n: usize,
     stream: bool,
+    beam: Option<BeamRun>,
 }
 
 async fn generation<E: Endpoint>(call: Call) -> Response {
@@ -150,7 +153,7 @@ async fn start<E: Endpoint>(
     match s.resolve(req.model())? {
         Target::Local(backend) => {
             let internal = Internal::of(headers, &bytes)?;
-            start_local(s, tenant, id, (req, internal), &backend, scope)
+            start_local(s, tenant, id, (req, internal), backend, scope)
                 .await
                 .map(Started::Local)
         }
@@ -184,7 +187,7 @@ async fn start_local<E: Endpoint>(
     tenant: &Arc<Tenant>,
     id: &RequestId,
     (req, internal): (E, Internal),
-    backend: &LocalBackend,
+    backend: Arc<LocalBackend>,
     scope: &mut RequestScope,
 ) -> Result<LocalRun<E::Render>, ApiError> {
     let model = backend.model();
@@ -216,8 +219,14 @@ async fn start_local<E: Endpoint>(
         }),
         None => None,
     };
+    if checked.beam.is_some() && (grammar.is_some() || echo.is_some() || resume.is_some()) {
+        return Err(ApiError::bad(
+            "'use_beam_search' cannot be combined with a response format, tool calls or echo",
+            "use_beam_search",
+        ));
+    }
     if let Some((grammar, param)) = grammar {
-        checked.sampling.constraint = Some(tools::compile(backend, grammar, param).await?);
+        checked.sampling.constraint = Some(tools::compile(&backend, grammar, param).await?);
     }
     // Fail on context length before spending any of the tenant's budget.
     let reserve = reservation(&checked.sampling, &prompts, backend.max_model_len())
@@ -231,8 +240,17 @@ async fn start_local<E: Endpoint>(
     };
     gate(s, (tenant, backend.model_id()), ask, scope).await?;
     let resumed = resume.as_ref().map(|r| r.output.clone());
-    let streams = submit(backend, prompts, &checked, (scope.deadline, resume))
-        .map_err(|e| E::PARAMS.submit_error(e))?;
+    let (streams, beam) = match checked.beam {
+        None => {
+            let streams = submit(&backend, prompts, &checked, (scope.deadline, resume))
+                .map_err(|e| E::PARAMS.submit_error(e))?;
+            (streams, None)
+        }
+        Some(beam) => (
+            Vec::new(),
+            Some(beam_run::<E>(&backend, prompts, &checked, beam, scope)?),
+        ),
+    };
     let head = Head {
         id: format!("{}{}", E::ID_PREFIX, id.0),
         created: generate::unix_now(),
@@ -257,6 +275,32 @@ async fn start_local<E: Endpoint>(
         streams,
         n,
         stream: checked.stream,
+        beam,
+    })
+}
+
+/// A beam search for `prompts`, each to its output budget.
+fn beam_run<E: Endpoint>(
+    backend: &Arc<LocalBackend>,
+    prompts: Vec<Vec<u32>>,
+    checked: &Checked,
+    beam: Beam,
+    scope: &RequestScope,
+) -> Result<BeamRun, ApiError> {
+    let max_len = backend.max_model_len();
+    let max_tokens = prompts
+        .iter()
+        .map(|p| checked.sampling.budget(p.len(), max_len))
+        .collect::<Result<_, _>>()
+        .map_err(|e| E::PARAMS.submit_error(e))?;
+    Ok(BeamRun {
+        backend: backend.clone(),
+        prompts,
+        beam,
+        max_tokens,
+        priority: checked.priority,
+        deadline: scope.deadline,
+        params: E::PARAMS,
     })
 }
 
@@ -319,6 +363,9 @@ fn submit(
 }
 
 async fn run_local<R: Render>(s: &AppState, run: LocalRun<R>, scope: RequestScope) -> Response {
+    if let Some(beam) = run.beam {
+        return beam::respond(run.render, beam, scope).await;
+    }
     let g = Generation {
         render: run.render,
         streams: run.streams,

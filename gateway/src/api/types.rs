@@ -109,12 +109,11 @@ macro_rules! with_sampling_fields {
             pub bad_words: Option<Vec<String>>,
             /// Extension (vLLM): only these token ids may be sampled.
             pub allowed_token_ids: Option<Vec<i64>>,
-            /// vLLM extensions sluice does not implement, refused by name unless sent at their
-            /// default (see `validate::refuse_unimplemented`).
-            #[schema(value_type = Option<Object>)]
-            pub use_beam_search: Option<Value>,
-            #[schema(value_type = Option<Object>)]
-            pub length_penalty: Option<Value>,
+            /// Extension (vLLM): beam search with `n` beams (at most 10), the `n` best
+            /// answers returned, best first; scored by log-probability over length to the
+            /// power `length_penalty` (default 1). Not streamed.
+            pub use_beam_search: Option<bool>,
+            pub length_penalty: Option<f64>,
         }
 
         impl $name {
@@ -146,16 +145,9 @@ macro_rules! with_sampling_fields {
                     truncate_prompt_tokens: self.truncate_prompt_tokens,
                     bad_words: self.bad_words.clone(),
                     allowed_token_ids: self.allowed_token_ids.clone(),
+                    use_beam_search: self.use_beam_search,
+                    length_penalty: self.length_penalty,
                 }
-            }
-
-            /// vLLM's extensions sluice does not implement, with their names, for
-            /// `validate::refuse_unimplemented`.
-            pub fn unimplemented_fields(&self) -> [(&'static str, Option<&Value>); 2] {
-                [
-                    ("use_beam_search", self.use_beam_search.as_ref()),
-                    ("length_penalty", self.length_penalty.as_ref()),
-                ]
             }
 
             /// vLLM's structured-output fields, for [`crate::api::guided`].
@@ -201,6 +193,8 @@ pub struct SamplingFields {
     pub truncate_prompt_tokens: Option<i64>,
     pub bad_words: Option<Vec<String>>,
     pub allowed_token_ids: Option<Vec<i64>>,
+    pub use_beam_search: Option<bool>,
+    pub length_penalty: Option<f64>,
 }
 
 /// vLLM's structured-output fields of either request, as parsed.

@@ -151,6 +151,72 @@ pub struct Checked {
     /// vLLM's `bad_words`, tokenised with the model into `sampling.bad_words`
     /// ([`bad_word_ids`]).
     pub bad_words: Vec<String>,
+    /// vLLM's `use_beam_search`: the request runs as a beam search (`api::beam`).
+    pub beam: Option<Beam>,
+}
+
+/// A beam search's shape: `width` beams kept and answered (the request's `n`), each scored
+/// by its log-probability over its length (prompt included, as vLLM counts it) to the power
+/// `length_penalty`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Beam {
+    pub width: usize,
+    pub length_penalty: f64,
+}
+
+/// Most beams: each step reads twice the width of candidates per beam, and a row reports at
+/// most 20 alternatives.
+pub const MAX_BEAM_WIDTH: usize = 10;
+
+/// `use_beam_search` and `length_penalty`: the beam, when asked; refused beside what a beam
+/// search does not do here (streaming, log-probabilities, a grammar, stop strings, a minimum
+/// length), and a `length_penalty` without it.
+fn beam(f: &SamplingFields, sampling: &SamplingParams) -> Result<Option<Beam>, ApiError> {
+    let length_penalty = f.length_penalty.unwrap_or(1.0);
+    if !f.use_beam_search.unwrap_or(false) {
+        if length_penalty != 1.0 {
+            let message = "'length_penalty' applies only with 'use_beam_search'";
+            return Err(ApiError::bad(message, "length_penalty"));
+        }
+        return Ok(None);
+    }
+    if !length_penalty.is_finite() {
+        return Err(ApiError::bad(
+            "'length_penalty' must be finite",
+            "length_penalty",
+        ));
+    }
+    let beside = [
+        ("stream", f.stream.unwrap_or(false)),
+        ("logprobs", sampling.logprobs.is_some()),
+        ("prompt_logprobs", sampling.prompt_logprobs.is_some()),
+        (
+            "stop",
+            !sampling.stop.is_empty() || !sampling.stop_token_ids.is_empty(),
+        ),
+        ("min_tokens", sampling.min_tokens > 0),
+        ("allowed_token_ids", sampling.allowed_token_ids.is_some()),
+        (
+            "bad_words",
+            f.bad_words.as_ref().is_some_and(|w| !w.is_empty()),
+        ),
+    ];
+    if let Some((field, _)) = beside.iter().find(|(_, asked)| *asked) {
+        return Err(ApiError::bad(
+            format!("'use_beam_search' cannot be combined with '{field}' here"),
+            "use_beam_search",
+        ));
+    }
+    if sampling.n > MAX_BEAM_WIDTH {
+        return Err(ApiError::bad(
+            format!("'use_beam_search' takes at most {MAX_BEAM_WIDTH} beams ('n')"),
+            "n",
+        ));
+    }
+    Ok(Some(Beam {
+        width: sampling.n,
+        length_penalty,
+    }))
 }
 
 /// `allowed_token_ids` as the engine takes them: ids of the vocabulary, sorted, once each.
@@ -280,6 +346,7 @@ fn checked(
         token_names_as_ids: f.return_tokens_as_token_ids.unwrap_or(false),
         truncate: Truncate::of(f.truncate_prompt_tokens)?,
         bad_words: bad_words(f)?,
+        beam: beam(f, &sampling)?,
         stream,
         include_usage: f
             .stream_options
@@ -305,8 +372,7 @@ fn present(v: &Option<Value>) -> bool {
 
 /// vLLM extensions sluice does not implement: refused by name (never silently ignored, which
 /// would answer something other than what was asked), unless sent at the value that asks for
-/// nothing (`false`, a `length_penalty` of 1, which only beam search reads, the text
-/// modality alone).
+/// nothing (`false`, the text modality alone).
 fn refuse_unimplemented<'a>(
     fields: impl IntoIterator<Item = (&'static str, Option<&'a Value>)>,
 ) -> Result<(), ApiError> {
@@ -314,7 +380,6 @@ fn refuse_unimplemented<'a>(
         let asks_nothing = match v {
             None | Some(Value::Null) | Some(Value::Bool(false)) => true,
             Some(Value::Array(a)) if field == "modalities" => a == &[Value::from("text")],
-            Some(Value::Number(n)) => field == "length_penalty" && n.as_f64() == Some(1.0),
             Some(_) => false,
         };
         if !asks_nothing {
@@ -567,11 +632,7 @@ pub fn chat_checked(
             return Err(unsupported(field, "not implemented"));
         }
     }
-    refuse_unimplemented(
-        req.unimplemented_fields()
-            .into_iter()
-            .chain([("modalities", req.modalities.as_ref())]),
-    )?;
+    refuse_unimplemented([("modalities", req.modalities.as_ref())])?;
     let template_kwargs =
         template_kwargs(req.chat_template_kwargs.as_ref(), req.documents.as_ref())?;
     let output = chat_output(req, tools.as_ref())?;
@@ -707,7 +768,6 @@ pub fn completion_checked(
     if present(&req.suffix) {
         return Err(unsupported("suffix", "no fill-in-the-middle"));
     }
-    refuse_unimplemented(req.unimplemented_fields())?;
     let f = req.sampling_fields();
     if let Some(b) = req.best_of {
         if b != f.n.unwrap_or(1) {
