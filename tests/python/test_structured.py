@@ -191,6 +191,19 @@ def test_tool_choice_required_and_named(client):
     check_call(c.message.tool_calls[0], [CLOCK])
 
 
+def test_a_function_without_parameters_is_called_with_no_arguments(client):
+    """OpenAI: omitting `parameters` defines a function with an empty parameter list, so its
+    call's arguments are `{}`, not whatever object the model makes up."""
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What time is it?"}],
+        tools=[{"type": "function", "function": {"name": "now", "description": "The time"}}],
+        tool_choice="required", parallel_tool_calls=False, max_tokens=60, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] \
+        == [("now", {})]
+
+
 def test_tool_calls_stream(client):
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=ASK, tools=[WEATHER], stream=True, max_tokens=80, temperature=0,

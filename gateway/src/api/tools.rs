@@ -62,7 +62,8 @@ const ARGS_END: &str = "}\n</tool_call>";
 #[derive(Debug, Clone)]
 pub struct Tool {
     pub name: String,
-    /// Its parameters' JSON schema (`{"type": "object"}` when none is given).
+    /// Its parameters' JSON schema; none given, an empty parameter list (arguments `{}`), as
+    /// OpenAI defines it.
     pub parameters: Value,
 }
 
@@ -198,7 +199,10 @@ fn parse_tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
         ));
     }
     let parameters = match f.get("parameters") {
-        None | Some(Value::Null) => json!({"type": "object"}),
+        // OpenAI: omitting `parameters` defines a function with an empty parameter list.
+        None | Some(Value::Null) => {
+            json!({"type": "object", "properties": {}, "additionalProperties": false})
+        }
         Some(p @ Value::Object(_)) => p.clone(),
         Some(_) => {
             return Err(bad(
