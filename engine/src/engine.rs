@@ -350,7 +350,6 @@ struct Prepared {
     mask: Option<Mask>,
 }
 
-/// Computes the masks of `work`, timing them.
 /// The rows of logits each sequence of `batch` gets back, in the order they come.
 fn row_ranges(batch: &StepBatch) -> Vec<Range<usize>> {
     let mut at = 0;
@@ -365,6 +364,7 @@ fn row_ranges(batch: &StepBatch) -> Vec<Range<usize>> {
         .collect()
 }
 
+/// Computes the masks of `work`, timing them.
 fn compute_masks(work: Vec<(usize, ChoiceMatcher)>, stats: &MaskStats) -> Vec<Computed> {
     let started = Instant::now();
     let n = work.len() as u64;

@@ -350,11 +350,16 @@ pub struct TextRender {
 }
 
 impl TextRender {
+    /// The choices each echoed prompt has (`n`), when echoing.
+    fn per_prompt(&self) -> Option<usize> {
+        let prompts = self.head.echo.as_ref()?.prompts.len();
+        Some((self.offsets.len() / prompts.max(1)).max(1))
+    }
+
     /// Choice `i`'s echoed prompt: its text and ids.
     fn echoed(&self, i: usize) -> Option<&(String, Vec<u32>)> {
-        let prompts = &self.head.echo.as_ref()?.prompts;
-        let n = self.offsets.len() / prompts.len().max(1);
-        prompts.get(i / n.max(1))
+        let n = self.per_prompt()?;
+        self.head.echo.as_ref()?.prompts.get(i / n)
     }
 
     /// The choice carrying choice `i`'s echoed prompt, with its tokens' log-probabilities
@@ -407,8 +412,7 @@ impl Render for TextRender {
     }
 
     fn prompt(&mut self, p: usize, lps: &PromptLogprobs) -> Option<Bytes> {
-        let prompts = self.head.echo.as_ref()?.prompts.len();
-        let n = self.offsets.len() / prompts.max(1);
+        let n = self.per_prompt()?;
         self.head
             .logprobs
             .then(|| self.echo_chunk(p * n..(p + 1) * n, &lps.logprobs))
