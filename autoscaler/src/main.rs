@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use sluice_policy::capacity::{self, Slo, Workload};
-use sluice_policy::policy::{Policy, Sluice, SluiceConfig, VariantLimits};
+use sluice_policy::policy::{plan, Policy, Sluice, SluiceConfig, VariantLimits};
 use sluice_policy::profile::{CapacityType, Profile};
 use sluice_policy::signals::Signals;
 use sluice_policy::timeline::Request;
@@ -442,8 +442,15 @@ fn print_scenario(
         "  mean request {:.0} prompt + {:.0} output tokens",
         mean.mean_prompt_tokens, mean.mean_output_tokens
     );
-    for v in &scn.profile.variants {
-        let c = capacity::at_slo(v, mean, &scn.slo, &scn.planning);
+    // As the policies see them: a variant leaving too many prompts late on its own is out.
+    let limits: Vec<VariantLimits> = scn
+        .profile
+        .variants
+        .iter()
+        .map(|v| VariantLimits::new(&v.name, 1))
+        .collect();
+    let (caps, _) = plan::capacities(&scn.profile, &limits, mean, &scn.slo, &scn.planning);
+    for (v, c) in scn.profile.variants.iter().zip(caps) {
         let ct = if scn.spot {
             CapacityType::Spot
         } else {

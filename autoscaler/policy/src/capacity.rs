@@ -23,6 +23,14 @@ use crate::signals::SecondSums;
 /// The lowest prefill utilisation the TTFT bound plans for (see [`at_slo`]).
 pub const MIN_PREFILL_UTILISATION: f64 = 0.5;
 
+/// The share of first tokens a variant may leave late with prompts it cannot prefill in time
+/// even idle, beyond those the fastest variant leaves late (see [`slow_prompt_share`]): the
+/// whole error budget of a p99, since a fleet of that variant alone misses the SLO past it
+/// whatever its size. Half the budget (what the sluice policy's prompt floors plan for) ruled
+/// out the A100 for code-shaped prompts on windows whose fitted tail ran heavy (0.47 % on
+/// the mean shape), where A100 fleets meet the SLO.
+pub const SLOW_PROMPT_BUDGET: f64 = 0.01;
+
 /// Latency objectives, as percentiles over requests.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct Slo {
@@ -110,6 +118,17 @@ pub struct Capacity {
 }
 
 impl Capacity {
+    /// A variant that cannot meet the SLO for the workload: no capacity at all.
+    pub fn ineligible(v: &Variant) -> Capacity {
+        Capacity {
+            requests_per_s: 0.0,
+            output_tokens_per_s: 0.0,
+            batch: 0.0,
+            tpot_s: v.perf.itl_alpha_ms / 1000.0,
+            bound: Bound::Ineligible,
+        }
+    }
+
     /// Requests per second a whole fleet of `n` such replicas serves.
     pub fn fleet(&self, n: u32) -> f64 {
         self.requests_per_s * f64::from(n)
@@ -150,13 +169,6 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
     let t = slo.tpot_p99_s * plan.tpot_share;
     let prefill_s = prompt / p.prefill_tokens_per_s;
     let ttft_budget = slo.ttft_p99_s * plan.ttft_share;
-    let ineligible = Capacity {
-        requests_per_s: 0.0,
-        output_tokens_per_s: 0.0,
-        batch: 0.0,
-        tpot_s: alpha,
-        bound: Bound::Ineligible,
-    };
     // A decode step that carries a full prefill chunk is the slowest a sequence sees; a request
     // decoding through a run of prompts sees it step after step, so it must fit the TPOT SLO
     // itself (not just the planned mean): `α + β·b + (C − b)/R ≤ SLO`, which caps the batch
@@ -177,7 +189,7 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
         || b_kv < 1.0
         || prompt + out > v.perf.kv_cache_tokens as f64
     {
-        return ineligible;
+        return Capacity::ineligible(v);
     }
     let lambda_tpot = (t - alpha) / (t * (prefill_s + beta * out));
     // At the KV bound the batch is fixed, TPOT falls below `t`.
@@ -256,18 +268,46 @@ fn normal_cdf(x: f64) -> f64 {
     0.5 * libm::erfc(-x / std::f64::consts::SQRT_2)
 }
 
-/// `E[(P − k)⁺]`: prompt tokens beyond `k` per request, for prompt lengths `P` log-normal
-/// with the workload's mean and squared coefficient of variation (the published traces'
-/// prompt lengths are close to log-normal); all equal to the mean when `cv² = 0`.
-pub fn prompt_excess_tokens(w: &Workload, k: f64) -> f64 {
+/// Prompt lengths `P` log-normal with the workload's mean and squared coefficient of
+/// variation (the published traces' prompt lengths are close to log-normal): the mean, the
+/// spread of the logarithm and `k`'s standard score; `None` for equal prompts (`cv² = 0`), no
+/// prompt or `k ≤ 0`.
+fn prompt_fit(w: &Workload, k: f64) -> Option<(f64, f64, f64)> {
     let m = w.mean_prompt_tokens.max(0.0);
     let s2 = (1.0 + w.prompt_cv2.max(0.0)).ln();
     if m <= 0.0 || k <= 0.0 || s2 <= 1e-12 {
-        return (m - k).max(0.0);
+        return None;
     }
     let s = s2.sqrt();
-    let z = (k.ln() - (m.ln() - s2 / 2.0)) / s;
-    (m * normal_cdf(s - z) - k * normal_cdf(-z)).max(0.0)
+    Some((m, s, (k.ln() - (m.ln() - s2 / 2.0)) / s))
+}
+
+/// `E[(P − k)⁺]`: prompt tokens beyond `k` per request (log-normal fit, [`prompt_fit`]); all
+/// equal to the mean when `cv² = 0`.
+pub fn prompt_excess_tokens(w: &Workload, k: f64) -> f64 {
+    match prompt_fit(w, k) {
+        Some((m, s, z)) => (m * normal_cdf(s - z) - k * normal_cdf(-z)).max(0.0),
+        None => (w.mean_prompt_tokens.max(0.0) - k).max(0.0),
+    }
+}
+
+/// `P(P > k)`: the share of prompts longer than `k` tokens (log-normal fit, [`prompt_fit`]).
+pub fn prompt_share_beyond(w: &Workload, k: f64) -> f64 {
+    let m = w.mean_prompt_tokens.max(0.0);
+    match prompt_fit(w, k) {
+        Some((_, _, z)) => normal_cdf(-z),
+        None if m > k.max(0.0) => 1.0,
+        None => 0.0,
+    }
+}
+
+/// The share of prompts longer than one idle replica of `v` prefills within the TTFT target
+/// ([`Variant::longest_prompt_within`]): their first tokens are late however many replicas of
+/// `v` there are. The capacity model's prefill bound is a mean and misses them: a variant
+/// with slow prefill (an L4 at 3k tokens/s, chunks of 256) meets a 2 s target on the mean
+/// conversation prompt yet leaves ~3 % of them late with nothing queued.
+pub fn slow_prompt_share(v: &Variant, w: &Workload, slo: &Slo) -> f64 {
+    prompt_share_beyond(w, v.longest_prompt_within(slo.ttft_p99_s))
 }
 
 /// The fewest replicas of `v` sharing `rate` requests/s at which at most `budget` of first
@@ -497,6 +537,37 @@ mod tests {
             ..w
         };
         assert!(prompt_excess_tokens(&lighter, k) < e);
+    }
+
+    #[test]
+    fn prompt_share_beyond_is_the_fitted_tail_and_slow_prefill_leaves_it_late() {
+        // Equal prompts: all or nothing.
+        let equal = Workload::uniform(1000.0, 10.0);
+        assert_eq!(prompt_share_beyond(&equal, 600.0), 1.0);
+        assert_eq!(prompt_share_beyond(&equal, 1500.0), 0.0);
+        // Log-normal: half the prompts lie beyond the median, m / √(1 + cv²); one standard
+        // deviation of the logarithm above it, 15.87 %.
+        let w = Workload {
+            prompt_cv2: 0.9,
+            ..Workload::uniform(1100.0, 250.0)
+        };
+        let median = 1100.0 / 1.9f64.sqrt();
+        assert!((prompt_share_beyond(&w, median) - 0.5).abs() < 1e-12);
+        let one_sigma = median * 1.9f64.ln().sqrt().exp();
+        assert!((prompt_share_beyond(&w, one_sigma) - 0.158_655).abs() < 1e-5);
+        assert_eq!(prompt_share_beyond(&w, 0.0), 1.0);
+        // An idle L4 prefills ~3,760 tokens within 2 s (256-token chunks, 51 ms a step plus
+        // the chunk at 3k tokens/s): a few percent of conversation prompts are longer, and no
+        // number of L4s serves them in time. An H100 prefills ~45k.
+        let p = Profile::load("llama-3-8b").unwrap();
+        let l4 = p.variant("nvidia-l4").unwrap();
+        let h100 = p.variant("nvidia-h100-80gb").unwrap();
+        let late = slow_prompt_share(l4, &w, &slo());
+        assert!((0.02..0.05).contains(&late), "{late}");
+        assert!(slow_prompt_share(h100, &w, &slo()) < 1e-6);
+        let k = l4.longest_prompt_within(slo().ttft_p99_s);
+        assert!((l4.alone_ttft_s(k) - slo().ttft_p99_s).abs() < 1e-9);
+        assert_eq!(late, prompt_share_beyond(&w, k));
     }
 
     #[test]

@@ -118,6 +118,47 @@ fn small_demand_takes_small_replicas_and_large_demand_takes_h100s() {
     assert_eq!(pool.nodes, large.replicas_of(H100));
 }
 
+/// Prompts of the same mean with a conversation's spread (cv² 0.9): ~3 % are longer than an
+/// idle L4 prefills within the TTFT target, late however many L4s there are, so the mix takes
+/// an H100 where equal prompts take L4s (above), and says why.
+#[test]
+fn an_l4_that_leaves_long_prompts_late_is_not_bought() {
+    let mut p = Sluice::new(profile(), config());
+    let mut d = Decision::default();
+    for i in 0..10 {
+        let fleet = [
+            (
+                L4,
+                CapacityType::OnDemand,
+                d.replicas(L4, CapacityType::OnDemand),
+                0,
+            ),
+            (
+                H100,
+                CapacityType::OnDemand,
+                d.replicas(H100, CapacityType::OnDemand),
+                0,
+            ),
+        ];
+        let mut s = signals(i as f64 * 15.0, 0.5, 0, &fleet);
+        s.arrivals.prompt_tokens_cv2 = 0.9;
+        d = p.decide(&s);
+    }
+    assert_eq!(d.replicas(L4, CapacityType::OnDemand), 0, "{:?}", d.targets);
+    assert!(
+        d.replicas(H100, CapacityType::OnDemand) >= 1,
+        "{:?}",
+        d.targets
+    );
+    assert!(
+        d.reasons
+            .iter()
+            .any(|r| r.kind == ReasonKind::Ineligible && r.variant.as_deref() == Some(L4)),
+        "{:?}",
+        d.reasons
+    );
+}
+
 #[test]
 fn a_queue_spike_panics_scales_up_at_once_and_blocks_scale_down() {
     let mut p = Sluice::new(profile(), config());
