@@ -179,6 +179,10 @@ struct SimulateArgs {
     /// Write an SVG of replicas and demand over time here.
     #[arg(long, env = "SLUICE_AUTOSCALER_PLOT")]
     plot: Option<PathBuf>,
+    /// Write every tick's decision of each policy here, one JSON object a line
+    /// (`{"policy": …, "decision": …}`): the demand it planned, the targets and the reasons.
+    #[arg(long, env = "SLUICE_AUTOSCALER_DECISIONS", conflicts_with = "suite")]
+    decisions: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -316,6 +320,8 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     );
     let prepared = scenario::prepare(&scn, &requests, &a.policies)?;
     let notes: Vec<String> = prepared.iter().filter_map(|p| p.note.clone()).collect();
+    // After `prepare`: the oracle's search replays the trace and reads only outcomes.
+    scn.sim.record_decisions = a.decisions.is_some();
     let runs = scenario::run_all(&scn, &requests, prepared);
     let mut summaries: Vec<(String, report::Summary)> = runs
         .iter()
@@ -347,7 +353,26 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     if let Some(path) = &a.plot {
         plot::write_svg(path, &runs)?;
     }
+    if let Some(path) = &a.decisions {
+        write_decisions(path, &runs)?;
+    }
     Ok(())
+}
+
+/// Every run's decisions as JSON lines, policy by policy in the table's order.
+fn write_decisions(path: &std::path::Path, runs: &[sluice_sim::sim::Run]) -> Result<()> {
+    use std::io::Write;
+    let file =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    for run in runs {
+        for d in &run.decisions {
+            let line = serde_json::json!({ "policy": run.policy, "decision": d });
+            writeln!(out, "{line}").with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    out.flush()
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// `simulate --suite`: every policy over the suite's traces, one table, one SVG per trace.

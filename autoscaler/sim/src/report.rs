@@ -373,7 +373,7 @@ mod tests {
             end_s: 300.0,
             samples: Vec::new(),
             variants: vec!["v".into()],
-            last_decision: None,
+            decisions: Vec::new(),
         };
         let t = timeline(&run, &slo);
         assert_eq!(t.buckets.len(), 10);

@@ -60,6 +60,10 @@ pub struct SimConfig {
     #[serde(default = "queue_late_after_share")]
     pub queue_late_after_share: Option<f64>,
     pub seed: u64,
+    /// Keep every tick's decision in [`Run::decisions`] (`simulate --decisions`); off for the
+    /// oracle's replays and the suite, which read only the outcomes.
+    #[serde(skip)]
+    pub record_decisions: bool,
 }
 
 impl Default for SimConfig {
@@ -75,6 +79,7 @@ impl Default for SimConfig {
             max_drain_s: 1800.0,
             queue_late_after_share: queue_late_after_share(),
             seed: 1,
+            record_decisions: false,
         }
     }
 }
@@ -129,8 +134,8 @@ pub struct Run {
     pub end_s: f64,
     pub samples: Vec<Sample>,
     pub variants: Vec<String>,
-    /// The last decision, for `--explain`-style output.
-    pub last_decision: Option<Decision>,
+    /// Every tick's decision, in order, when [`SimConfig::record_decisions`] asks for them.
+    pub decisions: Vec<Decision>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -346,7 +351,7 @@ impl Sim<'_> {
 struct Tally {
     scale_events: usize,
     samples: Vec<Sample>,
-    last_decision: Option<Decision>,
+    decisions: Vec<Decision>,
 }
 
 /// Requests no replica can hold: longer than the largest KV cache or the model's context.
@@ -516,7 +521,9 @@ impl<'a> Sim<'a> {
         let d = policy.decide(&signals);
         tally.scale_events += self.apply(&d, now);
         tally.samples.push(sample(&self.variants, &signals, now));
-        tally.last_decision = Some(d);
+        if self.cfg.record_decisions {
+            tally.decisions.push(d);
+        }
         self.dispatch(now);
         self.push(now + self.cfg.tick_s, Kind::Tick);
         true
@@ -580,7 +587,7 @@ pub fn run(
         end_s,
         samples: tally.samples,
         variants: sim.variants,
-        last_decision: tally.last_decision,
+        decisions: tally.decisions,
     }
 }
 
