@@ -19,7 +19,16 @@ pub struct Holt {
     pub beta: f64,
     /// Damping time constant τ of the trend, seconds (infinite: undamped).
     pub damping_s: f64,
+    /// The interval `alpha` and `beta` are per, seconds: an observation `dt` after the last
+    /// weighs as `dt / interval` of them compounded, so the smoothing's time constant does not
+    /// change with the observation rate. Infinite: per observation, whatever its spacing.
+    #[serde(default = "per_observation")]
+    pub interval_s: f64,
     state: Option<State>,
+}
+
+fn per_observation() -> f64 {
+    f64::INFINITY
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
@@ -36,7 +45,27 @@ impl Holt {
             alpha: alpha.clamp(1e-3, 1.0),
             beta: beta.clamp(0.0, 1.0),
             damping_s: f64::INFINITY,
+            interval_s: f64::INFINITY,
             state: None,
+        }
+    }
+
+    /// The same with `alpha` and `beta` per `interval_s` seconds rather than per observation.
+    pub fn per_interval(mut self, interval_s: f64) -> Self {
+        self.interval_s = if interval_s > 0.0 {
+            interval_s
+        } else {
+            f64::INFINITY
+        };
+        self
+    }
+
+    /// A smoothing weight for an observation `dt` after the last: `w` per interval, compounded.
+    fn weight(&self, w: f64, dt: f64) -> f64 {
+        if self.interval_s.is_finite() {
+            1.0 - (1.0 - w).powf(dt / self.interval_s)
+        } else {
+            w
         }
     }
 
@@ -60,8 +89,9 @@ impl Holt {
                     return;
                 }
                 let predicted = s.level + s.trend * dt;
-                let level = self.alpha * x + (1.0 - self.alpha) * predicted;
-                let trend = self.beta * (level - s.level) / dt + (1.0 - self.beta) * s.trend;
+                let (a, b) = (self.weight(self.alpha, dt), self.weight(self.beta, dt));
+                let level = a * x + (1.0 - a) * predicted;
+                let trend = b * (level - s.level) / dt + (1.0 - b) * s.trend;
                 State {
                     time_s: t,
                     level,
@@ -117,6 +147,46 @@ mod tests {
         // An hour ahead: at most trend · τ = 2.4 above the level.
         let far = h.forecast(3600.0).unwrap();
         assert!(far > level + 2.3 && far <= level + 2.4 + 1e-9, "{far}");
+    }
+
+    #[test]
+    fn smoothing_per_interval_does_not_depend_on_how_often_it_observes() {
+        // A step from 0 to 10: without a trend, the level after 300 s is 10·(1 − 0.7^20)
+        // whether it saw the step every 5, 15 or 30 s.
+        let level_after = |every: f64| {
+            let mut h = Holt::new(0.3, 0.0).per_interval(15.0);
+            h.observe(0.0, 0.0);
+            let mut t = 0.0;
+            while t < 300.0 - 1e-9 {
+                t += every;
+                h.observe(t, 10.0);
+            }
+            h.forecast(0.0).unwrap()
+        };
+        let expect = 10.0 * (1.0 - 0.7f64.powi(20));
+        for every in [5.0, 15.0, 30.0] {
+            assert!((level_after(every) - expect).abs() < 1e-9, "{every}");
+        }
+        // Per observation, five-second observations follow three times as fast.
+        let mut h = Holt::new(0.3, 0.0);
+        h.observe(0.0, 0.0);
+        h.observe(5.0, 10.0);
+        assert!((h.forecast(0.0).unwrap() - 3.0).abs() < 1e-9);
+        // A ramp with a trend: the forecast a lead ahead within 2 % across tick lengths.
+        let ramp = |every: f64| {
+            let mut h = Holt::new(0.3, 0.1).damped(600.0).per_interval(15.0);
+            let mut t = 0.0;
+            while t <= 1200.0 + 1e-9 {
+                h.observe(t, 5.0 + 0.01 * t + (t / 45.0).sin());
+                t += every;
+            }
+            h.forecast(420.0).unwrap()
+        };
+        let base = ramp(15.0);
+        for every in [5.0, 10.0, 30.0] {
+            let f = ramp(every);
+            assert!((f - base).abs() < 0.02 * base, "{every}: {f} vs {base}");
+        }
     }
 
     #[test]

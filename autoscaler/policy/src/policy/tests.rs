@@ -770,3 +770,28 @@ fn an_idle_pool_does_not_keep_paying_for_replicas_still_starting() {
     let mut p2 = p.clone();
     assert_eq!(p2.decide(&busy).replicas_of(H100), ordered);
 }
+
+/// The forecast smooths per 15 s (the simulator's tick), not per tick: the Kubernetes
+/// controller's 10 s period and local mode's 2 s ticks plan as the simulator measured.
+#[test]
+fn the_forecast_does_not_depend_on_the_tick_length() {
+    let forecast_at_900 = |every: f64| {
+        let mut p = h100_only();
+        let mut fleet = 1;
+        let (mut t, mut d) = (0.0, Decision::default());
+        while t <= 900.0 + 1e-9 {
+            d = tick_h100(&mut p, t, 5.0 + 0.01 * t + (t / 45.0).sin(), &mut fleet);
+            t += every;
+        }
+        d.demand.forecast_requests_per_s
+    };
+    let at_15 = forecast_at_900(15.0);
+    assert!(at_15 > 14.0 + 1.0, "{at_15}");
+    for every in [2.0, 5.0, 10.0, 30.0] {
+        let f = forecast_at_900(every);
+        assert!(
+            (f - at_15).abs() < 0.02 * at_15,
+            "every {every} s: {f} vs {at_15}"
+        );
+    }
+}
