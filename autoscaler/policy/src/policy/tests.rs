@@ -69,13 +69,26 @@ fn signals(t: f64, rate: f64, waiting: u64, fleet: &[(&str, CapacityType, u32, u
 /// Runs the policy at a steady rate for `ticks` ticks, applying each decision as if replicas
 /// were ready at once; returns the last decision.
 fn settle(p: &mut Sluice, from: f64, ticks: usize, rate: f64) -> Decision {
+    settle_with(p, from, ticks, rate, |_| {})
+}
+
+/// [`settle`] with each tick's signals changed by `tweak` first.
+fn settle_with(
+    p: &mut Sluice,
+    from: f64,
+    ticks: usize,
+    rate: f64,
+    tweak: impl Fn(&mut Signals),
+) -> Decision {
     let mut fleet = vec![
         (L4, CapacityType::OnDemand, 0, 0),
         (H100, CapacityType::OnDemand, 0, 0),
     ];
     let mut d = Decision::default();
     for i in 0..ticks {
-        d = p.decide(&signals(from + i as f64 * 15.0, rate, 0, &fleet));
+        let mut s = signals(from + i as f64 * 15.0, rate, 0, &fleet);
+        tweak(&mut s);
+        d = p.decide(&s);
         fleet = vec![
             (
                 L4,
@@ -124,26 +137,7 @@ fn small_demand_takes_small_replicas_and_large_demand_takes_h100s() {
 #[test]
 fn an_l4_that_leaves_long_prompts_late_is_not_bought() {
     let mut p = Sluice::new(profile(), config());
-    let mut d = Decision::default();
-    for i in 0..10 {
-        let fleet = [
-            (
-                L4,
-                CapacityType::OnDemand,
-                d.replicas(L4, CapacityType::OnDemand),
-                0,
-            ),
-            (
-                H100,
-                CapacityType::OnDemand,
-                d.replicas(H100, CapacityType::OnDemand),
-                0,
-            ),
-        ];
-        let mut s = signals(i as f64 * 15.0, 0.5, 0, &fleet);
-        s.arrivals.prompt_tokens_cv2 = 0.9;
-        d = p.decide(&s);
-    }
+    let d = settle_with(&mut p, 0.0, 10, 0.5, |s| s.arrivals.prompt_tokens_cv2 = 0.9);
     assert_eq!(d.replicas(L4, CapacityType::OnDemand), 0, "{:?}", d.targets);
     assert!(
         d.replicas(H100, CapacityType::OnDemand) >= 1,
