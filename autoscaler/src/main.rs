@@ -183,6 +183,10 @@ struct SimulateArgs {
     /// (`{"policy": …, "decision": …}`): the demand it planned, the targets and the reasons.
     #[arg(long, env = "SLUICE_AUTOSCALER_DECISIONS", conflicts_with = "suite")]
     decisions: Option<PathBuf>,
+    /// With `--suite`: write each trace's decisions beside its SVG
+    /// (`<suite-dir>/<trace>.decisions.jsonl`, as `--decisions` writes them).
+    #[arg(long, env = "SLUICE_AUTOSCALER_SUITE_DECISIONS", requires = "suite")]
+    suite_decisions: bool,
 }
 
 #[derive(Args)]
@@ -354,25 +358,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         plot::write_svg(path, &runs)?;
     }
     if let Some(path) = &a.decisions {
-        write_decisions(path, &runs)?;
+        report::write_decisions(path, &runs)?;
     }
     Ok(())
-}
-
-/// Every run's decisions as JSON lines, policy by policy in the table's order.
-fn write_decisions(path: &std::path::Path, runs: &[sluice_sim::sim::Run]) -> Result<()> {
-    use std::io::Write;
-    let file =
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let mut out = std::io::BufWriter::new(file);
-    for run in runs {
-        for d in &run.decisions {
-            let line = serde_json::json!({ "policy": run.policy, "decision": d });
-            writeln!(out, "{line}").with_context(|| format!("writing {}", path.display()))?;
-        }
-    }
-    out.flush()
-        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// `simulate --suite`: every policy over the suite's traces, one table, one SVG per trace.
@@ -390,7 +378,11 @@ fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<
             a.suite_only.join(",")
         );
     }
-    let results = sluice_sim::suite::run(scn, &entries, &a.policies, Some(&a.suite_dir))?;
+    let files = sluice_sim::suite::Files {
+        dir: &a.suite_dir,
+        decisions: a.suite_decisions,
+    };
+    let results = sluice_sim::suite::run(scn, &entries, &a.policies, Some(files))?;
     println!("{}", sluice_sim::suite::table(&results));
     for r in &results {
         for n in &r.notes {

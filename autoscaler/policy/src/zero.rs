@@ -15,7 +15,9 @@
 //! part of the start-up that overruns the TTFT target: arrivals in its last TTFT seconds
 //! still get their first token in time. When zero does not fit, the pool keeps capacity for
 //! the rate its traffic returns at: a pool whose sessions come at 15 req/s keeps 15 req/s of
-//! replicas, not one replica a session would swamp. Nothing in between: with less than the
+//! replicas, not one replica a session would swamp; or the demand its prompt floors planned
+//! while traffic came, where more (bursts that need more prefill than the rate at a tight
+//! TTFT target). Nothing in between: with less than the
 //! returning rate a first-come-first-served queue grows until every later arrival waits past
 //! the target, so a partial fleet misses nearly as much as none. Counts decay exponentially
 //! over the horizon, so the budget is a rolling one.
@@ -74,6 +76,9 @@ pub struct ZeroBudget {
     spent: f64,
     /// The rate traffic is expected back at (see [`PEAK_MEMORY_S`]).
     wake_rate: f64,
+    /// The demand the prompt floors planned while traffic came (the prompt tail's, the
+    /// bursts'), remembered as `wake_rate` is: traffic that needed them returns needing them.
+    wake_floor: f64,
     /// A cold start is reserved for the idle period under way.
     reserved: bool,
     /// The last observed rate was zero.
@@ -105,8 +110,19 @@ impl ZeroBudget {
         self.idle = requests_per_s <= 0.0;
         if requests_per_s > 0.0 {
             self.reserved = false;
-            let faded = self.wake_rate * (-dt / PEAK_MEMORY_S).exp();
-            self.wake_rate = faded.max(requests_per_s);
+            let fade = (-dt / PEAK_MEMORY_S).exp();
+            self.wake_rate = (self.wake_rate * fade).max(requests_per_s);
+            self.wake_floor *= fade;
+        }
+    }
+
+    /// Takes the demand (requests/s) a prompt floor planned at `t`, 0 for none, after
+    /// [`Self::observe`] of the same tick; only once traffic has come for a whole arrival
+    /// window since it started or came back: before that the floors are measured on a few
+    /// requests (at a trace's start the tail floor of a dozen prompts asked three H100s).
+    pub fn observe_floor(&mut self, t: f64, window_s: f64, requests_per_s: f64) {
+        if !self.idle && t - self.resumed_s >= window_s {
+            self.wake_floor = self.wake_floor.max(requests_per_s);
         }
     }
 
@@ -127,12 +143,13 @@ impl ZeroBudget {
     }
 
     /// Requests/s of capacity a pool keeps for its traffic's return: the rate it returns at,
-    /// or 0 when a cold start of `startup_s` from zero fits the budget.
+    /// or the prompt floors it needed if more, or 0 when a cold start of `startup_s` from zero
+    /// fits the budget.
     pub fn warm_capacity(&self, startup_s: f64, ttft_s: f64) -> f64 {
         if self.reserved || self.expected_misses(startup_s, ttft_s) <= self.remaining() {
             return 0.0;
         }
-        self.wake_rate
+        self.wake_rate.max(self.wake_floor)
     }
 
     /// Whether the pool may go to zero now, given the start-up of the replica that would
@@ -179,6 +196,32 @@ mod tests {
         // A start-up within the TTFT target misses nothing: always affordable.
         assert!(b.allows_zero(1.5, 2.0));
         let _ = t;
+    }
+
+    #[test]
+    fn the_prompt_floors_traffic_needed_are_kept_for_its_return() {
+        // Sessions at 15 req/s whose bursts needed 40 req/s of prefill capacity.
+        let mut b = ZeroBudget::new(3600.0, 0.01);
+        let mut t = 0.0;
+        while t < 300.0 {
+            b.observe(t, 15.0);
+            // The first minute's floors, on a few requests, are not remembered.
+            b.observe_floor(t, 60.0, if t < 60.0 { 90.0 } else { 40.0 });
+            t += 15.0;
+        }
+        let t = feed(&mut b, t, 300.0, 0.0);
+        // What a floor says while idle is not the traffic's.
+        b.observe_floor(t, 60.0, 90.0);
+        assert!((b.warm_capacity(420.0, 2.0) - 40.0).abs() < 1e-9);
+        // Traffic without floors, for longer than the memory: the rate again.
+        let mut t = t;
+        for _ in 0..400 {
+            b.observe(t, 15.0);
+            b.observe_floor(t, 60.0, 0.0);
+            t += 15.0;
+        }
+        let warm = b.warm_capacity(420.0, 2.0);
+        assert!((warm - 15.0).abs() < 1e-6, "{warm}");
     }
 
     #[test]

@@ -309,6 +309,23 @@ pub fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
     })
 }
 
+/// Every run's decisions ([`Run::decisions`]) as JSON lines, `{"policy", "decision"}`, run by
+/// run in order.
+pub fn write_decisions(path: &Path, runs: &[Run]) -> Result<()> {
+    let mut text = String::new();
+    for run in runs {
+        for d in &run.decisions {
+            let line = serde_json::json!({ "policy": run.policy, "decision": d });
+            text.push_str(&line.to_string());
+            text.push('\n');
+        }
+    }
+    std::fs::write(path, text).map_err(|source| Error::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

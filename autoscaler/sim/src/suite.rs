@@ -403,31 +403,46 @@ pub fn select(entries: Vec<Entry>, only: &[String]) -> Vec<Entry> {
         .collect()
 }
 
-/// Runs every policy over every entry; writes `<svg_dir>/<trace>.svg` when `svg_dir` is set.
+/// Where [`run`] writes its per-trace files: `<dir>/<trace>.svg`, and with `decisions`
+/// `<dir>/<trace>.decisions.jsonl` ([`report::write_decisions`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Files<'a> {
+    pub dir: &'a Path,
+    pub decisions: bool,
+}
+
+/// Runs every policy over every entry, writing the per-trace `files` when given.
 pub fn run(
     scn: &Scenario,
     entries: &[Entry],
     policies: &[String],
-    svg_dir: Option<&Path>,
+    files: Option<Files<'_>>,
 ) -> Result<Vec<TraceResult>> {
-    if let Some(dir) = svg_dir {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Write {
-            path: dir.to_path_buf(),
+    if let Some(f) = &files {
+        std::fs::create_dir_all(f.dir).map_err(|source| Error::Write {
+            path: f.dir.to_path_buf(),
             source,
         })?;
     }
+    // The oracle's search (in `prepare`) replays with `scn` as it is: it reads outcomes only.
+    let mut recording = scn.clone();
+    recording.sim.record_decisions = files.as_ref().is_some_and(|f| f.decisions);
     let mut out = Vec::new();
     for e in entries {
         let prepared = scenario::prepare(scn, &e.requests, policies)?;
         let notes = prepared.iter().filter_map(|p| p.note.clone()).collect();
-        let runs = scenario::run_all(scn, &e.requests, prepared);
+        let runs = scenario::run_all(&recording, &e.requests, prepared);
         let mut summaries: Vec<(String, Summary)> = runs
             .iter()
             .map(|r| (r.policy.clone(), report::summarise(r, &scn.slo, scn.goal)))
             .collect();
         report::relate_to_oracle(&mut summaries);
-        if let Some(dir) = svg_dir {
-            plot::write_svg(&dir.join(format!("{}.svg", file_name(&e.name))), &runs)?;
+        if let Some(f) = &files {
+            let name = file_name(&e.name);
+            plot::write_svg(&f.dir.join(format!("{name}.svg")), &runs)?;
+            if f.decisions {
+                report::write_decisions(&f.dir.join(format!("{name}.decisions.jsonl")), &runs)?;
+            }
         }
         out.push(TraceResult {
             trace: e.name.clone(),

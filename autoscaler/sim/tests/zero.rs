@@ -76,3 +76,25 @@ fn sluice_keeps_a_replica_when_a_cold_start_would_overspend_the_error_budget() {
     // It costs what min 1 costs, not more.
     assert!(r.cost_usd <= r.cost_min_one_usd + 1e-6, "{r:?}");
 }
+
+/// At a 1 s TTFT target a session's bursts need more prefill than its rate (the burst floor
+/// holds a third H100 while it lasts): the capacity kept warm through the idle gaps is what
+/// the session needed, floors included, not its rate alone.
+#[test]
+fn sessions_come_back_to_the_prefill_their_bursts_needed() {
+    let profile = Profile::load("llama-3-8b")
+        .unwrap()
+        .restrict(&["nvidia-l4".into(), "nvidia-h100-80gb".into()])
+        .unwrap();
+    let mut scn = Scenario::default_for(profile);
+    scn.slo.ttft_p99_s = 1.0;
+    let requests = suite::generate(Family::IdleGaps, 1, 3600.0, 15.0);
+    let rows = zero::compare(&scn, &requests, &["sluice".into()]).unwrap();
+    println!("{}", zero::table(&rows));
+    // Kept for the rate alone: 98.61 %, the returns met by one H100.
+    assert!(
+        rows[0].slo_attainment >= 0.995,
+        "{}",
+        rows[0].slo_attainment
+    );
+}

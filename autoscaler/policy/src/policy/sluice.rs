@@ -686,6 +686,41 @@ impl Sluice {
         floor.max(planned)
     }
 
+    /// Raises `p.planned` to the prompt floors (the tail's, [`Self::tail_floor`]; the
+    /// bursts', [`Self::burst_need`]) and tells the zero rule what they planned, so a pool
+    /// kept warm for its traffic's return keeps them too. The bursts' need, for topping up
+    /// prefill after the mix.
+    fn prompt_floors(
+        &mut self,
+        s: &Signals,
+        (limits, caps): (&[VariantLimits], &[Capacity]),
+        w: &Workload,
+        p: &mut Planned,
+        d: &mut Decision,
+    ) -> Option<BurstNeed> {
+        let before = p.planned;
+        let rate = s.arrivals.requests_per_s.max(p.forecast);
+        p.planned = self.tail_floor(limits, caps, w, rate, p.planned, d);
+        let burst = self.burst_need(s, (limits, caps), w);
+        if let Some(b) = burst.as_ref().filter(|b| b.rate > p.planned) {
+            p.planned = b.rate;
+            d.reason(
+                ReasonKind::Burst,
+                None,
+                format!(
+                    "prompts arriving within a second: {:.0} tokens to prefill within the \
+                     TTFT target, {:.2} req/s of the shape",
+                    b.tokens, b.rate
+                ),
+            );
+        }
+        if let Some(z) = self.zero.as_mut() {
+            let floor = if p.planned > before { p.planned } else { 0.0 };
+            z.observe_floor(s.time_s, s.arrivals.window_s, floor);
+        }
+        burst
+    }
+
     /// The share of first tokens each prompt floor (the tail's, the bursts') may leave late:
     /// half the SLO's error budget.
     fn half_error_budget(&self) -> f64 {
@@ -1071,25 +1106,9 @@ impl Policy for Sluice {
             })
             .fold(0.0, f64::max);
         let mut p = self.plan_demand(s, panic, idle, ref_capacity, &mut d);
-        if !idle {
-            let rate = s.arrivals.requests_per_s.max(p.forecast);
-            p.planned = self.tail_floor(&limits, &caps, &w, rate, p.planned, &mut d);
-        }
         let burst = (!idle)
-            .then(|| self.burst_need(s, (&limits, &caps), &w))
+            .then(|| self.prompt_floors(s, (&limits, &caps), &w, &mut p, &mut d))
             .flatten();
-        if let Some(b) = burst.as_ref().filter(|b| b.rate > p.planned) {
-            p.planned = b.rate;
-            d.reason(
-                ReasonKind::Burst,
-                None,
-                format!(
-                    "prompts arriving within a second: {:.0} tokens to prefill within the \
-                     TTFT target, {:.2} req/s of the shape",
-                    b.tokens, b.rate
-                ),
-            );
-        }
         let spot_ok = self.spot_allowed(s, &mut d);
         let spot = self.config.spot;
         let allow = |n: &str, c: CapacityType| match c {
