@@ -129,3 +129,42 @@ fn decisions_are_refused_beside_the_suite() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--decisions"), "{stderr}");
 }
+
+#[test]
+fn the_suite_writes_each_traces_decisions_beside_its_plot() {
+    let dir = scratch("suite-decisions");
+    let traces = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/traces");
+    let out = simulate(&[
+        "--suite",
+        "--suite-only",
+        "long-output,poisson",
+        "--suite-duration",
+        "600",
+        "--traces-dir",
+        traces.to_str().unwrap(),
+        "--suite-dir",
+        dir.to_str().unwrap(),
+        "--suite-decisions",
+        "--policies",
+        "sluice,static-peak",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for trace in ["long-output", "poisson"] {
+        assert!(dir.join(format!("{trace}.svg")).is_file(), "{trace}");
+        let text = std::fs::read_to_string(dir.join(format!("{trace}.decisions.jsonl"))).unwrap();
+        let policies: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["policy"].clone())
+            .collect();
+        // Ten minutes at 15 s ticks for each policy, sluice's first.
+        let sluice = policies.iter().filter(|p| *p == "sluice").count();
+        assert!(sluice >= 40, "{trace}: {sluice}");
+        assert_eq!(policies.len(), 2 * sluice, "{trace}");
+        assert_eq!(policies[0], "sluice");
+    }
+}
