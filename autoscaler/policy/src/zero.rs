@@ -17,10 +17,10 @@
 //! the rate its traffic returns at: a pool whose sessions come at 15 req/s keeps 15 req/s of
 //! replicas, not one replica a session would swamp; or the demand its prompt floors planned
 //! while traffic came, where more (bursts that need more prefill than the rate at a tight
-//! TTFT target). Nothing in between: with less than the
-//! returning rate a first-come-first-served queue grows until every later arrival waits past
-//! the target, so a partial fleet misses nearly as much as none. Counts decay exponentially
-//! over the horizon, so the budget is a rolling one.
+//! TTFT target). Nothing in between: with less than the returning rate a
+//! first-come-first-served queue grows until every later arrival waits past the target, so a
+//! partial fleet misses nearly as much as none. Counts decay exponentially over the horizon,
+//! so the budget is a rolling one.
 
 use serde::{Deserialize, Serialize};
 
