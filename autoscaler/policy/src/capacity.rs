@@ -159,6 +159,106 @@ fn kv_batch(v: &Variant, w: &Workload) -> f64 {
         .min(f64::from(v.perf.max_num_seqs))
 }
 
+/// Why a variant cannot meet the SLO for a workload at all (see [`ineligibility`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Ineligibility {
+    /// A decode step alone (α) is at or over the mean TPOT planned for.
+    DecodeStep { step_s: f64, planned_s: f64 },
+    /// A lone decode behind a full prefill chunk is over the TPOT target.
+    ChunkStep {
+        step_s: f64,
+        chunk: u32,
+        target_s: f64,
+    },
+    /// The mean prompt's prefill alone takes the TTFT budget planned for.
+    Prefill { prefill_s: f64, budget_s: f64 },
+    /// A mean sequence (prompt and output) does not fit the KV cache.
+    Kv { tokens: f64, kv_tokens: u64 },
+}
+
+impl std::fmt::Display for Ineligibility {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Ineligibility::DecodeStep { step_s, planned_s } => write!(
+                f,
+                "a decode step takes {:.0} ms, at or over the {:.0} ms mean TPOT planned for",
+                step_s * 1e3,
+                planned_s * 1e3
+            ),
+            Ineligibility::ChunkStep {
+                step_s,
+                chunk,
+                target_s,
+            } => write!(
+                f,
+                "a decode step behind a full {chunk}-token prefill chunk takes {:.0} ms, over \
+                 the {:.0} ms TPOT target (a smaller max_batched_tokens in the profile \
+                 shortens it)",
+                step_s * 1e3,
+                target_s * 1e3
+            ),
+            Ineligibility::Prefill {
+                prefill_s,
+                budget_s,
+            } => write!(
+                f,
+                "the mean prompt's prefill takes {prefill_s:.2} s of the {budget_s:.2} s TTFT \
+                 budget planned for"
+            ),
+            Ineligibility::Kv { tokens, kv_tokens } => write!(
+                f,
+                "a mean sequence of {tokens:.0} tokens does not fit its {kv_tokens} KV tokens"
+            ),
+        }
+    }
+}
+
+/// Why one replica of `v` cannot meet the SLO for workload `w` at all, if it cannot: the
+/// checks [`at_slo`] makes before sizing, in its order.
+pub fn ineligibility(
+    v: &Variant,
+    w: &Workload,
+    slo: &Slo,
+    plan: &Planning,
+) -> Option<Ineligibility> {
+    let p = &v.perf;
+    let alpha = p.itl_alpha_ms / 1000.0;
+    let prompt = w.mean_prompt_tokens.max(0.0);
+    let tokens = prompt + w.mean_output_tokens.max(1.0);
+    let planned_s = slo.tpot_p99_s * plan.tpot_share;
+    // A decode step that carries a full prefill chunk is the slowest a sequence sees; a request
+    // decoding through a run of prompts sees it step after step, so even a lone decode behind
+    // one must fit the TPOT SLO itself (not just the planned mean).
+    let chunk_step =
+        v.itl_s(1.0) + (f64::from(p.max_batched_tokens) - 1.0).max(0.0) / p.prefill_tokens_per_s;
+    let prefill_s = prompt / p.prefill_tokens_per_s;
+    let budget_s = slo.ttft_p99_s * plan.ttft_share;
+    if planned_s <= alpha {
+        Some(Ineligibility::DecodeStep {
+            step_s: alpha,
+            planned_s,
+        })
+    } else if chunk_step > slo.tpot_p99_s {
+        Some(Ineligibility::ChunkStep {
+            step_s: chunk_step,
+            chunk: p.max_batched_tokens,
+            target_s: slo.tpot_p99_s,
+        })
+    } else if prefill_s >= budget_s {
+        Some(Ineligibility::Prefill {
+            prefill_s,
+            budget_s,
+        })
+    } else if tokens > p.kv_cache_tokens as f64 || kv_batch(v, w) < 1.0 {
+        Some(Ineligibility::Kv {
+            tokens,
+            kv_tokens: p.kv_cache_tokens,
+        })
+    } else {
+        None
+    }
+}
+
 /// Capacity of one replica of `v` at the SLO for workload `w`.
 pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity {
     let p = &v.perf;
@@ -169,26 +269,18 @@ pub fn at_slo(v: &Variant, w: &Workload, slo: &Slo, plan: &Planning) -> Capacity
     let t = slo.tpot_p99_s * plan.tpot_share;
     let prefill_s = prompt / p.prefill_tokens_per_s;
     let ttft_budget = slo.ttft_p99_s * plan.ttft_share;
-    // A decode step that carries a full prefill chunk is the slowest a sequence sees; a request
-    // decoding through a run of prompts sees it step after step, so it must fit the TPOT SLO
-    // itself (not just the planned mean): `α + β·b + (C − b)/R ≤ SLO`, which caps the batch
-    // when β exceeds 1/R and rules the variant out when even a lone decode behind a chunk
-    // is too slow.
+    // Every step behind a full prefill chunk must fit the TPOT SLO (see [`ineligibility`]):
+    // `α + β·b + (C − b)/R ≤ SLO` caps the batch when β exceeds 1/R.
     let chunk = f64::from(v.perf.max_batched_tokens);
     let per_token = 1.0 / v.perf.prefill_tokens_per_s;
-    let worst_step = |b: f64| alpha + beta * b + (chunk - b).max(0.0) * per_token;
     let b_step = if beta > per_token {
         ((slo.tpot_p99_s - alpha - chunk * per_token) / (beta - per_token)).floor()
     } else {
         f64::INFINITY
     };
     let b_kv = kv_batch(v, w).min(b_step);
-    if t <= alpha
-        || worst_step(1.0) > slo.tpot_p99_s
-        || prefill_s >= ttft_budget
-        || b_kv < 1.0
-        || prompt + out > v.perf.kv_cache_tokens as f64
-    {
+    // `b_kv < 1` follows from the checks but for rounding at their edges.
+    if ineligibility(v, w, slo, plan).is_some() || b_kv < 1.0 {
         return Capacity::ineligible(v);
     }
     let lambda_tpot = (t - alpha) / (t * (prefill_s + beta * out));
@@ -503,6 +595,60 @@ mod tests {
             (utilisation - MIN_PREFILL_UTILISATION).abs() < 1e-9,
             "{utilisation}"
         );
+    }
+
+    #[test]
+    fn ineligibility_names_what_rules_a_variant_out_and_at_slo_agrees() {
+        let p = Profile::load("llama-3-8b").unwrap();
+        let plan = Planning::default();
+        let l4 = p.variant("nvidia-l4").unwrap();
+        let h100 = p.variant("nvidia-h100-80gb").unwrap();
+        let w = Workload::uniform(1000.0, 200.0);
+        let slo_at = |ttft_p99_s, tpot_p99_s| Slo {
+            ttft_p99_s,
+            tpot_p99_s,
+        };
+        // An L4's 51 ms step against a 100 ms p99 planned at half.
+        assert!(matches!(
+            ineligibility(l4, &w, &slo(), &plan),
+            Some(Ineligibility::DecodeStep { .. })
+        ));
+        // An H100 behind a 2048-token chunk: 4.6 + 85 ms, over 60 ms.
+        let i = ineligibility(h100, &w, &slo_at(2.0, 0.06), &plan).unwrap();
+        assert!(
+            matches!(i, Ineligibility::ChunkStep { chunk: 2048, .. }),
+            "{i}"
+        );
+        assert!(i.to_string().contains("2048-token prefill chunk"), "{i}");
+        // 15k-token prompts on an L4: 5 s of prefill against a 1 s budget.
+        let long = Workload::uniform(15_000.0, 100.0);
+        assert!(matches!(
+            ineligibility(l4, &long, &slo_at(2.0, 0.2), &plan),
+            Some(Ineligibility::Prefill { .. })
+        ));
+        // Sequences longer than an L4's KV cache, with the TTFT target out of the way.
+        let huge = Workload::uniform(45_000.0, 100.0);
+        assert!(matches!(
+            ineligibility(l4, &huge, &slo_at(60.0, 0.2), &plan),
+            Some(Ineligibility::Kv { .. })
+        ));
+        // One owner: at_slo rules out exactly what ineligibility names, over a grid.
+        for v in &p.variants {
+            for prompt in [100.0, 1000.0, 8000.0, 30_000.0, 200_000.0] {
+                for (ttft, tpot) in [(0.5, 0.05), (2.0, 0.1), (2.0, 0.2), (8.0, 1.0)] {
+                    let w = Workload::uniform(prompt, 250.0);
+                    let s = slo_at(ttft, tpot);
+                    let out = at_slo(v, &w, &s, &plan).bound == Bound::Ineligible;
+                    let why = ineligibility(v, &w, &s, &plan);
+                    assert_eq!(
+                        out,
+                        why.is_some(),
+                        "{} {prompt} {ttft} {tpot}: {why:?}",
+                        v.name
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -155,7 +155,22 @@ impl Scenario {
                 ua.total_cmp(&ub)
             })
             .ok_or_else(|| {
-                Error::Scenario("no variant can serve this trace's mean request".into())
+                let why: Vec<String> = self
+                    .profile
+                    .variants
+                    .iter()
+                    .filter_map(|v| {
+                        capacity::ineligibility(v, mean, &self.slo, &self.planning)
+                            .map(|i| format!("{}: {i}", v.name))
+                    })
+                    .collect();
+                Error::Scenario(format!(
+                    "no variant can serve this trace's mean request ({} prompt + {} output \
+                     tokens): {}",
+                    mean.mean_prompt_tokens.round(),
+                    mean.mean_output_tokens.round(),
+                    why.join("; ")
+                ))
             })?;
         Ok((best.0.name.clone(), best.1))
     }
