@@ -12,11 +12,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::response::{IntoResponse, Response};
-use sluice_engine::{Event, FinishReason, Request, SamplingParams, TokenLogprob};
+use sluice_engine::{Event, FinishReason, Request, SamplingParams, TokenLogprob, Usage};
 
-use crate::api::generate::{Acc, Render};
+use crate::api::generate::{usage_out, Acc, Render};
 use crate::api::scope::RequestScope;
-use crate::api::types::{PromptTokensDetails, UsageOut};
 use crate::api::validate::Beam;
 use crate::backend::LocalBackend;
 use crate::error::{ApiError, Params};
@@ -57,12 +56,11 @@ pub async fn respond<R: Render>(render: R, run: BeamRun, mut scope: RequestScope
             let prompt_tokens = run.prompts.iter().map(Vec::len).sum();
             scope.first_token();
             scope.succeed(completion_tokens, prompt_tokens);
-            let usage = UsageOut {
+            let usage = usage_out(&Usage {
                 prompt_tokens,
                 completion_tokens,
-                total_tokens: prompt_tokens + completion_tokens,
-                prompt_tokens_details: PromptTokensDetails { cached_tokens: 0 },
-            };
+                cached_prompt_tokens: 0,
+            });
             render.body(answers, usage)
         }
         Err(e) => {

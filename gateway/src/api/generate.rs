@@ -520,7 +520,8 @@ fn finish_label(r: &FinishReason) -> &'static str {
     }
 }
 
-fn usage_out(u: &Usage) -> UsageOut {
+/// The engine's usage in the API's shape.
+pub(crate) fn usage_out(u: &Usage) -> UsageOut {
     UsageOut {
         prompt_tokens: u.prompt_tokens,
         completion_tokens: u.completion_tokens,

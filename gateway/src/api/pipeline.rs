@@ -194,9 +194,7 @@ async fn start_local<E: Endpoint>(
     let (mut checked, prompt) = req.check(Some(model.config().vocab_size))?;
     let grammar = E::grammar(&prompt);
     let tool_calls = E::tool_calls(&prompt);
-    if E::own_template(&prompt) && !s.trust_request_chat_template {
-        return Err(validate::untrusted_template());
-    }
+    validate::request_template_allowed(E::own_template(&prompt), s.trust_request_chat_template)?;
     let mut prompts = req.encode(prompt, model)?;
     checked.sampling.bad_words = validate::bad_word_ids(&checked.bad_words, model.tokenizer())?;
     if let Some(t) = checked.truncate {

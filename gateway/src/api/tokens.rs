@@ -139,9 +139,7 @@ pub(super) async fn tokenize(
                 req.documents.as_ref(),
             )?;
             let own = req.chat_template.as_deref();
-            if own.is_some() && !s.trust_request_chat_template {
-                return Err(validate::untrusted_template());
-            }
+            validate::request_template_allowed(own.is_some(), s.trust_request_chat_template)?;
             validate::chat_prompt((model, own), &m, None, end, kwargs.as_ref())?
         }
         _ => {

@@ -370,23 +370,20 @@ fn present(v: &Option<Value>) -> bool {
     !matches!(v, None | Some(Value::Null))
 }
 
-/// vLLM extensions sluice does not implement: refused by name (never silently ignored, which
-/// would answer something other than what was asked), unless sent at the value that asks for
-/// nothing (`false`, the text modality alone).
-fn refuse_unimplemented<'a>(
-    fields: impl IntoIterator<Item = (&'static str, Option<&'a Value>)>,
-) -> Result<(), ApiError> {
-    for (field, v) in fields {
-        let asks_nothing = match v {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => true,
-            Some(Value::Array(a)) if field == "modalities" => a == &[Value::from("text")],
-            Some(_) => false,
-        };
-        if !asks_nothing {
-            return Err(unsupported(field, "not implemented"));
-        }
+/// `modalities`: sluice produces text only, so anything that asks for more is refused by name
+/// (never silently ignored, which would answer something other than what was asked); absent,
+/// `null`, `false` or the text modality alone ask for nothing.
+fn text_modality_only(v: Option<&Value>) -> Result<(), ApiError> {
+    let asks_nothing = match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => true,
+        Some(Value::Array(a)) => a == &[Value::from("text")],
+        Some(_) => false,
+    };
+    if asks_nothing {
+        Ok(())
+    } else {
+        Err(unsupported("modalities", "not implemented"))
     }
-    Ok(())
 }
 
 pub(crate) fn unsupported(field: &str, what: &str) -> ApiError {
@@ -632,7 +629,7 @@ pub fn chat_checked(
             return Err(unsupported(field, "not implemented"));
         }
     }
-    refuse_unimplemented([("modalities", req.modalities.as_ref())])?;
+    text_modality_only(req.modalities.as_ref())?;
     let template_kwargs =
         template_kwargs(req.chat_template_kwargs.as_ref(), req.documents.as_ref())?;
     let output = chat_output(req, tools.as_ref())?;
@@ -719,13 +716,17 @@ pub fn chat_end(
     Ok(ChatEnd::ContinueFinal)
 }
 
-/// A request's own `chat_template` on a server that does not trust them.
-pub fn untrusted_template() -> ApiError {
-    ApiError::bad(
-        "a request's 'chat_template' runs only on a server started with \
-         --trust-request-chat-template",
-        "chat_template",
-    )
+/// A request's own `chat_template` (`asked`) runs only on a server that trusts them
+/// (`--trust-request-chat-template`).
+pub fn request_template_allowed(asked: bool, trusted: bool) -> Result<(), ApiError> {
+    if asked && !trusted {
+        return Err(ApiError::bad(
+            "a request's 'chat_template' runs only on a server started with \
+             --trust-request-chat-template",
+            "chat_template",
+        ));
+    }
+    Ok(())
 }
 
 /// A checked completion request's prompts as token ids: text encoded as the model reads a
