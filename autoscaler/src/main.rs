@@ -460,12 +460,7 @@ fn print_scenario(
         mean.mean_prompt_tokens, mean.mean_output_tokens
     );
     // As the policies see them: a variant leaving too many prompts late on its own is out.
-    let limits: Vec<VariantLimits> = scn
-        .profile
-        .variants
-        .iter()
-        .map(|v| VariantLimits::new(&v.name, 1))
-        .collect();
+    let limits = scn.limits();
     let (caps, _) = plan::capacities(&scn.profile, &limits, mean, &scn.slo, &scn.planning);
     for (v, c) in scn.profile.variants.iter().zip(caps) {
         let ct = if scn.spot {

@@ -44,6 +44,18 @@ fn simulate(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// [`simulate`], asserting that it succeeded; its standard output.
+fn simulate_ok(args: &[&str]) -> String {
+    let out = simulate(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 #[test]
 fn decisions_are_written_one_a_tick_per_policy_with_their_reasons() {
     let dir = scratch("decisions");
@@ -51,7 +63,7 @@ fn decisions_are_written_one_a_tick_per_policy_with_their_reasons() {
     write_trace(&trace);
     let decisions = dir.join("decisions.jsonl");
     let report = dir.join("report.json");
-    let out = simulate(&[
+    let stdout = simulate_ok(&[
         "--trace",
         trace.to_str().unwrap(),
         "--rate-scale",
@@ -63,12 +75,6 @@ fn decisions_are_written_one_a_tick_per_policy_with_their_reasons() {
         "--json",
         report.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(
         stdout.contains("sluice") && stdout.contains("static-peak"),
         "{stdout}"
@@ -134,7 +140,7 @@ fn decisions_are_refused_beside_the_suite() {
 fn the_suite_writes_each_traces_decisions_beside_its_plot() {
     let dir = scratch("suite-decisions");
     let traces = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/traces");
-    let out = simulate(&[
+    simulate_ok(&[
         "--suite",
         "--suite-only",
         "long-output,poisson",
@@ -148,12 +154,6 @@ fn the_suite_writes_each_traces_decisions_beside_its_plot() {
         "--policies",
         "sluice,static-peak",
     ]);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
     for trace in ["long-output", "poisson"] {
         assert!(dir.join(format!("{trace}.svg")).is_file(), "{trace}");
         let text = std::fs::read_to_string(dir.join(format!("{trace}.decisions.jsonl"))).unwrap();

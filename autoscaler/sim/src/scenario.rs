@@ -123,7 +123,8 @@ impl Scenario {
         }
     }
 
-    fn limits(&self) -> Vec<VariantLimits> {
+    /// Every variant of the profile, up to `max_replicas_per_variant` each.
+    pub fn limits(&self) -> Vec<VariantLimits> {
         self.profile
             .variants
             .iter()
