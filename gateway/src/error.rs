@@ -256,6 +256,29 @@ impl Params {
         ApiError::bad(message, param)
     }
 
+    /// The engine's refusals of a prompt echoed alone (`max_tokens: 0`): the one token the
+    /// engine runs, and the answer drops, needs its place in the context too.
+    pub fn prompt_only_error(&self, e: SubmitError) -> ApiError {
+        match e {
+            SubmitError::ContextLength {
+                max_model_len,
+                prompt_tokens,
+                ..
+            } => ApiError::BadRequest {
+                message: format!(
+                    "this model's maximum context length is {max_model_len} tokens; a prompt \
+                     echoed alone (max_tokens 0) may have {} at most (one more token runs and \
+                     is dropped), and this one has {prompt_tokens}. Please reduce the length \
+                     of the prompt.",
+                    max_model_len.saturating_sub(1)
+                ),
+                param: Some(self.prompt.to_string()),
+                code: Some("context_length_exceeded"),
+            },
+            e => self.submit_error(e),
+        }
+    }
+
     /// The engine's refusals at submission.
     pub fn submit_error(&self, e: SubmitError) -> ApiError {
         match e {

@@ -398,9 +398,9 @@ async fn a_client_leaving_a_resumed_stream_aborts_it() {
 /// A streamed completion's piece: text, token ids, log-probability offsets.
 type Piece = (String, Vec<u64>, Vec<u64>);
 
-/// Pieces of a streamed completion as a replica sends them to a gateway, and the finishing
-/// chunk's usage.
-fn pieces(body: &str) -> (Vec<Piece>, serde_json::Value) {
+/// Choice `index`'s pieces of a streamed completion as a replica sends them to a gateway, and
+/// its finishing chunk's usage.
+fn pieces(body: &str, index: u64) -> (Vec<Piece>, serde_json::Value) {
     let mut out = Vec::new();
     let mut usage = serde_json::Value::Null;
     for e in body
@@ -408,7 +408,10 @@ fn pieces(body: &str) -> (Vec<Piece>, serde_json::Value) {
         .filter(|e| !e.is_empty() && *e != "data: [DONE]")
     {
         let v: serde_json::Value = serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap();
-        let c = &v["choices"][0];
+        let choices = v["choices"].as_array().unwrap();
+        let Some(c) = choices.iter().find(|c| c["index"] == index) else {
+            continue;
+        };
         if !c["sluice_usage"].is_null() {
             usage = c["sluice_usage"].clone();
         }
@@ -430,28 +433,43 @@ fn pieces(body: &str) -> (Vec<Piece>, serde_json::Value) {
 }
 
 /// The replica's side of resumption: token ids on request, and a continuation that goes on
-/// exactly where the output stopped (text, token ids, log-probability offsets, usage).
+/// exactly where the output stopped (text, token ids, log-probability offsets, usage), also
+/// after an echoed prompt, which the continuation does not repeat but counts in its offsets
+/// (the prompt of the choice it continues, the second here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_continuation_request_goes_on_where_the_output_stopped() {
     let _serial = SERIAL.lock().await;
     let r = replica(&[]);
     wait_ready(&r.url, Duration::from_secs(120)).await;
-    let mut body = serde_json::json!({"model": MODEL, "prompt": "Count: one, two, three,",
-        "max_tokens": 24, "ignore_eos": true, "temperature": 0, "stream": true, "logprobs": 1});
+    let count = "Count: one, two, three,";
+    continues_where_it_stopped(&r.url, serde_json::json!(count), 0, false).await;
+    continues_where_it_stopped(&r.url, serde_json::json!(count), 0, true).await;
+    let two = serde_json::json!(["Hello there", count]);
+    continues_where_it_stopped(&r.url, two, 1, true).await;
+}
+
+/// Choice `index` of a request for `prompt` cut halfway and continued.
+async fn continues_where_it_stopped(url: &str, prompt: serde_json::Value, index: u64, echo: bool) {
+    let mut body = serde_json::json!({"model": MODEL, "prompt": prompt,
+        "max_tokens": 24, "ignore_eos": true, "temperature": 0, "stream": true, "logprobs": 1,
+        "echo": echo});
     let ids_header = [("x-sluice-token-ids", "1")];
-    let whole = post(&r.url, "/v1/completions", body.to_string(), &ids_header).await;
+    let whole = post(url, "/v1/completions", body.to_string(), &ids_header).await;
     assert_eq!(whole.headers["x-sluice-token-ids"], "1");
-    let (whole, usage) = pieces(whole.body.as_ref().unwrap());
+    let (whole, usage) = pieces(whole.body.as_ref().unwrap(), index);
     assert_eq!(usage["completion_tokens"], 24);
+    let echoed = whole[0].0 == "Count: one, two, three,";
+    assert_eq!(echoed, echo, "the prompt is echoed first only when asked");
     let cut = whole.len() / 2;
     let sent: Vec<u64> = whole[..cut].iter().flat_map(|p| p.1.clone()).collect();
-    body["sluice_resume"] = serde_json::json!({"index": 0, "token_ids": sent});
+    body["sluice_resume"] = serde_json::json!({"index": index, "token_ids": sent});
     // Without its header the field is ignored: the answer starts from the beginning.
-    let plain = post(&r.url, "/v1/completions", body.to_string(), &ids_header).await;
-    assert_eq!(pieces(plain.body.as_ref().unwrap()).0, whole);
+    let plain = post(url, "/v1/completions", body.to_string(), &ids_header).await;
+    assert_eq!(pieces(plain.body.as_ref().unwrap(), index).0, whole);
     let headers = [("x-sluice-token-ids", "1"), ("x-sluice-resume", "1")];
-    let rest = post(&r.url, "/v1/completions", body.to_string(), &headers).await;
-    let (rest, usage) = pieces(rest.body.as_ref().unwrap());
+    let rest = post(url, "/v1/completions", body.to_string(), &headers).await;
+    // The continuation streams its one choice as choice 0.
+    let (rest, usage) = pieces(rest.body.as_ref().unwrap(), 0);
     let text =
         |p: &[(String, Vec<u64>, Vec<u64>)]| p.iter().map(|p| p.0.clone()).collect::<String>();
     let flat = |p: &[Piece], i: usize| -> Vec<u64> {

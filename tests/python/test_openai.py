@@ -168,6 +168,15 @@ def test_echo_with_logprobs_scores_the_prompt(client, server):
     status, _, b = raw(server.url, "/v1/completions", {"model": MODEL, "prompt": text,
                                                         "max_tokens": 0})
     assert status == 400 and b["error"]["param"] == "max_tokens", b
+    # Echoed alone, a prompt may fill the context but for the one token the engine runs.
+    fits = client.completions.create(model=MODEL, prompt=[ids[-1]] * 2047, max_tokens=0,
+                                     echo=True)
+    assert fits.usage.prompt_tokens == 2047 and fits.usage.completion_tokens == 0
+    status, _, b = raw(server.url, "/v1/completions", {"model": MODEL, "prompt": [ids[-1]] * 2048,
+                                                        "max_tokens": 0, "echo": True})
+    err = b["error"]
+    assert status == 400 and err["code"] == "context_length_exceeded", b
+    assert "2047" in err["message"] and "completion tokens" not in err["message"], err
 
 
 def test_vllm_prompt_logprobs_rank_every_prompt_token(client, server):

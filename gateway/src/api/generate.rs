@@ -109,8 +109,9 @@ pub trait Render: Send + Sized + 'static {
         None
     }
 
-    /// Choice `i` continues output another replica sent (`ids`): later pieces go on from it.
-    fn resumed(&mut self, _i: usize, _ids: &[u32]) {}
+    /// Choice `i` continues output another replica sent (`ids`, after the echoed prompt's
+    /// `echoed` text): later pieces go on from it.
+    fn resumed(&mut self, _i: usize, _echoed: &str, _ids: &[u32]) {}
 
     /// The chunk carrying prompt `p`'s log-probabilities, if the answer shows them.
     fn prompt(&mut self, _p: usize, _lps: &PromptLogprobs) -> Option<Bytes> {
@@ -264,7 +265,7 @@ impl Render for ChatRender {
 
     /// A call reader reads the text sent before, so calls continue where they were (their
     /// ids are new: call ids are random).
-    fn resumed(&mut self, i: usize, ids: &[u32]) {
+    fn resumed(&mut self, i: usize, _echoed: &str, ids: &[u32]) {
         if let Some(reader) = self.readers.get_mut(i) {
             let text = self.head.tok().decode(ids, true).unwrap_or_default();
             reader.push(&text);
@@ -457,10 +458,11 @@ impl Render for TextRender {
         }
     }
 
-    /// Log-probability text offsets go on from the text sent before.
-    fn resumed(&mut self, i: usize, ids: &[u32]) {
+    /// Log-probability text offsets go on from the text sent before: the echoed prompt's and
+    /// the output's.
+    fn resumed(&mut self, i: usize, echoed: &str, ids: &[u32]) {
         let tok = self.head.tok();
-        self.offsets[i] += ids.iter().map(|&id| piece(tok, id).len()).sum::<usize>();
+        self.offsets[i] += echoed.len() + ids.iter().map(|&id| piece(tok, id).len()).sum::<usize>();
     }
 
     fn finish_choice(i: usize, reason: &'static str, usage: Option<UsageOut>) -> CompletionChoice {

@@ -19,6 +19,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use sluice_engine::{EventStream, Request as EngineRequest, Resume, SamplingParams, SubmitError};
+use sluice_models::Model;
 
 use super::beam::{self, BeamRun};
 use super::body::{parse_json, read_body};
@@ -204,19 +205,17 @@ async fn start_local<E: Endpoint>(
             .map(|p| t.apply(p, max))
             .collect::<Result<_, _>>()?;
     }
+    let echo = checked
+        .echo
+        .map(|e| echoed(&req, &prompts, model, e))
+        .transpose()?;
     let (prompts, resume) = resumed(prompts, &mut checked, internal.resume)?;
-    // A continuation's client has had the prompt.
-    let echo = match checked.echo.filter(|_| resume.is_none()) {
-        Some(e) => Some(Echoed {
-            prompts: req
-                .prompt_texts(&prompts, model)?
-                .into_iter()
-                .zip(prompts.clone())
-                .collect(),
-            only: e == Echo::PromptOnly,
-        }),
-        None => None,
+    // A continuation's client has had its echoed prompt: the text only moves offsets on.
+    let (echo, had) = match &resume {
+        Some((p, _)) => (None, echo.and_then(|e| e.prompts.into_iter().nth(*p))),
+        None => (echo, None),
     };
+    let resume = resume.map(|(_, r)| r);
     if checked.beam.is_some() && (grammar.is_some() || echo.is_some() || resume.is_some()) {
         return Err(ApiError::bad(
             "'use_beam_search' cannot be combined with a response format, tool calls or echo",
@@ -227,8 +226,12 @@ async fn start_local<E: Endpoint>(
         checked.sampling.constraint = Some(tools::compile(&backend, grammar, param).await?);
     }
     // Fail on context length before spending any of the tenant's budget.
-    let reserve = reservation(&checked.sampling, &prompts, backend.max_model_len())
-        .map_err(|e| E::PARAMS.submit_error(e))?;
+    let refused = |e| match checked.echo {
+        Some(Echo::PromptOnly) => E::PARAMS.prompt_only_error(e),
+        _ => E::PARAMS.submit_error(e),
+    };
+    let reserve =
+        reservation(&checked.sampling, &prompts, backend.max_model_len()).map_err(refused)?;
     let prompt_tokens = prompts.iter().map(Vec::len).sum::<usize>() as u64;
     let ask = Ask {
         priority: checked.priority,
@@ -266,7 +269,7 @@ async fn start_local<E: Endpoint>(
     let n = checked.sampling.n;
     let mut render = E::Render::new(head, streams.len() * n);
     if let Some(output) = resumed {
-        render.resumed(0, &output);
+        render.resumed(0, had.as_ref().map_or("", |(text, _)| text), &output);
     }
     Ok(LocalRun {
         render,
@@ -316,13 +319,30 @@ fn reservation(
     Ok(total as u64)
 }
 
-/// A continuation's one prompt and choice: prompt `index / n`, choice `index % n`, run as a
-/// request of one choice that resumes from `token_ids`.
+/// Completions' `echo`: each prompt's text as sent, with its ids.
+fn echoed<E: Endpoint>(
+    req: &E,
+    prompts: &[Vec<u32>],
+    model: &Model,
+    echo: Echo,
+) -> Result<Echoed, ApiError> {
+    let texts = req.prompt_texts(prompts, model)?;
+    Ok(Echoed {
+        prompts: texts.into_iter().zip(prompts.to_vec()).collect(),
+        only: echo == Echo::PromptOnly,
+    })
+}
+
+/// A continuation: the index of the prompt it continues, and where its choice stopped.
+type Continuation = (usize, Resume);
+
+/// A continuation's one prompt and choice: prompt `index / n` (returned beside it), choice
+/// `index % n`, run as a request of one choice that resumes from `token_ids`.
 fn resumed(
     mut prompts: Vec<Vec<u32>>,
     checked: &mut Checked,
     spec: Option<ResumeSpec>,
-) -> Result<(Vec<Vec<u32>>, Option<Resume>), ApiError> {
+) -> Result<(Vec<Vec<u32>>, Option<Continuation>), ApiError> {
     let Some(spec) = spec else {
         return Ok((prompts, None));
     };
@@ -337,7 +357,7 @@ fn resumed(
         choice: spec.index % n,
         output: spec.token_ids,
     };
-    Ok((vec![prompts.swap_remove(p)], Some(resume)))
+    Ok((vec![prompts.swap_remove(p)], Some((p, resume))))
 }
 
 fn submit(
