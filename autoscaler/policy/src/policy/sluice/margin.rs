@@ -1,0 +1,101 @@
+//! The latency margins: the planning margin widened while first tokens are late and narrowed
+//! back when the SLO is met with time to spare, and each variant's capacity discounted while its
+//! own replicas breach the SLO.
+
+use super::Sluice;
+use crate::decision::{Decision, ReasonKind};
+use crate::signals::Signals;
+
+impl Sluice {
+    /// Widens the demand margin while first tokens are late with requests queued (too little
+    /// capacity overall), or while fewer feasible first tokens than the SLO's share come in
+    /// time with none queued (long prompts ahead of short ones in the replicas' own prefill),
+    /// and narrows it back when the SLO is met with latency to spare. It does not
+    /// widen while replicas are starting: capacity is already on its way, and integrating the
+    /// error meanwhile would order more that arrives after the spike (anti-windup). A variant
+    /// whose own replicas decode slower than the TPOT SLO has its capacity discounted instead
+    /// (they are loaded past what they serve well): more of every variant would not fix it,
+    /// fewer requests per replica of that one does. So does one whose first tokens are late
+    /// with nothing queued while another variant prefills faster.
+    pub(super) fn update_margin(&mut self, s: &Signals, d: &mut Decision) {
+        let slo = self.config.slo;
+        for l in &self.config.limits {
+            let worst = |f: fn(&crate::signals::VariantSignals) -> Option<f64>| {
+                s.variants
+                    .iter()
+                    .filter(|v| v.variant == l.variant)
+                    .filter_map(f)
+                    .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))))
+            };
+            let tpot = worst(|v| v.tpot_p99_s);
+            let ttft = worst(|v| v.ttft_p99_s);
+            // Late first tokens mostly come from the shared queue, which the demand margin
+            // below answers. With nothing queued they come from the variant's own prefill and
+            // steps: attributed to it when another variant prefills faster, so that load moves
+            // there (more replicas of the same variant would not make its prompts faster).
+            let own_ttft = s.queue.waiting == 0
+                && ttft.is_some_and(|x| x > slo.ttft_p99_s)
+                && self.faster_prefill_exists(&l.variant);
+            let m = self.variant_margin.entry(l.variant.clone()).or_insert(1.0);
+            if tpot.is_some_and(|x| x > slo.tpot_p99_s) || own_ttft {
+                *m = (*m * 1.1).min(self.config.max_margin);
+                d.reason(
+                    ReasonKind::LatencyBreach,
+                    Some(&l.variant),
+                    format!(
+                        "TTFT p99 {:.2}s, TPOT p99 {:.0}ms: capacity per replica ÷{:.2}",
+                        ttft.unwrap_or(0.0),
+                        tpot.unwrap_or(0.0) * 1e3,
+                        *m
+                    ),
+                );
+            } else if tpot.is_some_and(|x| x < 0.8 * slo.tpot_p99_s)
+                && ttft.is_none_or(|x| x < 0.8 * slo.ttft_p99_s)
+            {
+                *m = (*m * 0.97).max(1.0);
+            }
+        }
+        let l = &s.latency;
+        let arriving = s.variants.iter().any(|v| v.starting + v.pending > 0);
+        // Fleet-wide, first tokens are late either behind a queue at the gateway or, with
+        // none, behind long prompts in the replicas' own prefill: a p99 cannot tell the
+        // latter from the prompts no fleet serves in time, the attainment over feasible
+        // requests can. Both want less load per replica; capacity on its way is the answer
+        // already given.
+        let goal = self.config.ttft_attainment_goal;
+        let queued_late = l.ttft_p99_s.is_some_and(|x| x > slo.ttft_p99_s) && s.queue.waiting > 0;
+        let missing = l.ttft_attainment.is_some_and(|a| a < goal);
+        let ttft_high = (queued_late || missing) && !arriving;
+        let ttft_met = l.ttft_p99_s.is_some_and(|x| x < 0.8 * slo.ttft_p99_s)
+            || l.ttft_attainment.is_some_and(|a| a >= goal);
+        let low = l.tpot_p99_s.is_some_and(|x| x < 0.8 * slo.tpot_p99_s) && ttft_met;
+        if ttft_high {
+            self.margin = (self.margin * 1.1).min(self.config.max_margin);
+            d.reason(
+                ReasonKind::LatencyBreach,
+                None,
+                format!(
+                    "TTFT p99 {:.2}s ({:.1} % of feasible first tokens in time), TPOT p99 \
+                     {:.0}ms over the SLO: planning margin ×{:.2}",
+                    l.ttft_p99_s.unwrap_or(0.0),
+                    l.ttft_attainment.unwrap_or(1.0) * 100.0,
+                    l.tpot_p99_s.unwrap_or(0.0) * 1e3,
+                    self.margin
+                ),
+            );
+        } else if low {
+            self.margin = (self.margin * 0.97).max(1.0);
+        }
+    }
+
+    /// Whether another limited variant prefills faster than `variant`.
+    fn faster_prefill_exists(&self, variant: &str) -> bool {
+        let prefill = |n: &str| {
+            self.profile
+                .variant(n)
+                .map_or(0.0, |v| v.perf.prefill_tokens_per_s)
+        };
+        let own = prefill(variant);
+        self.config.limits.iter().any(|o| prefill(&o.variant) > own)
+    }
+}
