@@ -370,6 +370,11 @@ fn assert_scaled_up_and_drained_under_load(recs: &[(Instant, Value)], trickle_en
             .any(|(_, v)| v["busiest_second_tokens"].as_f64() > Some(0.0)),
         "the gateway's prompt tokens per second never reached the autoscaler"
     );
+    assert!(
+        recs.iter()
+            .any(|(_, v)| v["max_prompt_tokens"].as_u64() > Some(0)),
+        "the replicas' prompt lengths never reached the autoscaler"
+    );
     let first_drain = recs
         .iter()
         .find(|(_, v)| v["draining"].as_u64() > Some(0))

@@ -921,6 +921,9 @@ impl Core {
             None => {
                 if s.index == 0 {
                     metrics.prompt_tokens.inc_by(s.req.prompt_len as u64);
+                    metrics
+                        .request_prompt_tokens
+                        .observe(s.req.prompt_len as f64);
                 }
                 metrics
                     .ttft
@@ -995,6 +998,7 @@ impl Core {
             }
         }
         m.finished(reason.label());
+        m.request_generation_tokens.observe(seq.output_len() as f64);
         let usage = Usage {
             prompt_tokens: seq.req.prompt_len,
             completion_tokens: seq.output_len(),

@@ -62,6 +62,14 @@ const DECODE_TIME: Spec = spec(
     vllm::REQUEST_DECODE_TIME_SECONDS,
     "Histogram of time spent in DECODE phase for request.",
 );
+const REQUEST_PROMPT: Spec = spec(
+    vllm::REQUEST_PROMPT_TOKENS,
+    "Number of prefill tokens processed, per request.",
+);
+const REQUEST_GENERATION: Spec = spec(
+    vllm::REQUEST_GENERATION_TOKENS,
+    "Number of generation tokens processed, per request.",
+);
 const PROMPT_TOKENS: Spec = spec(
     vllm::PROMPT_TOKENS_TOTAL,
     "Number of prefill tokens processed.",
@@ -107,6 +115,12 @@ pub struct EngineMetrics {
     pub queue_time: Histogram,
     pub prefill_time: Histogram,
     pub decode_time: Histogram,
+    /// Each request's prompt length, observed with its first token (as the TTFT is, so an
+    /// autoscaler can set the TTFTs in time against the prompts a replica prefills in time).
+    pub request_prompt_tokens: Histogram,
+    /// Each finished choice's output length: with the prompt's, the spread of sequence
+    /// lengths that decides how many share the KV cache.
+    pub request_generation_tokens: Histogram,
     pub prompt_tokens: IntCounter,
     pub generation_tokens: IntCounter,
     pub preemptions: IntCounter,
@@ -140,6 +154,9 @@ impl EngineMetrics {
             queue_time: r.histogram(QUEUE_TIME, vllm::REQUEST_LATENCY_BUCKETS.to_vec())?,
             prefill_time: r.histogram(PREFILL_TIME, vllm::REQUEST_LATENCY_BUCKETS.to_vec())?,
             decode_time: r.histogram(DECODE_TIME, vllm::REQUEST_LATENCY_BUCKETS.to_vec())?,
+            request_prompt_tokens: r.histogram(REQUEST_PROMPT, vllm::request_tokens_buckets())?,
+            request_generation_tokens: r
+                .histogram(REQUEST_GENERATION, vllm::request_tokens_buckets())?,
             prompt_tokens: r.counter(PROMPT_TOKENS)?,
             generation_tokens: r.counter(GENERATION_TOKENS)?,
             preemptions: r.counter(PREEMPTIONS)?,

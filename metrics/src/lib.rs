@@ -55,6 +55,8 @@ pub mod vllm {
     pub const REQUEST_DECODE_TIME_SECONDS: &str = "vllm:request_decode_time_seconds";
     /// Prompt length of each request, tokens (histogram).
     pub const REQUEST_PROMPT_TOKENS: &str = "vllm:request_prompt_tokens";
+    /// Output length of each finished request, tokens (histogram).
+    pub const REQUEST_GENERATION_TOKENS: &str = "vllm:request_generation_tokens";
 
     /// Finished requests by [`FINISHED_REASON`] (counter).
     pub const REQUEST_SUCCESS_TOTAL: &str = "vllm:request_success_total";
@@ -98,6 +100,18 @@ pub mod vllm {
         0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
         20.0, 40.0, 80.0,
     ];
+    /// Bucket bounds of the request-length histograms ([`REQUEST_PROMPT_TOKENS`],
+    /// [`REQUEST_GENERATION_TOKENS`]): powers of √2, rounded, from 1 to 2²¹ tokens. vLLM's
+    /// step 1-2-5; a relative step of 41 % keeps the spread (cv²) and the largest length an
+    /// autoscaler reads from them closer to the lengths'.
+    pub fn request_tokens_buckets() -> Vec<f64> {
+        let mut b: Vec<f64> = (0..=42)
+            .map(|k| 2f64.powf(f64::from(k) / 2.0).round())
+            .collect();
+        b.dedup();
+        b
+    }
+
     /// vLLM's request latency buckets (seconds): e2e, queue, prefill and decode time.
     pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
         0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,

@@ -567,11 +567,31 @@ def test_body_over_the_limit_is_413(server):
     assert_error_shape(json.loads(r.read()))
 
 
+def series(text, name):
+    """The value of the one sample named `name` (labels aside) in a Prometheus text page."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name + "{") or line.startswith(name + " ")]
+    assert len(values) == 1, (name, values)
+    return values[0]
+
+
 def test_metrics_and_openapi(server, client):
-    client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    def page():
+        with urllib.request.urlopen(server.url + "/metrics") as r:
+            return r.read().decode()
+    lengths = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens")
+    before = page()
+    counts = {n: (series(before, n + "_count"), series(before, n + "_sum")) for n in lengths}
+    r = client.completions.create(model=MODEL, prompt="Hi there, how", max_tokens=3,
+                                  extra_body={"ignore_eos": True})
     time.sleep(1.1)  # the request's second is over: a gateway would have observed it now
-    with urllib.request.urlopen(server.url + "/metrics") as r:
-        text = r.read().decode()
+    text = page()
+    # Each request's prompt and output lengths, as vLLM exports them: what an autoscaler reads
+    # the spread of sequence lengths from.
+    for name, tokens in zip(lengths, (r.usage.prompt_tokens, r.usage.completion_tokens)):
+        count, total = counts[name]
+        assert series(text, name + "_count") == count + 1, name
+        assert series(text, name + "_sum") == total + tokens, name
     for name in ("vllm:num_requests_running", "vllm:time_to_first_token_seconds",
                  "vllm:prompt_tokens_total", "sluice_gateway_requests_total",
                  "sluice_engine_step_seconds"):

@@ -45,6 +45,9 @@ pub struct TickRecord {
     /// The most prompt tokens the gateway saw arrive within one second over the shape window
     /// (its bucket's upper bound); 0 without a gateway or arrivals.
     pub busiest_second_tokens: f64,
+    /// The longest prompt the replicas prefilled over the window (their prompt-length
+    /// histogram's bucket bound, which also gives the prompts' spread); 0 without it.
+    pub max_prompt_tokens: u64,
     pub mode: Mode,
     pub stale: usize,
     /// Replica URLs in the discovery file.
@@ -443,6 +446,7 @@ impl LocalAutoscaler {
                 .get(&self.cfg.served_model)
                 .and_then(|b| b.hist.max_bound())
                 .unwrap_or(0.0),
+            max_prompt_tokens: obs.arrivals.max_prompt_tokens,
             mode: d.mode,
             stale: obs.targets.iter().filter(|s| s.is_stale()).count(),
             announced: self.announcer.current().to_vec(),

@@ -191,6 +191,7 @@ mod tests {
             rate: 2.5,
             short_rate: 4.0,
             busiest_second_tokens: 0.0,
+            max_prompt_tokens: 0,
             mode: Mode::Panic,
             stale: 0,
             announced: vec![],
