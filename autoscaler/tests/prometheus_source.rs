@@ -110,6 +110,19 @@ fn exposition(s: Shape, t: f64) -> String {
         "vllm:request_prompt_tokens_sum{{{m}}} {}",
         200.0 * n
     ));
+    // Outputs: every other request ~50 tokens, the rest ~1,500 (cv² ≈ 0.87).
+    line("# TYPE vllm:request_generation_tokens histogram".into());
+    let short = (n / 2.0).floor();
+    for (le, c) in [("100", short), ("1000", short), ("2000", n), ("+Inf", n)] {
+        line(format!(
+            "vllm:request_generation_tokens_bucket{{{m},le=\"{le}\"}} {c}"
+        ));
+    }
+    line(format!("vllm:request_generation_tokens_count{{{m}}} {n}"));
+    line(format!(
+        "vllm:request_generation_tokens_sum{{{m}}} {}",
+        50.0 * short + 1500.0 * (n - short)
+    ));
     out
 }
 
@@ -490,6 +503,10 @@ fn assert_wide_shape(load: &Load) {
         "mean prompt {mean_prompt}"
     );
     assert!(wide.prompt_tokens_cv2 < 0.2, "{}", wide.prompt_tokens_cv2);
+    // Outputs half short, half long: spread, from the output-length histogram.
+    for cv2 in [wide.output_tokens_cv2, load.arrivals.output_tokens_cv2] {
+        assert!((0.6..1.2).contains(&cv2), "output cv² {cv2}");
+    }
 }
 
 /// The gateway's per-second prompt sums for the pool's model (its own `model` label, in its

@@ -11,8 +11,8 @@
 //! λ_tpot = (T − α) / (T · (P/R + β·O))
 //! ```
 //!
-//! bounded by the KV cache (`b ≤ K / (P + O)`, sequences reserve their whole length) and
-//! `max_num_seqs`, and by the prefill queue: an M/G/1 queue of prompts whose mean wait plus
+//! bounded by the KV cache (`b ≤ K / (P + O·(1 + cv²))`: sequences reserve their whole length,
+//! and the longer outputs hold it longer) and `max_num_seqs`, and by the prefill queue: an M/G/1 queue of prompts whose mean wait plus
 //! service must fit in the planning share of the TTFT SLO.
 
 use serde::{Deserialize, Serialize};
@@ -67,6 +67,11 @@ pub struct Workload {
     /// it (Pollaczek–Khinchine).
     #[serde(default)]
     pub prompt_cv2: f64,
+    /// The same for output lengths. A sequence holds its KV for as long as it decodes, so the
+    /// long outputs hold the cache longest: of the sequences running at once, the mean output
+    /// is `(1 + cv²)` times the requests' (see [`kv_batch`]).
+    #[serde(default)]
+    pub output_cv2: f64,
 }
 
 impl Workload {
@@ -76,6 +81,7 @@ impl Workload {
             mean_prompt_tokens: prompt,
             mean_output_tokens: output,
             prompt_cv2: 0.0,
+            output_cv2: 0.0,
         }
     }
 }
@@ -151,9 +157,14 @@ pub fn batch_at_tpot(v: &Variant, w: &Workload, tpot_s: f64) -> f64 {
     by_itl.min(kv_batch(v, w))
 }
 
-/// Sequences that fit in KV and the sequence limit at once.
+/// Sequences that fit in KV and the sequence limit at once. Each reserves its prompt and
+/// output; a sequence decodes for a time in proportion to its output, so among those running
+/// at once outputs are length-biased: `E[O²] / E[O] = Ō·(1 + cv²)` on average (prompt and
+/// output lengths independent). With outputs as spread as an exponential's (cv² 1) that is
+/// twice the mean, and a cache sized by the mean holds half the sequences it was credited.
 fn kv_batch(v: &Variant, w: &Workload) -> f64 {
-    let per_seq = (w.mean_prompt_tokens + w.mean_output_tokens).max(1.0);
+    let running_output = w.mean_output_tokens * (1.0 + w.output_cv2.max(0.0));
+    let per_seq = (w.mean_prompt_tokens + running_output).max(1.0);
     (v.perf.kv_cache_tokens as f64 / per_seq)
         .floor()
         .min(f64::from(v.perf.max_num_seqs))
@@ -505,6 +516,31 @@ mod tests {
         assert_eq!(batch_at_tpot(h100, &long, 0.1), 23.0);
         // Below α no batch meets it.
         assert_eq!(batch_at_tpot(h100, &short, 0.004), 0.0);
+    }
+
+    /// Outputs as spread as an exponential's (cv² 1): the sequences running at once have
+    /// twice the mean output on average (a sequence runs for as long as its output), so the
+    /// KV cache holds 460,000 / (1,000 + 2 × 9,500) = 23 of them, not 460,000 / 10,500 = 43;
+    /// and one replica serves proportionally fewer requests.
+    #[test]
+    fn kv_holds_fewer_sequences_when_outputs_are_spread() {
+        let p = Profile::load("llama-3-8b").unwrap();
+        let h100 = p.variant("nvidia-h100-80gb").unwrap();
+        let equal = Workload::uniform(1_000.0, 9_500.0);
+        let spread = Workload {
+            output_cv2: 1.0,
+            ..equal
+        };
+        assert_eq!(batch_at_tpot(h100, &equal, 0.1), 43.0);
+        assert_eq!(batch_at_tpot(h100, &spread, 0.1), 23.0);
+        let plan = Planning::default();
+        let (a, b) = (
+            at_slo(h100, &equal, &slo(), &plan),
+            at_slo(h100, &spread, &slo(), &plan),
+        );
+        assert_eq!((a.bound, b.bound), (Bound::KvCache, Bound::KvCache));
+        // 23 sequences of 43, each step a little shorter: 0.43 req/s of 0.70.
+        assert!(b.requests_per_s < 0.65 * a.requests_per_s, "{a:?} {b:?}");
     }
 
     #[test]

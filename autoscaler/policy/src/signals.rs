@@ -40,6 +40,9 @@ pub struct Arrivals {
     /// `vllm:request_prompt_tokens`' histogram in a controller); 0 if unknown.
     #[serde(default)]
     pub prompt_tokens_cv2: f64,
+    /// The same for output lengths (`vllm:request_generation_tokens`); 0 if unknown.
+    #[serde(default)]
+    pub output_tokens_cv2: f64,
     /// The request shape over a wider window, which [`Signals::workload`] reads when the long
     /// window holds fewer than [`SHAPE_MIN_REQUESTS`]; `None` when the source has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,6 +68,7 @@ impl Arrivals {
             short_window_s: short.0,
             short_requests_per_s: short.1,
             prompt_tokens_cv2: long.prompt_tokens_cv2,
+            output_tokens_cv2: long.output_tokens_cv2,
             ..Arrivals::default()
         }
     }
@@ -137,6 +141,9 @@ pub struct WindowShape {
     pub output_tokens: f64,
     /// Squared coefficient of variation of the window's prompt lengths; 0 if unknown.
     pub prompt_tokens_cv2: f64,
+    /// The same for output lengths; 0 if unknown.
+    #[serde(default)]
+    pub output_tokens_cv2: f64,
 }
 
 /// Requests the long window must hold for its request shape to be used alone: a mean over `n`
@@ -248,6 +255,7 @@ impl Signals {
                     mean_prompt_tokens: w.prompt_tokens.max(0.0) / w.requests,
                     mean_output_tokens: w.output_tokens.max(0.0) / w.requests,
                     prompt_cv2: w.prompt_tokens_cv2,
+                    output_cv2: w.output_tokens_cv2,
                 })
             }
             _ => self
@@ -256,6 +264,7 @@ impl Signals {
                     mean_prompt_tokens: p,
                     mean_output_tokens: o,
                     prompt_cv2: a.prompt_tokens_cv2,
+                    output_cv2: a.output_tokens_cv2,
                 }),
         }
     }
@@ -298,6 +307,7 @@ mod tests {
             prompt_tokens: 840.0 * 9000.0,
             output_tokens: 840.0 * 300.0,
             prompt_tokens_cv2: 2.0,
+            output_tokens_cv2: 0.8,
         };
         // Two requests a second: 120 in the long window, 840 in the wide one.
         let mut s = with_rate(2.0, 12_000.0);
@@ -305,8 +315,13 @@ mod tests {
         s.arrivals.wide = Some(wide.clone());
         let w = s.workload().unwrap();
         assert_eq!(
-            (w.mean_prompt_tokens, w.mean_output_tokens, w.prompt_cv2),
-            (9000.0, 300.0, 2.0)
+            (
+                w.mean_prompt_tokens,
+                w.mean_output_tokens,
+                w.prompt_cv2,
+                w.output_cv2
+            ),
+            (9000.0, 300.0, 2.0, 0.8)
         );
         // Nothing in the long window: the wide one still gives a shape.
         let mut idle = with_rate(0.0, 0.0);

@@ -23,6 +23,7 @@ pub struct Timeline {
     prompt: Vec<f64>,
     prompt_sq: Vec<f64>,
     output: Vec<f64>,
+    output_sq: Vec<f64>,
 }
 
 impl Timeline {
@@ -35,6 +36,7 @@ impl Timeline {
             prompt: vec![0.0; n],
             prompt_sq: vec![0.0; n],
             output: vec![0.0; n],
+            output_sq: vec![0.0; n],
         };
         for r in requests {
             let b = ((r.arrival_s / bucket_s).floor() as usize).min(n - 1);
@@ -42,6 +44,7 @@ impl Timeline {
             t.prompt[b] += f64::from(r.prompt_tokens);
             t.prompt_sq[b] += f64::from(r.prompt_tokens).powi(2);
             t.output[b] += f64::from(r.output_tokens);
+            t.output_sq[b] += f64::from(r.output_tokens).powi(2);
         }
         t
     }
@@ -62,11 +65,13 @@ impl Timeline {
         let p: f64 = self.prompt[a..b].iter().sum();
         let o: f64 = self.output[a..b].iter().sum();
         let p2: f64 = self.prompt_sq[a..b].iter().sum();
+        let o2: f64 = self.output_sq[a..b].iter().sum();
         let span = (to - from).max(self.bucket_s);
         let w = Workload {
             mean_prompt_tokens: p / n,
             mean_output_tokens: o / n,
             prompt_cv2: cv2(n, p, p2),
+            output_cv2: cv2(n, o, o2),
         };
         Some((n / span, w))
     }

@@ -177,7 +177,7 @@ impl Scenario {
     }
 }
 
-/// Mean prompt and output tokens of the requests.
+/// Mean prompt and output tokens of the requests, and their spreads.
 pub fn mean_shape(requests: &[Request]) -> Workload {
     let n = requests.len() as f64;
     let p: f64 = requests.iter().map(|r| f64::from(r.prompt_tokens)).sum();
@@ -186,10 +186,15 @@ pub fn mean_shape(requests: &[Request]) -> Workload {
         .map(|r| f64::from(r.prompt_tokens).powi(2))
         .sum();
     let o: f64 = requests.iter().map(|r| f64::from(r.output_tokens)).sum();
+    let o2: f64 = requests
+        .iter()
+        .map(|r| f64::from(r.output_tokens).powi(2))
+        .sum();
     Workload {
         mean_prompt_tokens: p / n.max(1.0),
         mean_output_tokens: o / n.max(1.0),
         prompt_cv2: sluice_policy::capacity::cv2(n, p, p2),
+        output_cv2: sluice_policy::capacity::cv2(n, o, o2),
     }
 }
 

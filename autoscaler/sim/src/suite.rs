@@ -58,6 +58,11 @@ pub enum Family {
     /// default rate). No rate over any window shows them; a fleet sized for the rate prefills
     /// a large batch far past the TTFT target.
     Batches,
+    /// Reasoning-style answers: prompts of ~660 tokens, outputs with a median of 2,000 and a
+    /// heavy tail (mean ~3,300, cv² 1.7, up to 32k), at a rate swinging ±50 % over the trace.
+    /// Requests decode for minutes, and the longest outputs hold most of the KV cache, which
+    /// sets how many run at once.
+    Reasoning,
 }
 
 /// [`Family::IdleGaps`]: a session's length and the idle gap after it, seconds.
@@ -65,7 +70,7 @@ pub const IDLE_SESSION_S: f64 = 300.0;
 pub const IDLE_GAP_S: f64 = 1200.0;
 
 impl Family {
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 12] = [
         Family::Poisson,
         Family::GammaBursts,
         Family::FlashCrowd,
@@ -77,6 +82,7 @@ impl Family {
         Family::LongPrompts,
         Family::CodeDrift,
         Family::Batches,
+        Family::Reasoning,
     ];
 
     pub fn name(self) -> &'static str {
@@ -87,6 +93,7 @@ impl Family {
             Family::Diurnal => "diurnal",
             Family::CodeLike => "code-like",
             Family::LongOutput => "long-output",
+            Family::Reasoning => "reasoning",
             Family::Mixture => "mixture",
             Family::IdleGaps => "idle-gaps",
             Family::LongPrompts => "long-prompts",
@@ -104,6 +111,7 @@ struct Shape {
     output_median: f64,
     sigma: f64,
     prompt_max: f64,
+    output_max: f64,
 }
 
 const CONVERSATION: Shape = Shape {
@@ -111,18 +119,29 @@ const CONVERSATION: Shape = Shape {
     output_median: 180.0,
     sigma: 0.8,
     prompt_max: 32_000.0,
+    output_max: 4_000.0,
 };
 const CODE: Shape = Shape {
     prompt_median: 3000.0,
     output_median: 60.0,
     sigma: 0.6,
     prompt_max: 32_000.0,
+    output_max: 4_000.0,
 };
 const LONG_OUTPUT: Shape = Shape {
     prompt_median: 300.0,
     output_median: 900.0,
     sigma: 0.5,
     prompt_max: 32_000.0,
+    output_max: 4_000.0,
+};
+
+const REASONING: Shape = Shape {
+    prompt_median: 400.0,
+    output_median: 2000.0,
+    sigma: 1.0,
+    prompt_max: 32_000.0,
+    output_max: 32_000.0,
 };
 
 const LONG_PROMPT: Shape = Shape {
@@ -130,6 +149,7 @@ const LONG_PROMPT: Shape = Shape {
     output_median: 250.0,
     sigma: 1.1,
     prompt_max: 120_000.0,
+    output_max: 4_000.0,
 };
 
 impl Shape {
@@ -139,7 +159,7 @@ impl Shape {
         let clamp = |x: f64, hi: f64| x.round().clamp(1.0, hi) as u32;
         (
             clamp(p.sample(rng), self.prompt_max),
-            clamp(o.sample(rng), 4_000.0),
+            clamp(o.sample(rng), self.output_max),
         )
     }
 }
@@ -273,6 +293,12 @@ pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Re
         Family::LongOutput => {
             let t = poisson(&mut rng, d, 0.3 * rate, |_| 0.3 * rate);
             with_shape(&mut rng, t, LONG_OUTPUT)
+        }
+        Family::Reasoning => {
+            let base = 0.15 * rate;
+            let swing = |t: f64| base * (1.0 - 0.5 * (2.0 * std::f64::consts::PI * t / d).cos());
+            let t = poisson(&mut rng, d, 1.5 * base, swing);
+            with_shape(&mut rng, t, REASONING)
         }
         Family::Mixture => {
             let chat = poisson(&mut rng, d, 0.5 * rate, |_| 0.5 * rate);

@@ -1,4 +1,4 @@
-//! The policy over a small trace suite (eight synthetic families, 25 minutes each): its SLO over
+//! The policy over a small trace suite (nine synthetic families, 25 minutes each): its SLO over
 //! feasible requests and its cost over the oracle's, per family, held at what it reaches so a
 //! change that loses ground fails; and the oracle meets the goal, at no more than static peak
 //! where static peak meets it too.
@@ -32,6 +32,7 @@ fn sluice_holds_its_slo_and_cost_on_a_small_suite() {
             Family::Mixture,
             Family::LongPrompts,
             Family::CodeDrift,
+            Family::Reasoning,
         ],
         shared: Vec::new(),
         ..SuiteConfig::default()
@@ -59,15 +60,19 @@ fn sluice_holds_its_slo_and_cost_on_a_small_suite() {
     // hold the fleet for a shape window after it), the rest unchanged.
     // code-drift (bursty code under a drifting level) came with no scale-down on a rise:
     // 99.99 % at 1.26× (static peak 1.13×); on the 1 h suite it falls short (README).
+    // KV sized for the running sequences' length-biased outputs (`Workload::output_cv2`):
+    // reasoning 95.57 → 100 % at 1.26 → 1.49×; mixture 1.38 → 1.50× at the same 99.30 % (its
+    // crowd of long outputs spreads the window's outputs, and the cache holds fewer).
     let held: &[(&str, f64, f64)] = &[
         ("poisson", 0.99, 1.4),
         ("gamma-bursts", 0.99, 1.75),
         ("flash-crowd", 0.59, 2.1),
         ("diurnal", 0.94, 1.4),
         ("code-like", 0.99, 2.05),
-        ("mixture", 0.99, 1.45),
+        ("mixture", 0.99, 1.55),
         ("long-prompts", 0.99, 1.45),
         ("code-drift", 0.99, 1.3),
+        ("reasoning", 0.99, 1.55),
     ];
     for r in &results {
         let oracle = get(&r.summaries, "oracle");

@@ -208,13 +208,14 @@ pub struct Queries {
 }
 
 /// The request shape over one window: arrivals, their prompt and output tokens, and the
-/// prompt-length histogram.
+/// prompt- and output-length histograms.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShapeQueries {
     pub arrivals: ArrivalQueries,
     pub prompt_tokens: String,
     pub generation_tokens: String,
     pub prompt_len: String,
+    pub output_len: String,
 }
 
 impl ShapeQueries {
@@ -223,6 +224,7 @@ impl ShapeQueries {
             self.prompt_tokens.as_str(),
             &self.generation_tokens,
             &self.prompt_len,
+            &self.output_len,
         ];
         v.extend(self.arrivals.all());
         v
@@ -286,6 +288,7 @@ impl Queries {
             prompt_tokens: tokens(vllm::PROMPT_TOKENS_TOTAL, r),
             generation_tokens: tokens(vllm::GENERATION_TOKENS_TOTAL, r),
             prompt_len: hist(vllm::REQUEST_PROMPT_TOKENS, r),
+            output_len: hist(vllm::REQUEST_GENERATION_TOKENS, r),
         };
         Queries {
             last_sample: by(
@@ -759,12 +762,14 @@ impl<'a, 'm> Answers<'a, 'm> {
     /// histogram.
     fn shape(&self, q: &ShapeQueries, window_s: f64) -> (WindowShape, Histogram) {
         let (prompt_len, _) = self.histograms(&q.prompt_len);
+        let (output_len, _) = self.histograms(&q.output_len);
         let shape = WindowShape {
             window_s,
             requests: self.arrivals_over(&q.arrivals),
             prompt_tokens: self.total(&q.prompt_tokens).max(0.0),
             output_tokens: self.total(&q.generation_tokens).max(0.0),
             prompt_tokens_cv2: prompt_len.mean_cv2().map_or(0.0, |p| p.1),
+            output_tokens_cv2: output_len.mean_cv2().map_or(0.0, |p| p.1),
         };
         (shape, prompt_len)
     }

@@ -292,6 +292,8 @@ pub struct Snapshot {
     /// is at least the per-request one's, so it errs towards more capacity.
     pub tpot: Option<Histogram>,
     pub prompt_len: Option<Histogram>,
+    /// Each finished request's output length (`vllm:request_generation_tokens`).
+    pub output_len: Option<Histogram>,
     /// A routing gateway's admission queue (`sluice_gateway_queue_depth`, all priorities).
     pub gateway_queue: Option<f64>,
     /// A routing gateway's queue per model (`sluice_gateway_queue_*{model}`): what a pool of
@@ -383,6 +385,7 @@ impl Snapshot {
         s.ttft = take(&[vllm::TIME_TO_FIRST_TOKEN_SECONDS]);
         s.tpot = take(vllm::TPOT_HISTOGRAMS);
         s.prompt_len = take(&[vllm::REQUEST_PROMPT_TOKENS]);
+        s.output_len = take(&[vllm::REQUEST_GENERATION_TOKENS]);
         s.prompt_bursts = bursts.finish();
         s
     }
@@ -420,6 +423,7 @@ fn base_name(base: &str) -> &'static str {
     const KEPT: &[&str] = &[
         vllm::TIME_TO_FIRST_TOKEN_SECONDS,
         vllm::REQUEST_PROMPT_TOKENS,
+        vllm::REQUEST_GENERATION_TOKENS,
     ];
     KEPT.iter()
         .chain(vllm::TPOT_HISTOGRAMS)
@@ -592,6 +596,8 @@ vllm:inter_token_latency_seconds_bucket{model_name="a",le="0.1"} 1
 vllm:inter_token_latency_seconds_bucket{model_name="a",le="+Inf"} 1
 vllm:request_time_per_output_token_seconds_bucket{model_name="a",le="0.2"} 2
 vllm:request_time_per_output_token_seconds_bucket{model_name="a",le="+Inf"} 2
+vllm:request_generation_tokens_bucket{model_name="a",le="100"} 3
+vllm:request_generation_tokens_bucket{model_name="a",le="+Inf"} 3
 sluice_gateway_queue_depth{priority="0"} 3
 sluice_gateway_queue_depth{priority="-1"} 2
 sluice_gateway_replica_eligible{replica="http://127.0.0.1:9001/"} 1
@@ -612,6 +618,11 @@ sluice_gateway_replica_eligible{replica="http://127.0.0.1:9002"} 0
         );
         // The per-request TPOT histogram wins over per-token ITL.
         assert_eq!(s.tpot, Some(hist(&[(0.2, 2.0), (f64::INFINITY, 2.0)])));
+        assert_eq!(
+            s.output_len,
+            Some(hist(&[(100.0, 3.0), (f64::INFINITY, 3.0)]))
+        );
+        assert_eq!(s.prompt_len, None);
         assert_eq!(s.gateway_queue, Some(5.0));
         let g = s.gateway_replicas.clone().unwrap();
         assert_eq!(g.get("http://127.0.0.1:9001"), Some(&true));

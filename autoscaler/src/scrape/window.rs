@@ -30,6 +30,7 @@ pub struct Increase {
     pub ttft: Histogram,
     pub tpot: Histogram,
     pub prompt_len: Histogram,
+    pub output_len: Histogram,
 }
 
 impl History {
@@ -78,6 +79,7 @@ impl History {
             hist_step(&mut out.ttft, &a.ttft, &b.ttft);
             hist_step(&mut out.tpot, &a.tpot, &b.tpot);
             hist_step(&mut out.prompt_len, &a.prompt_len, &b.prompt_len);
+            hist_step(&mut out.output_len, &a.output_len, &b.output_len);
         }
         let restarted = samples
             .windows(2)
@@ -137,6 +139,7 @@ impl Increase {
             prompt_tokens: self.prompt_tokens.max(0.0),
             output_tokens: self.generation_tokens.max(0.0),
             prompt_tokens_cv2: self.prompt_len.mean_cv2().map_or(0.0, |p| p.1),
+            output_tokens_cv2: self.output_len.mean_cv2().map_or(0.0, |p| p.1),
         }
     }
 
@@ -149,6 +152,7 @@ impl Increase {
         self.ttft.add(&o.ttft);
         self.tpot.add(&o.tpot);
         self.prompt_len.add(&o.prompt_len);
+        self.output_len.add(&o.output_len);
     }
 }
 
@@ -193,6 +197,31 @@ mod tests {
         let mut one = History::default();
         one.push(0.0, snap(50.0, 3.0, 0.0, 1.0, 1.0));
         assert_eq!(one.increase(0.0, 10.0).arrivals, 0.0);
+    }
+
+    /// The shape's output spread comes from the window's own observations: forty ~50-token
+    /// outputs before it, then ten more and ten of ~1,500 within it, read as half and half.
+    #[test]
+    fn the_shape_reads_the_output_spread_of_the_window() {
+        let lengths = |short: f64, long: f64| Histogram {
+            buckets: vec![
+                (100.0, short),
+                (2000.0, short + long),
+                (f64::INFINITY, short + long),
+            ],
+        };
+        let mut h = History::default();
+        let at = |finished, short, long| Snapshot {
+            output_len: Some(lengths(short, long)),
+            ..snap(finished, 0.0, 0.0, 0.0, 0.0)
+        };
+        h.push(0.0, at(40.0, 40.0, 0.0));
+        h.push(10.0, at(60.0, 50.0, 10.0));
+        let shape = h.increase(10.0, 10.0).shape(10.0);
+        // Ten at 50 and ten at 1,050 (the buckets' midpoints): mean 550, cv² 0.826; the whole
+        // history would read 2.96.
+        let cv2 = shape.output_tokens_cv2;
+        assert!((cv2 - 0.826).abs() < 0.01, "{cv2}");
     }
 
     #[test]

@@ -44,6 +44,7 @@ fn signals(t: f64, rate: f64, waiting: u64, fleet: &[(&str, CapacityType, u32, u
             short_requests_per_s: rate,
             max_prompt_tokens: 1000,
             prompt_tokens_cv2: 0.0,
+            output_tokens_cv2: 0.0,
             wide: None,
             per_second: None,
         },

@@ -29,6 +29,7 @@ struct ArrivalWindow {
     prompt_sum: f64,
     prompt_sq_sum: f64,
     output_sum: f64,
+    output_sq_sum: f64,
 }
 
 impl ArrivalWindow {
@@ -39,6 +40,7 @@ impl ArrivalWindow {
             prompt_sum: 0.0,
             prompt_sq_sum: 0.0,
             output_sum: 0.0,
+            output_sq_sum: 0.0,
         }
     }
 
@@ -48,6 +50,7 @@ impl ArrivalWindow {
         self.prompt_sum += f64::from(r.prompt_tokens);
         self.prompt_sq_sum += f64::from(r.prompt_tokens).powi(2);
         self.output_sum += f64::from(r.output_tokens);
+        self.output_sq_sum += f64::from(r.output_tokens).powi(2);
     }
 
     fn expire(&mut self, now: f64) {
@@ -59,6 +62,7 @@ impl ArrivalWindow {
             self.prompt_sum -= f64::from(p);
             self.prompt_sq_sum -= f64::from(p).powi(2);
             self.output_sum -= f64::from(o);
+            self.output_sq_sum -= f64::from(o).powi(2);
         }
     }
 
@@ -70,6 +74,7 @@ impl ArrivalWindow {
             prompt_tokens: self.prompt_sum.max(0.0),
             output_tokens: self.output_sum.max(0.0),
             prompt_tokens_cv2: cv2(n, self.prompt_sum, self.prompt_sq_sum),
+            output_tokens_cv2: cv2(n, self.output_sum, self.output_sq_sum),
         }
     }
 }
