@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod observe;
 pub mod prometheus;
 pub mod reconcile;
+pub mod report;
 pub mod scraped;
 pub mod source;
 pub mod status;
@@ -192,7 +193,7 @@ impl Controller {
             .patch_status(
                 &pool.name_any(),
                 &PatchParams::apply("sluice-autoscaler").force(),
-                &Patch::Apply(reconcile::failed_status(pool, e)),
+                &Patch::Apply(report::failed_status(pool, e)),
             )
             .await
         {

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Resource, ResourceExt};
+use kube::runtime::events::{EventType, Recorder};
+use kube::ResourceExt;
 use serde_json::json;
 
 use sluice_policy::capacity::{self, Planning, Slo, Workload};
@@ -30,12 +30,9 @@ use super::error::{Error, Result};
 use super::gateway::GatewayQueue;
 use super::metrics::Metrics;
 use super::observe::{self, PoolView};
+use super::report;
 use super::source::{Load, Query, Reading, SignalSource};
-use super::status::Conditions;
-use crate::crd::{
-    Condition, DecisionStatus, NodePoolProviderKind, ServingPool, ServingPoolStatus, VariantSpec,
-    VariantStatus,
-};
+use crate::crd::{NodePoolProviderKind, ServingPool, VariantSpec};
 use crate::nodepool::{NodePoolProvider, NodeRequest, Outcome};
 use crate::scrape::TtftTarget;
 
@@ -75,7 +72,7 @@ pub struct PoolState {
     /// Pod uid → when it was first seen pending.
     pending_since: HashMap<String, f64>,
     /// Variant → (avoided until, condition reason).
-    unavailable: HashMap<String, (f64, &'static str)>,
+    pub(super) unavailable: HashMap<String, (f64, &'static str)>,
     /// Reads `spec.signals.gatewayUrl`.
     gateway: GatewayQueue,
 }
@@ -195,15 +192,15 @@ impl PoolState {
 }
 
 /// An Event to record on the pool: type, reason, action, note.
-type PoolEvent = (EventType, &'static str, &'static str, String);
+pub(super) type PoolEvent = (EventType, &'static str, &'static str, String);
 
 /// Observe's result: where the pool lives and what the cluster holds for it.
-struct Observed {
-    ns: String,
-    name: String,
+pub(super) struct Observed {
+    pub(super) ns: String,
+    pub(super) name: String,
     /// `namespace/name`.
-    key: String,
-    view: PoolView,
+    pub(super) key: String,
+    pub(super) view: PoolView,
 }
 
 /// Bookkeep's result, per spec variant: the oldest pending pod's age and the preempted pods
@@ -215,20 +212,20 @@ struct Book {
 }
 
 /// Decide's result.
-struct Decided {
+pub(super) struct Decided {
     /// Desired replicas per spec variant.
-    desired: Vec<u32>,
+    pub(super) desired: Vec<u32>,
     /// The policy's decision; `None` when the metrics were stale and the fleet is held.
-    decision: Option<Decision>,
+    pub(super) decision: Option<Decision>,
     /// The allocation's notes (or why the fleet is held).
-    notes: Vec<String>,
+    pub(super) notes: Vec<String>,
     /// Why the metrics are stale, if they are.
-    stale_why: Option<String>,
+    pub(super) stale_why: Option<String>,
 }
 
 impl Decided {
     /// The decision's reasons, then the notes: what status and Events say.
-    fn reasons(&self) -> Vec<String> {
+    pub(super) fn reasons(&self) -> Vec<String> {
         self.decision
             .iter()
             .flat_map(|d| d.reasons.iter().map(ToString::to_string))
@@ -258,10 +255,10 @@ pub async fn reconcile(
     replace_preempted(ctx, &obs, &book).await?;
     let decided = decide(ctx, state, pool, &obs, &book, now_s).await?;
     let acted = act(ctx, state, pool, &obs, &decided).await?;
-    count_decisions(ctx, &obs, decided.decision.as_ref());
-    let status = status(pool, state, &obs, &decided, acted.failure.as_ref());
+    report::count_decisions(ctx, &obs, decided.decision.as_ref());
+    let status = report::status(pool, state, &obs, &decided, acted.failure.as_ref());
     let events = book.events.into_iter().chain(acted.events).collect();
-    report(ctx, pool, &obs, status, events).await?;
+    report::report(ctx, pool, &obs, status, events).await?;
     if let Some(e) = acted.failure {
         return Err(e);
     }
@@ -706,207 +703,12 @@ async fn ensure_nodes(ctx: &Context, v: &VariantSpec, req: &NodeRequest) -> Resu
     provider.ensure(req).await
 }
 
-/// Counts the decision's reasons by kind in the controller's metrics.
-fn count_decisions(ctx: &Context, obs: &Observed, decision: Option<&Decision>) {
-    for r in decision.iter().flat_map(|d| &d.reasons) {
-        let kind = serde_json::to_value(r.kind)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
-        ctx.metrics
-            .decisions
-            .with_label_values(&[obs.ns.as_str(), obs.name.as_str(), kind.as_str()])
-            .inc();
-    }
-}
-
-/// The pool's whole status: each variant's replicas and availability, the last decision, and
-/// the conditions.
-fn status(
-    pool: &ServingPool,
-    state: &PoolState,
-    obs: &Observed,
-    decided: &Decided,
-    failure: Option<&Error>,
-) -> ServingPoolStatus {
-    let now_wall = k8s_openapi::jiff::Timestamp::now().to_string();
-    let conditions = conditions(pool, state, obs, decided, failure, &now_wall);
-    let decision = decided.decision.as_ref();
-    ServingPoolStatus {
-        observed_generation: pool.metadata.generation,
-        variants: pool
-            .spec
-            .variants
-            .iter()
-            .zip(&obs.view.variants)
-            .zip(&decided.desired)
-            .map(|((v, vv), &desired)| {
-                let un = state.unavailable.get(&v.name);
-                VariantStatus {
-                    name: v.name.clone(),
-                    desired,
-                    current: vv.replicas,
-                    ready: vv.ready(),
-                    pending: vv.pending(),
-                    available: un.is_none(),
-                    unavailable_reason: un.map(|(_, why)| why.to_string()),
-                }
-            })
-            .collect(),
-        last_decision: Some(DecisionStatus {
-            time: now_wall,
-            mode: decision.map_or("hold".into(), |d| {
-                serde_json::to_value(d.mode)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default()
-            }),
-            planned_requests_per_second: decision.map_or(0.0, |d| d.demand.planned_requests_per_s),
-            reasons: decided.reasons(),
-        }),
-        conditions,
-    }
-}
-
-/// The conditions `Ready`, `MetricsStale`, `Stockout` and `Degraded`, updated from the pool's
-/// current ones.
-fn conditions(
-    pool: &ServingPool,
-    state: &PoolState,
-    obs: &Observed,
-    decided: &Decided,
-    failure: Option<&Error>,
-    now_wall: &str,
-) -> Vec<Condition> {
-    let mut conds = Conditions::from(
-        pool.status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default(),
-    );
-    let at_target = obs
-        .view
-        .variants
-        .iter()
-        .zip(&decided.desired)
-        .all(|(vv, &want)| vv.ready() >= want);
-    conds.set(
-        "Ready",
-        at_target,
-        if at_target { "AtTarget" } else { "Scaling" },
-        if at_target {
-            "every variant has its desired replicas ready".into()
-        } else {
-            "replicas starting or pending".into()
-        },
-        now_wall,
-    );
-    let stale = decided.stale_why.is_some();
-    conds.set(
-        "MetricsStale",
-        stale,
-        if stale { "NoFreshMetrics" } else { "Fresh" },
-        match &decided.stale_why {
-            Some(why) => format!("no fresh metrics from the signal source ({why}): holding"),
-            None => String::new(),
-        },
-        now_wall,
-    );
-    let mut stocked: Vec<&str> = state
-        .unavailable
-        .iter()
-        .filter(|(_, (_, why))| *why == "Stockout")
-        .map(|(n, _)| n.as_str())
-        .collect();
-    stocked.sort();
-    conds.set(
-        "Stockout",
-        !stocked.is_empty(),
-        if stocked.is_empty() {
-            "InStock"
-        } else {
-            "PendingTooLong"
-        },
-        stocked.join(", "),
-        now_wall,
-    );
-    let (degraded, reason, message) = degraded(&decided.notes, failure);
-    conds.set("Degraded", degraded, reason, message, now_wall);
-    conds.into_vec()
-}
-
-/// The `Degraded` condition: a node pool failed, or demand had nowhere to go.
-fn degraded(notes: &[String], failure: Option<&Error>) -> (bool, &'static str, String) {
-    let nowhere = notes.iter().any(|n| n.contains("nowhere"));
-    if let Some(e) = failure {
-        (true, "NodePoolFailed", e.to_string())
-    } else if nowhere {
-        (true, "OutOfCapacity", notes.join("; "))
-    } else {
-        (false, "AsPlanned", String::new())
-    }
-}
-
-/// Report: the status applied and the Events recorded (logged only in a dry run).
-async fn report(
-    ctx: &Context,
-    pool: &ServingPool,
-    obs: &Observed,
-    status: ServingPoolStatus,
-    events: Vec<PoolEvent>,
-) -> Result<()> {
-    let key = &obs.key;
-    if ctx.dry_run {
-        for (_, reason, _, note) in &events {
-            tracing::info!(pool = %key, reason, note, "dry run: would record");
-        }
-        return Ok(());
-    }
-    let api: Api<ServingPool> = Api::namespaced(ctx.client.clone(), &obs.ns);
-    api.patch_status(
-        &obs.name,
-        &PatchParams::apply("sluice-autoscaler").force(),
-        &Patch::Apply(json!({
-            "apiVersion": "sluice.dev/v1alpha1",
-            "kind": "ServingPool",
-            "status": status,
-        })),
-    )
-    .await
-    .map_err(Error::kube(format!("status of {key}")))?;
-    let reference = pool.object_ref(&());
-    for (type_, reason, action, note) in events {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(truncate(&note, 1000)),
-            action: action.into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
-            tracing::warn!(pool = %key, error = %e, "cannot record an event");
-        }
-    }
-    Ok(())
-}
-
 fn summary(reasons: &[String]) -> String {
     if reasons.is_empty() {
         "no reason recorded".into()
     } else {
         reasons.join("; ")
     }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 /// The policy's signals from the cluster view and the load: one entry per (profile variant,
@@ -1011,24 +813,6 @@ fn entries(pool: &ServingPool, state: &PoolState, view: &PoolView, d: &Decision)
             }
         })
         .collect()
-}
-
-/// A status shape for the pool when a reconcile fails before writing its own.
-pub fn failed_status(pool: &ServingPool, e: &Error) -> serde_json::Value {
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let mut conds = Conditions::from(
-        pool.status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default(),
-    );
-    conds.set("Degraded", true, "ReconcileFailed", e.to_string(), &now);
-    conds.set("Ready", false, "ReconcileFailed", e.to_string(), &now);
-    json!({
-        "apiVersion": "sluice.dev/v1alpha1",
-        "kind": "ServingPool",
-        "status": {"conditions": conds.into_vec()},
-    })
 }
 
 #[cfg(test)]
