@@ -12,8 +12,9 @@
 //! ```
 //!
 //! bounded by the KV cache (`b ≤ K / (P + O·(1 + cv²))`: sequences reserve their whole length,
-//! and the longer outputs hold it longer) and `max_num_seqs`, and by the prefill queue: an M/G/1 queue of prompts whose mean wait plus
-//! service must fit in the planning share of the TTFT SLO.
+//! and the longer outputs hold it longer) and `max_num_seqs`, and by the prefill queue: an
+//! M/G/1 queue of prompts whose mean wait plus service must fit in the planning share of the
+//! TTFT SLO.
 
 use serde::{Deserialize, Serialize};
 

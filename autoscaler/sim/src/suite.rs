@@ -93,18 +93,18 @@ impl Family {
             Family::Diurnal => "diurnal",
             Family::CodeLike => "code-like",
             Family::LongOutput => "long-output",
-            Family::Reasoning => "reasoning",
             Family::Mixture => "mixture",
             Family::IdleGaps => "idle-gaps",
             Family::LongPrompts => "long-prompts",
             Family::CodeDrift => "code-drift",
             Family::Batches => "batches",
+            Family::Reasoning => "reasoning",
         }
     }
 }
 
 /// Request lengths: log-normal prompt and output tokens with these medians and spread (of
-/// their logarithms), prompts at most `prompt_max`.
+/// their logarithms), prompts at most `prompt_max` and outputs at most `output_max`.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     prompt_median: f64,
@@ -294,12 +294,6 @@ pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Re
             let t = poisson(&mut rng, d, 0.3 * rate, |_| 0.3 * rate);
             with_shape(&mut rng, t, LONG_OUTPUT)
         }
-        Family::Reasoning => {
-            let base = 0.15 * rate;
-            let swing = |t: f64| base * (1.0 - 0.5 * (2.0 * std::f64::consts::PI * t / d).cos());
-            let t = poisson(&mut rng, d, 1.5 * base, swing);
-            with_shape(&mut rng, t, REASONING)
-        }
         Family::Mixture => {
             let chat = poisson(&mut rng, d, 0.5 * rate, |_| 0.5 * rate);
             let mut all = with_shape(&mut rng, chat, CONVERSATION);
@@ -334,6 +328,12 @@ pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Re
             let mut t = poisson(&mut rng, d, 0.25 * rate, |_| 0.25 * rate);
             t.extend(batches(&mut rng, d, 60.0, 4.0 * rate));
             with_shape(&mut rng, t, CODE)
+        }
+        Family::Reasoning => {
+            let base = 0.15 * rate;
+            let swing = |t: f64| base * (1.0 - 0.5 * (2.0 * std::f64::consts::PI * t / d).cos());
+            let t = poisson(&mut rng, d, 1.5 * base, swing);
+            with_shape(&mut rng, t, REASONING)
         }
     };
     out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
