@@ -74,6 +74,14 @@ def raw(url, path, body=None, headers=None, method=None):
         return status, hdrs, text
 
 
+def series(text, name):
+    """The value of the one sample named `name` (labels aside) in a Prometheus text page."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name + "{") or line.startswith(name + " ")]
+    assert len(values) == 1, (name, values)
+    return values[0]
+
+
 def assert_error_shape(body, status=None):
     assert isinstance(body, dict) and set(body) == {"error"}, body
     err = body["error"]

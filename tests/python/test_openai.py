@@ -12,7 +12,7 @@ import urllib.request
 import openai
 import pytest
 
-from conftest import MODEL, Server, assert_error_shape, binary, raw
+from conftest import MODEL, Server, assert_error_shape, binary, raw, series
 
 MESSAGES = [{"role": "user", "content": "Name three rivers in Europe."}]
 
@@ -567,18 +567,9 @@ def test_body_over_the_limit_is_413(server):
     assert_error_shape(json.loads(r.read()))
 
 
-def series(text, name):
-    """The value of the one sample named `name` (labels aside) in a Prometheus text page."""
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(name + "{") or line.startswith(name + " ")]
-    assert len(values) == 1, (name, values)
-    return values[0]
-
-
 def test_metrics_and_openapi(server, client):
     def page():
-        with urllib.request.urlopen(server.url + "/metrics") as r:
-            return r.read().decode()
+        return raw(server.url, "/metrics", method="GET")[2]
     lengths = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens")
     before = page()
     counts = {n: (series(before, n + "_count"), series(before, n + "_sum")) for n in lengths}

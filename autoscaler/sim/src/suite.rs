@@ -164,6 +164,16 @@ impl Shape {
     }
 }
 
+/// Arrival times of a Poisson process whose rate swings once over `[0, duration_s)` around
+/// `mean` by ±`amplitude` of it: lowest at the ends, highest halfway (a day compressed).
+fn swinging(rng: &mut ChaCha8Rng, duration_s: f64, mean: f64, amplitude: f64) -> Vec<f64> {
+    let rate = |t: f64| {
+        let phase = 2.0 * std::f64::consts::PI * t / duration_s;
+        mean * (1.0 - amplitude * phase.cos())
+    };
+    poisson(rng, duration_s, mean * (1.0 + amplitude), rate)
+}
+
 /// Arrival times of a Poisson process with rate `rate(t)` (at most `peak`) over
 /// `[0, duration_s)`, by thinning.
 fn poisson(
@@ -282,8 +292,7 @@ pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Re
             with_shape(&mut rng, t, CONVERSATION)
         }
         Family::Diurnal => {
-            let swing = |t: f64| rate * (1.0 - 0.8 * (2.0 * std::f64::consts::PI * t / d).cos());
-            let t = poisson(&mut rng, d, 1.8 * rate, swing);
+            let t = swinging(&mut rng, d, rate, 0.8);
             with_shape(&mut rng, t, CONVERSATION)
         }
         Family::CodeLike => {
@@ -315,9 +324,7 @@ pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Re
             with_shape(&mut rng, t, CONVERSATION)
         }
         Family::LongPrompts => {
-            let base = 0.07 * rate;
-            let swing = |t: f64| base * (1.0 - 0.6 * (2.0 * std::f64::consts::PI * t / d).cos());
-            let t = poisson(&mut rng, d, 1.6 * base, swing);
+            let t = swinging(&mut rng, d, 0.07 * rate, 0.6);
             with_shape(&mut rng, t, LONG_PROMPT)
         }
         Family::CodeDrift => {
@@ -330,9 +337,7 @@ pub fn generate(family: Family, seed: u64, duration_s: f64, rate: f64) -> Vec<Re
             with_shape(&mut rng, t, CODE)
         }
         Family::Reasoning => {
-            let base = 0.15 * rate;
-            let swing = |t: f64| base * (1.0 - 0.5 * (2.0 * std::f64::consts::PI * t / d).cos());
-            let t = poisson(&mut rng, d, 1.5 * base, swing);
+            let t = swinging(&mut rng, d, 0.15 * rate, 0.5);
             with_shape(&mut rng, t, REASONING)
         }
     };

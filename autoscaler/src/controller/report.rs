@@ -87,12 +87,7 @@ fn conditions(
     failure: Option<&Error>,
     now_wall: &str,
 ) -> Vec<Condition> {
-    let mut conds = Conditions::from(
-        pool.status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default(),
-    );
+    let mut conds = current_conditions(pool);
     let at_target = obs
         .view
         .variants
@@ -142,6 +137,16 @@ fn conditions(
     let (degraded, reason, message) = degraded(&decided.notes, failure);
     conds.set("Degraded", degraded, reason, message, now_wall);
     conds.into_vec()
+}
+
+/// The pool's conditions as its status holds them now, to be updated.
+fn current_conditions(pool: &ServingPool) -> Conditions {
+    Conditions::from(
+        pool.status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default(),
+    )
 }
 
 /// The `Degraded` condition: a node pool failed, or demand had nowhere to go.
@@ -213,12 +218,7 @@ fn truncate(s: &str, max: usize) -> String {
 /// A status shape for the pool when a reconcile fails before writing its own.
 pub fn failed_status(pool: &ServingPool, e: &Error) -> serde_json::Value {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let mut conds = Conditions::from(
-        pool.status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default(),
-    );
+    let mut conds = current_conditions(pool);
     conds.set("Degraded", true, "ReconcileFailed", e.to_string(), &now);
     conds.set("Ready", false, "ReconcileFailed", e.to_string(), &now);
     json!({
