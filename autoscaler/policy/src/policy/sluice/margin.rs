@@ -1,5 +1,5 @@
 //! The latency margins: the planning margin widened while first tokens are late and narrowed
-//! back when the SLO is met with time to spare, and each variant's capacity discounted while its
+//! back once they are in time with steps within their target, and each variant's capacity discounted while its
 //! own replicas breach the SLO.
 
 use super::Sluice;
@@ -10,9 +10,10 @@ impl Sluice {
     /// Widens the demand margin while first tokens are late with requests queued (too little
     /// capacity overall), or while fewer feasible first tokens than the SLO's share come in
     /// time with none queued (long prompts ahead of short ones in the replicas' own prefill),
-    /// and narrows it back when the SLO is met with latency to spare. It does not
-    /// widen while replicas are starting: capacity is already on its way, and integrating the
-    /// error meanwhile would order more that arrives after the spike (anti-windup). A variant
+    /// and narrows it back once first tokens are in time with room (or at the attainment
+    /// goal) and steps within the TPOT target. It does not widen while replicas are
+    /// starting: capacity is already on its way, and integrating the error meanwhile would
+    /// order more that arrives after the spike (anti-windup). A variant
     /// whose own replicas decode slower than the TPOT SLO has its capacity discounted instead
     /// (they are loaded past what they serve well): more of every variant would not fix it,
     /// fewer requests per replica of that one does. So does one whose first tokens are late
@@ -68,7 +69,11 @@ impl Sluice {
         let ttft_high = (queued_late || missing) && !arriving;
         let ttft_met = l.ttft_p99_s.is_some_and(|x| x < 0.8 * slo.ttft_p99_s)
             || l.ttft_attainment.is_some_and(|a| a >= goal);
-        let low = l.tpot_p99_s.is_some_and(|x| x < 0.8 * slo.tpot_p99_s) && ttft_met;
+        // This margin answers first tokens: it narrows once they are in time, while steps
+        // are within their target. A TPOT p99 near the target is no reason to keep it: decode
+        // steps behind full prefill chunks (every step, under code-sized prompts) keep it there
+        // whatever the fleet.
+        let low = l.tpot_p99_s.is_some_and(|x| x <= slo.tpot_p99_s) && ttft_met;
         if ttft_high {
             self.margin = (self.margin * 1.1).min(self.config.max_margin);
             d.reason(
