@@ -389,6 +389,13 @@ fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<
             println!("{}: {n}", r.trace);
         }
     }
+    let targets = sluice_sim::targets::check(&results, "sluice");
+    if !targets.is_empty() {
+        println!("\ntargets:");
+        for t in &targets {
+            println!("- {}", t.line());
+        }
+    }
     if a.zero_savings {
         for e in &entries {
             println!("\n{}:", e.name);
@@ -405,6 +412,7 @@ fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<
         let rep = sluice_sim::suite::SuiteReport {
             scenario: serde_json::to_value(scn).context("scenario to JSON")?,
             traces: results,
+            targets,
             elapsed_s,
         };
         report::write_json(path, &rep)?;

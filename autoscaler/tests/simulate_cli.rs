@@ -140,7 +140,7 @@ fn decisions_are_refused_beside_the_suite() {
 fn the_suite_writes_each_traces_decisions_beside_its_plot() {
     let dir = scratch("suite-decisions");
     let traces = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/traces");
-    simulate_ok(&[
+    let stdout = simulate_ok(&[
         "--suite",
         "--suite-only",
         "long-output,poisson",
@@ -167,4 +167,19 @@ fn the_suite_writes_each_traces_decisions_beside_its_plot() {
         assert_eq!(policies.len(), 2 * sluice, "{trace}");
         assert_eq!(policies[0], "sluice");
     }
+    // Below the table, sluice against the targets over both traces (no oracle ran: no cost
+    // ratio to check).
+    let targets: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| *l != "targets:")
+        .skip(1)
+        .take_while(|l| l.starts_with("- "))
+        .collect();
+    assert_eq!(targets.len(), 2, "{stdout}");
+    assert!(targets[0].starts_with("- sluice ≥ 99 % of feasible requests in SLO: met on "));
+    assert!(targets[1].starts_with("- sluice no dearer than static-peak at an SLO"));
+    assert!(
+        targets.iter().all(|l| l.contains(" of 2 traces")),
+        "{targets:?}"
+    );
 }

@@ -12,6 +12,7 @@
 //! - [`sim`]: the discrete-event simulator (gateway queue, routing, replicas, nodes, Spot).
 //! - [`scenario`]: the default scenario and running every policy side by side.
 //! - [`suite`]: seeded synthetic trace families plus the shared traces, every policy over each.
+//! - [`targets`]: a policy against the autoscaler's targets over the suite, trace by trace.
 //! - [`zero`]: scale to zero: the cost a policy saves over idle periods against itself at
 //!   min 1, and its cold starts.
 //! - [`report`], [`plot`]: the table, JSON and SVG.
@@ -25,6 +26,7 @@ pub mod report;
 pub mod scenario;
 pub mod sim;
 pub mod suite;
+pub mod targets;
 pub mod trace;
 pub mod zero;
 

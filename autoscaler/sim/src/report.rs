@@ -14,7 +14,7 @@ use crate::sim::{Outcome, Run, Sample};
 pub const BURST_BUCKET_S: f64 = 30.0;
 
 /// One policy's figures.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Summary {
     pub requests: usize,
     /// Requests no variant could serve within the SLO even alone and idle; reported apart.

@@ -423,6 +423,9 @@ pub struct TraceResult {
 pub struct SuiteReport {
     pub scenario: serde_json::Value,
     pub traces: Vec<TraceResult>,
+    /// sluice against the targets, trace by trace ([`crate::targets`]).
+    #[serde(default)]
+    pub targets: Vec<crate::targets::Target>,
     pub elapsed_s: f64,
 }
 
