@@ -15,6 +15,7 @@ use sluice_policy::signals::Signals;
 use sluice_policy::timeline::Request;
 use sluice_sim::report::{self, Report};
 use sluice_sim::scenario::{self, Scenario, POLICIES};
+use sluice_sim::targets;
 use sluice_sim::{plot, trace};
 
 #[derive(Parser)]
@@ -340,6 +341,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     for n in &notes {
         println!("{n}");
     }
+    let name = trace_path.display().to_string();
+    let targets = targets::check_runs([(name.as_str(), summaries.as_slice())], "sluice");
+    print_targets(&targets);
     println!("{} policies in {:.2} s", runs.len(), elapsed);
     if a.zero_savings {
         print_zero_savings(&scn, &requests, &a.policies)?;
@@ -351,6 +355,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
             order: summaries.iter().map(|(n, _)| n.clone()).collect(),
             elapsed_s: elapsed,
             timelines: report::timelines(&runs, &scn.slo).into_iter().collect(),
+            targets,
         };
         report::write_json(path, &rep)?;
     }
@@ -361,6 +366,17 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         report::write_decisions(path, &runs)?;
     }
     Ok(())
+}
+
+/// sluice against the targets, one line each, below a table.
+fn print_targets(targets: &[targets::Target]) {
+    if targets.is_empty() {
+        return;
+    }
+    println!("\ntargets:");
+    for t in targets {
+        println!("- {}", t.line());
+    }
 }
 
 /// `simulate --suite`: every policy over the suite's traces, one table, one SVG per trace.
@@ -389,13 +405,8 @@ fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<
             println!("{}: {n}", r.trace);
         }
     }
-    let targets = sluice_sim::targets::check(&results, "sluice");
-    if !targets.is_empty() {
-        println!("\ntargets:");
-        for t in &targets {
-            println!("- {}", t.line());
-        }
-    }
+    let targets = targets::check(&results, "sluice");
+    print_targets(&targets);
     if a.zero_savings {
         for e in &entries {
             println!("\n{}:", e.name);

@@ -81,6 +81,15 @@ fn decisions_are_written_one_a_tick_per_policy_with_their_reasons() {
     );
 
     let report: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    // sluice against the targets on this trace: the SLO goal and static peak (no oracle ran),
+    // printed and in the report.
+    let targets = report["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 2, "{targets:?}");
+    for t in targets {
+        assert_eq!(t["checked"], 1, "{t}");
+        let name = t["name"].as_str().unwrap();
+        assert!(stdout.contains(&format!("- {name}: met on ")), "{stdout}");
+    }
     let lines = std::fs::read_to_string(&decisions).unwrap();
     let parsed: Vec<Value> = lines
         .lines()

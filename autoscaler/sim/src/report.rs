@@ -55,6 +55,9 @@ pub struct Report {
     pub elapsed_s: f64,
     #[serde(default)]
     pub timelines: std::collections::BTreeMap<String, Timeline>,
+    /// sluice against the targets on this trace ([`crate::targets`]).
+    #[serde(default)]
+    pub targets: Vec<crate::targets::Target>,
 }
 
 /// One policy's run over time: what the fleet held at each tick and how the feasible requests

@@ -46,7 +46,8 @@ impl Target {
     /// `name: met on n of m traces; missed on a (figures), b (figures)`.
     pub fn line(&self) -> String {
         let met = self.checked - self.missed.len();
-        let mut s = format!("{}: met on {met} of {} traces", self.name, self.checked);
+        let traces = if self.checked == 1 { "trace" } else { "traces" };
+        let mut s = format!("{}: met on {met} of {} {traces}", self.name, self.checked);
         if !self.missed.is_empty() {
             let missed: Vec<String> = self
                 .missed
@@ -60,9 +61,23 @@ impl Target {
     }
 }
 
-/// `policy` against the targets over the suite's results: the SLO goal, the cost over the
-/// oracle (where the oracle ran), and each baseline that ran. Empty when `policy` did not run.
+/// `policy` against the targets over the suite's results (see [`check_runs`]).
 pub fn check(results: &[TraceResult], policy: &str) -> Vec<Target> {
+    check_runs(
+        results
+            .iter()
+            .map(|r| (r.trace.as_str(), r.summaries.as_slice())),
+        policy,
+    )
+}
+
+/// `policy` against the targets over traces, each with its policies' summaries: the SLO
+/// goal, the cost over the oracle (where the oracle ran), and each baseline that ran. Empty
+/// when `policy` did not run.
+pub fn check_runs<'a>(
+    runs: impl IntoIterator<Item = (&'a str, &'a [(String, Summary)])>,
+    policy: &str,
+) -> Vec<Target> {
     let mut slo = Target::new(format!(
         "{policy} ≥ {:.0} % of feasible requests in SLO",
         SLO_GOAL * 100.0
@@ -75,12 +90,12 @@ pub fn check(results: &[TraceResult], policy: &str) -> Vec<Target> {
             (b, Target::new(t))
         })
         .collect();
-    for r in results {
-        let find = |name: &str| r.summaries.iter().find(|(n, _)| n == name).map(|(_, s)| s);
+    for (trace, summaries) in runs {
+        let find = |name: &str| summaries.iter().find(|(n, _)| n == name).map(|(_, s)| s);
         let Some(own) = find(policy) else { continue };
-        slo.check(&r.trace, own.slo_attainment >= SLO_GOAL, || percent(own));
+        slo.check(trace, own.slo_attainment >= SLO_GOAL, || percent(own));
         if let Some(ratio) = own.cost_vs_oracle {
-            cost.check(&r.trace, ratio <= COST_VS_ORACLE + 1e-9, || {
+            cost.check(trace, ratio <= COST_VS_ORACLE + 1e-9, || {
                 format!("{ratio:.2}×")
             });
         }
@@ -88,7 +103,7 @@ pub fn check(results: &[TraceResult], policy: &str) -> Vec<Target> {
             let Some(base) = find(b) else { continue };
             let met = own.cost_usd <= base.cost_usd + 1e-9
                 && own.slo_attainment + 1e-9 >= base.slo_attainment;
-            target.check(&r.trace, met, || {
+            target.check(trace, met, || {
                 format!(
                     "{} for ${:.2} against {} for ${:.2}",
                     percent(own),
