@@ -1,10 +1,10 @@
-//! The suite against the autoscaler's targets: how far a policy is from them, trace by trace.
+//! A policy against the autoscaler's targets, trace by trace: how far it is from them.
 //!
-//! Three targets, as the policy was set them: at least 99 % of feasible requests within the
-//! SLO on every trace; at most 1.15× the oracle's cost; and no dearer than each scaling
-//! baseline (static peak, the HPAs, KPA) at an SLO at least as good. A suite table answers
-//! them only after reading sixty rows; this says, per target, on how many traces the policy
-//! meets it and where it does not, with the figures, so the distance is on one screen.
+//! The policy is held to three targets on every trace: at least 99 % of feasible requests
+//! within the SLO; at most 1.15× the oracle's cost; and no dearer than each scaling baseline
+//! (static peak, the HPAs, KPA) at an SLO at least as good. A suite table answers them only
+//! after reading sixty rows; this says, per target, on how many traces the policy meets it
+//! and where it does not, with the figures, so the distance is on one screen.
 
 use serde::{Deserialize, Serialize};
 

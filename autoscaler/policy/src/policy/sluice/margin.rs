@@ -1,6 +1,6 @@
 //! The latency margins: the planning margin widened while first tokens are late and narrowed
-//! back once they are in time with steps within their target, and each variant's capacity discounted while its
-//! own replicas breach the SLO.
+//! back once they are in time with steps within their target, and each variant's capacity
+//! discounted while its own replicas breach the SLO.
 
 use super::Sluice;
 use crate::decision::{Decision, ReasonKind};
@@ -13,10 +13,10 @@ impl Sluice {
     /// and narrows it back once first tokens are in time with room (or at the attainment
     /// goal) and steps within the TPOT target. It does not widen while replicas are
     /// starting: capacity is already on its way, and integrating the error meanwhile would
-    /// order more that arrives after the spike (anti-windup). A variant
-    /// whose own replicas decode slower than the TPOT SLO has its capacity discounted instead
-    /// (they are loaded past what they serve well): more of every variant would not fix it,
-    /// fewer requests per replica of that one does. So does one whose first tokens are late
+    /// order more that arrives after the spike (anti-windup). A variant whose own replicas
+    /// decode slower than the TPOT SLO has its capacity discounted instead (they are loaded
+    /// past what they serve well): more of every variant would not fix it, fewer requests
+    /// per replica of that one does. So does one whose first tokens are late
     /// with nothing queued while another variant prefills faster.
     pub(super) fn update_margin(&mut self, s: &Signals, d: &mut Decision) {
         let slo = self.config.slo;
