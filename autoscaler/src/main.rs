@@ -341,7 +341,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     for n in &notes {
         println!("{n}");
     }
-    let name = trace_path.display().to_string();
+    let name = format!("{} ×{}", trace_path.display(), scn.rate_scale);
     let targets = targets::check_runs([(name.as_str(), summaries.as_slice())], "sluice");
     print_targets(&targets);
     println!("{} policies in {:.2} s", runs.len(), elapsed);
