@@ -85,6 +85,51 @@ impl Workload {
             output_cv2: 0.0,
         }
     }
+
+    /// The shape of `n` requests whose prompt and output lengths summed to these moments.
+    pub fn from_moments(n: f64, prompt: &Moments, output: &Moments) -> Workload {
+        Workload {
+            mean_prompt_tokens: prompt.sum / n,
+            mean_output_tokens: output.sum / n,
+            prompt_cv2: prompt.cv2(n),
+            output_cv2: output.cv2(n),
+        }
+    }
+}
+
+/// The sum and the sum of squares of some lengths (prompt or output tokens): with their
+/// count, their mean and spread ([`cv2`]). Added to as requests arrive, taken from as they
+/// leave a window.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Moments {
+    pub sum: f64,
+    pub sum_sq: f64,
+}
+
+impl Moments {
+    pub fn add(&mut self, x: u32) {
+        self.sum += f64::from(x);
+        self.sum_sq += f64::from(x).powi(2);
+    }
+
+    pub fn remove(&mut self, x: u32) {
+        self.sum -= f64::from(x);
+        self.sum_sq -= f64::from(x).powi(2);
+    }
+
+    /// The spread of `n` lengths with these moments.
+    pub fn cv2(&self, n: f64) -> f64 {
+        cv2(n, self.sum, self.sum_sq)
+    }
+}
+
+impl std::iter::Sum for Moments {
+    fn sum<I: Iterator<Item = Moments>>(iter: I) -> Moments {
+        iter.fold(Moments::default(), |a, m| Moments {
+            sum: a.sum + m.sum,
+            sum_sq: a.sum_sq + m.sum_sq,
+        })
+    }
 }
 
 /// Squared coefficient of variation from a count, a sum and a sum of squares.
@@ -517,6 +562,31 @@ mod tests {
         assert_eq!(batch_at_tpot(h100, &long, 0.1), 23.0);
         // Below α no batch meets it.
         assert_eq!(batch_at_tpot(h100, &short, 0.004), 0.0);
+    }
+
+    /// Moments added, summed and taken away give the lengths' mean and spread: 100 and 300
+    /// have mean 200 and cv² (100² + 300²) / 2 / 200² − 1 = 0.25.
+    #[test]
+    fn moments_give_the_mean_and_spread_of_what_they_hold() {
+        let (mut a, mut b) = (Moments::default(), Moments::default());
+        a.add(100);
+        b.add(300);
+        b.add(7);
+        b.remove(7);
+        let both: Moments = [a, b].into_iter().sum();
+        assert_eq!(
+            both,
+            Moments {
+                sum: 400.0,
+                sum_sq: 100_000.0
+            }
+        );
+        assert!((both.cv2(2.0) - 0.25).abs() < 1e-12);
+        let w = Workload::from_moments(2.0, &both, &a);
+        assert_eq!((w.mean_prompt_tokens, w.mean_output_tokens), (200.0, 50.0));
+        assert!((w.prompt_cv2 - 0.25).abs() < 1e-12);
+        // One length has no spread.
+        assert_eq!(a.cv2(1.0), 0.0);
     }
 
     /// Outputs as spread as an exponential's (cv² 1): the sequences running at once have

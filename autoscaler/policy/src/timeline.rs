@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::capacity::{cv2, Workload};
+use crate::capacity::{Moments, Workload};
 
 /// One request of a trace: when it arrives and how long it is.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
@@ -20,10 +20,8 @@ pub struct Request {
 pub struct Timeline {
     pub bucket_s: f64,
     requests: Vec<f64>,
-    prompt: Vec<f64>,
-    prompt_sq: Vec<f64>,
-    output: Vec<f64>,
-    output_sq: Vec<f64>,
+    prompt: Vec<Moments>,
+    output: Vec<Moments>,
 }
 
 impl Timeline {
@@ -33,18 +31,14 @@ impl Timeline {
         let mut t = Timeline {
             bucket_s,
             requests: vec![0.0; n],
-            prompt: vec![0.0; n],
-            prompt_sq: vec![0.0; n],
-            output: vec![0.0; n],
-            output_sq: vec![0.0; n],
+            prompt: vec![Moments::default(); n],
+            output: vec![Moments::default(); n],
         };
         for r in requests {
             let b = ((r.arrival_s / bucket_s).floor() as usize).min(n - 1);
             t.requests[b] += 1.0;
-            t.prompt[b] += f64::from(r.prompt_tokens);
-            t.prompt_sq[b] += f64::from(r.prompt_tokens).powi(2);
-            t.output[b] += f64::from(r.output_tokens);
-            t.output_sq[b] += f64::from(r.output_tokens).powi(2);
+            t.prompt[b].add(r.prompt_tokens);
+            t.output[b].add(r.output_tokens);
         }
         t
     }
@@ -62,17 +56,9 @@ impl Timeline {
         if n == 0.0 {
             return None;
         }
-        let p: f64 = self.prompt[a..b].iter().sum();
-        let o: f64 = self.output[a..b].iter().sum();
-        let p2: f64 = self.prompt_sq[a..b].iter().sum();
-        let o2: f64 = self.output_sq[a..b].iter().sum();
+        let prompt: Moments = self.prompt[a..b].iter().copied().sum();
+        let output: Moments = self.output[a..b].iter().copied().sum();
         let span = (to - from).max(self.bucket_s);
-        let w = Workload {
-            mean_prompt_tokens: p / n,
-            mean_output_tokens: o / n,
-            prompt_cv2: cv2(n, p, p2),
-            output_cv2: cv2(n, o, o2),
-        };
-        Some((n / span, w))
+        Some((n / span, Workload::from_moments(n, &prompt, &output)))
     }
 }

@@ -9,7 +9,7 @@ use sluice_policy::baselines::hpa::{Hpa, HpaConfig, HpaMetric};
 use sluice_policy::baselines::kpa::{Kpa, KpaConfig};
 use sluice_policy::baselines::oracle::{peak_window, Sizing};
 use sluice_policy::baselines::static_peak::StaticPeak;
-use sluice_policy::capacity::{self, Planning, Slo, Workload};
+use sluice_policy::capacity::{self, Moments, Planning, Slo, Workload};
 use sluice_policy::mix;
 use sluice_policy::policy::plan::{self, VariantLimits};
 use sluice_policy::policy::{Policy, Sluice, SluiceConfig};
@@ -179,23 +179,14 @@ impl Scenario {
 
 /// Mean prompt and output tokens of the requests, and their spreads.
 pub fn mean_shape(requests: &[Request]) -> Workload {
-    let n = requests.len() as f64;
-    let p: f64 = requests.iter().map(|r| f64::from(r.prompt_tokens)).sum();
-    let p2: f64 = requests
-        .iter()
-        .map(|r| f64::from(r.prompt_tokens).powi(2))
-        .sum();
-    let o: f64 = requests.iter().map(|r| f64::from(r.output_tokens)).sum();
-    let o2: f64 = requests
-        .iter()
-        .map(|r| f64::from(r.output_tokens).powi(2))
-        .sum();
-    Workload {
-        mean_prompt_tokens: p / n.max(1.0),
-        mean_output_tokens: o / n.max(1.0),
-        prompt_cv2: sluice_policy::capacity::cv2(n, p, p2),
-        output_cv2: sluice_policy::capacity::cv2(n, o, o2),
+    let (mut prompt, mut output) = (Moments::default(), Moments::default());
+    for r in requests {
+        prompt.add(r.prompt_tokens);
+        output.add(r.output_tokens);
     }
+    // With none, a zero shape (the spread of fewer than two lengths is 0).
+    let n = (requests.len() as f64).max(1.0);
+    Workload::from_moments(n, &prompt, &output)
 }
 
 /// A policy ready to run, and the fleet it starts with per pool key.

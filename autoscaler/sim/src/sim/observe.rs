@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use sluice_metrics::gateway;
-use sluice_policy::capacity::cv2;
+use sluice_policy::capacity::Moments;
 use sluice_policy::signals::{
     Arrivals, Latency, PoolSignals, Queue, SecondSums, Signals, VariantSignals, WindowShape,
 };
@@ -21,15 +21,13 @@ pub fn cpu_utilisation(seqs: usize, max_seqs: usize) -> f64 {
     0.25 + 0.05 * seqs as f64 / max_seqs.max(1) as f64
 }
 
-/// The arrivals of one window ending now: (time, prompt, output) with running sums.
+/// The arrivals of one window ending now: (time, prompt, output) with their running moments.
 #[derive(Debug)]
 struct ArrivalWindow {
     window_s: f64,
     arrivals: VecDeque<(f64, u32, u32)>,
-    prompt_sum: f64,
-    prompt_sq_sum: f64,
-    output_sum: f64,
-    output_sq_sum: f64,
+    prompt: Moments,
+    output: Moments,
 }
 
 impl ArrivalWindow {
@@ -37,20 +35,16 @@ impl ArrivalWindow {
         ArrivalWindow {
             window_s,
             arrivals: VecDeque::new(),
-            prompt_sum: 0.0,
-            prompt_sq_sum: 0.0,
-            output_sum: 0.0,
-            output_sq_sum: 0.0,
+            prompt: Moments::default(),
+            output: Moments::default(),
         }
     }
 
     fn push(&mut self, t: f64, r: &Request) {
         self.arrivals
             .push_back((t, r.prompt_tokens, r.output_tokens));
-        self.prompt_sum += f64::from(r.prompt_tokens);
-        self.prompt_sq_sum += f64::from(r.prompt_tokens).powi(2);
-        self.output_sum += f64::from(r.output_tokens);
-        self.output_sq_sum += f64::from(r.output_tokens).powi(2);
+        self.prompt.add(r.prompt_tokens);
+        self.output.add(r.output_tokens);
     }
 
     fn expire(&mut self, now: f64) {
@@ -59,10 +53,8 @@ impl ArrivalWindow {
                 break;
             }
             self.arrivals.pop_front();
-            self.prompt_sum -= f64::from(p);
-            self.prompt_sq_sum -= f64::from(p).powi(2);
-            self.output_sum -= f64::from(o);
-            self.output_sq_sum -= f64::from(o).powi(2);
+            self.prompt.remove(p);
+            self.output.remove(o);
         }
     }
 
@@ -71,10 +63,10 @@ impl ArrivalWindow {
         WindowShape {
             window_s: self.window_s,
             requests: n,
-            prompt_tokens: self.prompt_sum.max(0.0),
-            output_tokens: self.output_sum.max(0.0),
-            prompt_tokens_cv2: cv2(n, self.prompt_sum, self.prompt_sq_sum),
-            output_tokens_cv2: cv2(n, self.output_sum, self.output_sq_sum),
+            prompt_tokens: self.prompt.sum.max(0.0),
+            output_tokens: self.output.sum.max(0.0),
+            prompt_tokens_cv2: self.prompt.cv2(n),
+            output_tokens_cv2: self.output.cv2(n),
         }
     }
 }
