@@ -25,8 +25,9 @@ const SCAN: usize = 64;
 #[derive(Debug, Default)]
 pub struct Gateway {
     queue: VecDeque<u32>,
-    /// A contiguous copy of the queue for signals, rebuilt lazily.
-    view: Vec<u32>,
+    /// The queued requests' prompt tokens, kept as they come and go: a queue that grows to
+    /// a hundred thousand in the oracle's short replays is not summed at every tick.
+    prompt_tokens: u64,
     /// `sluice serve --queue-late-after`: requests waiting longer yield to those that do not.
     late_after_s: Option<f64>,
 }
@@ -39,14 +40,16 @@ impl Gateway {
         }
     }
 
-    pub fn push(&mut self, idx: u32) {
+    pub fn push(&mut self, idx: u32, r: &Request) {
         self.queue.push_back(idx);
+        self.prompt_tokens += u64::from(r.prompt_tokens);
     }
 
     /// Requests a Spot reclaim took back before their first token go first.
-    pub fn requeue_front(&mut self, ids: &[u32]) {
+    pub fn requeue_front(&mut self, ids: &[u32], requests: &[Request]) {
         for &i in ids.iter().rev() {
             self.queue.push_front(i);
+            self.prompt_tokens += u64::from(requests[i as usize].prompt_tokens);
         }
     }
 
@@ -58,10 +61,9 @@ impl Gateway {
         self.queue.is_empty()
     }
 
-    pub fn waiting(&mut self) -> &[u32] {
-        self.view.clear();
-        self.view.extend(self.queue.iter().copied());
-        &self.view
+    /// Prompt tokens of the requests queued.
+    pub fn prompt_tokens(&self) -> u64 {
+        self.prompt_tokens
     }
 
     /// Admits what it can at `now`; returns the replicas that took work. With a late-after
@@ -108,6 +110,7 @@ impl Gateway {
                 Choice::Admit(id) => {
                     round.fleet.replicas[id].admit(round.now, idx, r);
                     self.queue.remove(i);
+                    self.prompt_tokens -= u64::from(r.prompt_tokens);
                     if !round.touched.contains(&id) {
                         round.touched.push(id);
                     }
@@ -164,5 +167,51 @@ impl Round<'_> {
             None if could_fit => Choice::Wait,
             None => Choice::Never,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_policy::profile::Profile;
+
+    use super::*;
+    use crate::sim::fleet::Applied;
+
+    /// The queue's prompt tokens, which the signals report at every tick, follow what is
+    /// queued: arrivals and Spot requeues add, admissions take away.
+    #[test]
+    fn the_queued_prompt_tokens_follow_arrivals_requeues_and_admissions() {
+        let profile = Profile::load("llama-3-8b").unwrap();
+        let (limits, pools) = crate::sim::pools(&profile);
+        let h100 = limits
+            .iter()
+            .position(|l| l.variant == "nvidia-h100-80gb")
+            .unwrap()
+            * 2;
+        let mut fleet = Fleet::new(pools);
+        let requests: Vec<Request> = [1000, 2000, 300, 40]
+            .iter()
+            .map(|&p| Request {
+                arrival_s: 0.0,
+                prompt_tokens: p,
+                output_tokens: 10,
+            })
+            .collect();
+        let mut gw = Gateway::new(None);
+        for i in 0..3 {
+            gw.push(i, &requests[i as usize]);
+        }
+        gw.requeue_front(&[3], &requests);
+        assert_eq!((gw.len(), gw.prompt_tokens()), (4, 3340));
+        // Nothing ready: nothing admitted, nothing taken away.
+        assert!(gw
+            .dispatch(0.0, &requests, &mut fleet, &[], &[1.0; 4])
+            .is_empty());
+        assert_eq!(gw.prompt_tokens(), 3340);
+        let id = fleet.add_replica(h100, 0.0, true, &mut Applied::default());
+        let weights = [100.0; 4];
+        let touched = gw.dispatch(0.0, &requests, &mut fleet, &[id], &weights);
+        assert_eq!(touched, vec![id]);
+        assert_eq!((gw.len(), gw.prompt_tokens()), (0, 0));
     }
 }

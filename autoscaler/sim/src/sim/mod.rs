@@ -334,7 +334,7 @@ impl Sim<'_> {
             }
             self.fleet.replicas[id].advance(now);
             let (requeue, lost) = self.fleet.replicas[id].kill();
-            self.gateway.requeue_front(&requeue);
+            self.gateway.requeue_front(&requeue, self.requests);
             for i in lost {
                 self.outcomes[i as usize].failed = true;
                 self.settled += 1;
@@ -457,7 +457,7 @@ impl<'a> Sim<'a> {
             self.cold += 1;
         }
         if fit.holds(r) {
-            self.gateway.push(next as u32);
+            self.gateway.push(next as u32, r);
         } else {
             self.outcomes[next].failed = true;
             self.settled += 1;
@@ -512,8 +512,7 @@ impl<'a> Sim<'a> {
             now,
             &self.model,
             &self.fleet,
-            self.gateway.waiting(),
-            self.requests,
+            &self.gateway,
             &self.preempted,
         );
         self.preempted.iter_mut().for_each(|p| *p = 0);

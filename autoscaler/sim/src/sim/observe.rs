@@ -12,6 +12,7 @@ use sluice_policy::signals::{
 use sluice_policy::timeline::Request;
 
 use crate::sim::fleet::Fleet;
+use crate::sim::gateway::Gateway;
 use crate::sim::replica::Phase;
 
 /// CPU utilisation of a GPU replica's container: the engine's scheduler loop keeps about one
@@ -96,21 +97,20 @@ impl PerSecond {
         while self.seconds.front().is_some_and(|&(s, _)| s < first) {
             self.seconds.pop_front();
         }
-        let seen: Vec<f64> = self
+        let mut seen: Vec<f64> = self
             .seconds
             .iter()
             .filter(|&&(s, _)| s <= last)
             .map(|&(_, sum)| sum)
             .collect();
+        let sum = seen.iter().sum();
+        seen.sort_by(f64::total_cmp);
         let mut buckets: Vec<(f64, f64)> = gateway::prompt_tokens_per_second_buckets()
             .into_iter()
-            .map(|le| (le, seen.iter().filter(|&&x| x <= le).count() as f64))
+            .map(|le| (le, seen.partition_point(|&x| x <= le) as f64))
             .collect();
         buckets.push((f64::INFINITY, seen.len() as f64));
-        SecondSums {
-            buckets,
-            sum: seen.iter().sum(),
-        }
+        SecondSums { buckets, sum }
     }
 }
 
@@ -131,13 +131,14 @@ pub struct Observer {
     tpot: VecDeque<(f64, f64, usize)>,
 }
 
+/// The nearest-rank `q` quantile of `xs` (reordered in place: a selection, not a sort, since
+/// every tick takes several over the latency window).
 fn percentile(xs: &mut [f64], q: f64) -> Option<f64> {
     if xs.is_empty() {
         return None;
     }
-    xs.sort_by(f64::total_cmp);
     let i = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len()) - 1;
-    Some(xs[i])
+    Some(*xs.select_nth_unstable_by(i, f64::total_cmp).1)
 }
 
 impl Observer {
@@ -197,15 +198,14 @@ impl Observer {
         }
     }
 
-    /// The signals at `now`. `waiting` is the gateway queue; `preempted` counts Spot notices
+    /// The signals at `now`, the queue the gateway's; `preempted` counts Spot notices
     /// per pool key since the last tick.
     pub fn signals(
         &mut self,
         now: f64,
         model: &str,
         fleet: &Fleet,
-        waiting: &[u32],
-        requests: &[Request],
+        gateway: &Gateway,
         preempted: &[u32],
     ) -> Signals {
         self.expire(now);
@@ -219,17 +219,13 @@ impl Observer {
             variants.push(vs);
             pools.push(pool_signals(fleet, key, now));
         }
-        let waiting_prompt_tokens = waiting
-            .iter()
-            .map(|&i| u64::from(requests[i as usize].prompt_tokens))
-            .sum();
         Signals {
             time_s: now,
             model: model.to_string(),
             arrivals: self.arrivals(now),
             queue: Queue {
-                waiting: waiting.len() as u64,
-                waiting_prompt_tokens,
+                waiting: gateway.len() as u64,
+                waiting_prompt_tokens: gateway.prompt_tokens(),
                 running,
             },
             latency: self.latency(),
