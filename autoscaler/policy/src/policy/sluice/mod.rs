@@ -65,6 +65,8 @@ pub struct Sluice {
     last_traffic_s: f64,
     margin: f64,
     spot_out_until: HashMap<String, f64>,
+    /// Per variant: its Spot replicas' reclaims per replica-second, as measured.
+    spot_reclaims: HashMap<String, spot::ReclaimRate>,
     first_seen_s: Option<f64>,
     /// The first tick, for holding a fleet taken over before any traffic is seen.
     first_tick_s: Option<f64>,
@@ -93,6 +95,7 @@ impl Sluice {
             last_traffic_s: f64::NEG_INFINITY,
             margin: 1.0,
             spot_out_until: HashMap::new(),
+            spot_reclaims: HashMap::new(),
             learnt: None,
             zero: config.zero_rule.budget(),
             config,
@@ -471,9 +474,10 @@ impl Policy for Sluice {
             CapacityType::OnDemand => !(spot && spot_ok.get(n).copied().unwrap_or(false)),
         };
         let current = self.coming_counts(s, &limits, &spot_ok);
-        let offers = plan::offers(&self.profile, &limits, &caps, &current, allow, |l| {
+        let mut offers = plan::offers(&self.profile, &limits, &caps, &current, allow, |l| {
             floor(l, idle)
         });
+        self.discount_reclaims(&mut offers, &mut d);
         let current_capacity = mix::evaluate(&offers, &current).requests_per_s;
         let holdable = holdable_capacity(s, ready_cap, current_capacity);
         let held = self.stabilise(s.time_s, &p, holdable, panic, &mut d);
