@@ -65,7 +65,7 @@ pub struct Sluice {
     last_traffic_s: f64,
     margin: f64,
     spot_out_until: HashMap<String, f64>,
-    /// Per variant: its Spot replicas' reclaims per replica-second, as measured.
+    /// Per variant: how often its Spot replicas are reclaimed, as measured.
     spot_reclaims: HashMap<String, spot::ReclaimRate>,
     first_seen_s: Option<f64>,
     /// The first tick, for holding a fleet taken over before any traffic is seen.

@@ -23,7 +23,7 @@ impl Sluice {
                 self.spot_reclaims
                     .entry(l.variant.clone())
                     .or_default()
-                    .observe(s.time_s, v.ready + v.starting + v.pending, v.preempted);
+                    .observe(s.time_s, v.ready + v.starting, v.preempted);
                 if v.pending > 0 && v.oldest_pending_s > self.config.spot_stockout_after_s {
                     self.spot_out_until
                         .insert(l.variant.clone(), s.time_s + self.config.spot_retry_after_s);
@@ -120,7 +120,8 @@ impl ReclaimRate {
     const MEMORY_S: f64 = 3600.0;
     const PRIOR_REPLICA_S: f64 = 3600.0;
 
-    /// `replicas` Spot replicas held since the last observation, `reclaimed` taken back.
+    /// `replicas` Spot replicas on a node since the last observation (ready or starting; a
+    /// pending one has no node to lose), `reclaimed` taken back.
     pub(super) fn observe(&mut self, t: f64, replicas: u32, reclaimed: u32) {
         if let Some(last) = self.last_s {
             let dt = (t - last).max(0.0);
