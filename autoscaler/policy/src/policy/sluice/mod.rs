@@ -477,7 +477,7 @@ impl Policy for Sluice {
         let mut offers = plan::offers(&self.profile, &limits, &caps, &current, allow, |l| {
             floor(l, idle)
         });
-        self.discount_reclaims(&mut offers, &mut d);
+        self.discount_reclaims(s, &mut offers, &mut d);
         let current_capacity = mix::evaluate(&offers, &current).requests_per_s;
         let holdable = holdable_capacity(s, ready_cap, current_capacity);
         let held = self.stabilise(s.time_s, &p, holdable, panic, &mut d);

@@ -20,10 +20,6 @@ impl Sluice {
                 continue;
             }
             if let Some(v) = s.variant(&l.variant, CapacityType::Spot) {
-                self.spot_reclaims
-                    .entry(l.variant.clone())
-                    .or_default()
-                    .observe(s.time_s, v.ready + v.starting, v.preempted);
                 if v.pending > 0 && v.oldest_pending_s > self.config.spot_stockout_after_s {
                     self.spot_out_until
                         .insert(l.variant.clone(), s.time_s + self.config.spot_retry_after_s);
@@ -55,15 +51,23 @@ impl Sluice {
     /// Spot offers credited with the share of its time a replica serves: after each reclaim
     /// its replacement starts on a new node, a start-up lead `L` without it, so at `λ`
     /// reclaims per replica-second a Spot replica serves `1 − λ·L` of the time (at least
-    /// half: past that, reclaims are an outage, not a discount).
-    pub(super) fn discount_reclaims(&self, offers: &mut [Offer], d: &mut Decision) {
+    /// half: past that, reclaims are an outage, not a discount). λ is measured here, from
+    /// each tick's reclaims.
+    pub(super) fn discount_reclaims(
+        &mut self,
+        s: &Signals,
+        offers: &mut [Offer],
+        d: &mut Decision,
+    ) {
         for (k, o) in offers.iter_mut().enumerate() {
             if o.capacity != CapacityType::Spot {
                 continue;
             }
-            let Some(rate) = self.spot_reclaims.get(&o.variant) else {
+            let Some(v) = s.variant(&o.variant, CapacityType::Spot) else {
                 continue;
             };
+            let rate = self.spot_reclaims.entry(o.variant.clone()).or_default();
+            rate.observe(s.time_s, v.ready + v.starting, v.preempted);
             let share = rate.serving_share(self.leads[k]);
             if share < 1.0 {
                 o.requests_per_s *= share;
