@@ -146,6 +146,19 @@ pub struct WindowShape {
     pub output_tokens_cv2: f64,
 }
 
+impl WindowShape {
+    /// The window's mean request shape (a window holding no request has none: zeros).
+    pub fn workload(&self) -> crate::capacity::Workload {
+        let n = self.requests.max(f64::MIN_POSITIVE);
+        crate::capacity::Workload {
+            mean_prompt_tokens: self.prompt_tokens.max(0.0) / n,
+            mean_output_tokens: self.output_tokens.max(0.0) / n,
+            prompt_cv2: self.prompt_tokens_cv2,
+            output_cv2: self.output_tokens_cv2,
+        }
+    }
+}
+
 /// Requests the long window must hold for its request shape to be used alone: a mean over `n`
 /// requests has a relative standard error of `√(cv²/n)`, under 5 % at 500 heavy-tailed
 /// prompts (cv² ≈ 1), where a minute at one request a second leaves 13 %. Capacity per
@@ -251,12 +264,7 @@ impl Signals {
         let long = a.requests_per_s * a.window_s;
         match &a.wide {
             Some(w) if long < SHAPE_MIN_REQUESTS && w.requests > long && w.requests > 0.0 => {
-                Some(crate::capacity::Workload {
-                    mean_prompt_tokens: w.prompt_tokens.max(0.0) / w.requests,
-                    mean_output_tokens: w.output_tokens.max(0.0) / w.requests,
-                    prompt_cv2: w.prompt_tokens_cv2,
-                    output_cv2: w.output_tokens_cv2,
-                })
+                Some(w.workload())
             }
             _ => self
                 .request_shape()
@@ -266,6 +274,17 @@ impl Signals {
                     prompt_cv2: a.prompt_tokens_cv2,
                     output_cv2: a.output_tokens_cv2,
                 }),
+        }
+    }
+
+    /// The request shape to judge the prompt tail on: over the wider window when it holds
+    /// more requests than the long one (a tail share needs more requests than a mean does),
+    /// otherwise [`Signals::workload`].
+    pub fn tail_workload(&self) -> Option<crate::capacity::Workload> {
+        let a = &self.arrivals;
+        match &a.wide {
+            Some(w) if w.requests > a.requests_per_s * a.window_s => Some(w.workload()),
+            _ => self.workload(),
         }
     }
 
@@ -332,6 +351,32 @@ mod tests {
         busy.arrivals.wide = Some(wide);
         assert_eq!(busy.workload().unwrap().mean_prompt_tokens, 1000.0);
         assert_eq!(with_rate(0.0, 0.0).workload(), None);
+    }
+
+    #[test]
+    fn the_prompt_tail_is_judged_on_whichever_window_holds_more_requests() {
+        let wide = WindowShape {
+            window_s: 420.0,
+            requests: 8400.0,
+            prompt_tokens: 8400.0 * 900.0,
+            output_tokens: 8400.0 * 300.0,
+            prompt_tokens_cv2: 1.5,
+            output_tokens_cv2: 0.8,
+        };
+        // 20 requests a second: 1,200 in the long window, enough for the mean planned on, but
+        // the wide one's 8,400 measure the tail.
+        let mut busy = with_rate(20.0, 1000.0);
+        busy.arrivals.wide = Some(wide.clone());
+        assert_eq!(busy.workload().unwrap().mean_prompt_tokens, 1000.0);
+        let tail = busy.tail_workload().unwrap();
+        assert_eq!((tail.mean_prompt_tokens, tail.prompt_cv2), (900.0, 1.5));
+        // A wide window holding fewer (just after a start): the long one.
+        busy.arrivals.wide = Some(WindowShape {
+            requests: 600.0,
+            ..wide
+        });
+        assert_eq!(busy.tail_workload().unwrap().mean_prompt_tokens, 1000.0);
+        assert_eq!(with_rate(0.0, 0.0).tail_workload(), None);
     }
 
     #[test]

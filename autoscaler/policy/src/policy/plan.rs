@@ -58,6 +58,38 @@ pub fn capacities(
     slo: &Slo,
     plan: &Planning,
 ) -> (Vec<Capacity>, bool) {
+    let slow = SlowPrompts {
+        shape: w,
+        budget: &|_| capacity::SLOW_PROMPT_BUDGET,
+    };
+    capacities_within(profile, limits, w, slo, plan, &slow)
+}
+
+/// How [`without_slow_prefill`] rules a variant out: the share of first tokens each variant
+/// may leave late with prompts it cannot prefill in time (beyond the fastest's), and the
+/// request shape whose prompt tail measures it.
+pub struct SlowPrompts<'a> {
+    pub shape: &'a Workload,
+    pub budget: &'a dyn Fn(&str) -> f64,
+}
+
+impl std::fmt::Debug for SlowPrompts<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlowPrompts")
+            .field("shape", self.shape)
+            .finish_non_exhaustive()
+    }
+}
+
+/// [`capacities`] for `w`, with variants ruled out for slow prefill as `slow` says.
+pub fn capacities_within(
+    profile: &Profile,
+    limits: &[VariantLimits],
+    w: &Workload,
+    slo: &Slo,
+    plan: &Planning,
+    slow: &SlowPrompts<'_>,
+) -> (Vec<Capacity>, bool) {
     let at = |plan: &Planning| -> Vec<Capacity> {
         limits
             .iter()
@@ -71,7 +103,8 @@ pub fn capacities(
     };
     let caps = at(plan);
     if caps.iter().any(|c| c.requests_per_s > 0.0) {
-        return (without_slow_prefill(profile, limits, w, slo, caps), false);
+        let caps = without_slow_prefill(profile, limits, slo, caps, slow);
+        return (caps, false);
     }
     let relaxed = Planning {
         ttft_share: f64::INFINITY,
@@ -80,8 +113,8 @@ pub fn capacities(
     (at(&relaxed), true)
 }
 
-/// `caps` less the variants whose replicas leave more than [`capacity::SLOW_PROMPT_BUDGET`]
-/// of first tokens late even idle ([`capacity::slow_prompt_share`]) beyond what the fastest
+/// `caps` less the variants whose replicas leave more than their `slow.budget`
+/// ([`capacity::SLOW_PROMPT_BUDGET`] unless a policy says otherwise) of first tokens late even idle ([`capacity::slow_prompt_share`]) beyond what the fastest
 /// eligible variant leaves late (prompts no variant serves in time count against none). More
 /// replicas of such a variant do not make its prompts faster, and the router sends long
 /// prompts to any replica, so a mix holding it misses the SLO at any size: at a 200 ms TPOT
@@ -90,9 +123,9 @@ pub fn capacities(
 fn without_slow_prefill(
     profile: &Profile,
     limits: &[VariantLimits],
-    w: &Workload,
     slo: &Slo,
     mut caps: Vec<Capacity>,
+    slow: &SlowPrompts<'_>,
 ) -> Vec<Capacity> {
     let variants: Vec<_> = limits
         .iter()
@@ -104,7 +137,7 @@ fn without_slow_prefill(
         .collect();
     let shares: Vec<f64> = variants
         .iter()
-        .map(|v| capacity::slow_prompt_share(v, w, slo))
+        .map(|v| capacity::slow_prompt_share(v, slow.shape, slo))
         .collect();
     let fastest = shares
         .iter()
@@ -113,7 +146,7 @@ fn without_slow_prefill(
         .map(|(s, _)| *s)
         .fold(f64::INFINITY, f64::min);
     for ((c, s), v) in caps.iter_mut().zip(&shares).zip(&variants) {
-        if c.requests_per_s > 0.0 && s - fastest > capacity::SLOW_PROMPT_BUDGET {
+        if c.requests_per_s > 0.0 && s - fastest > (slow.budget)(&v.name) {
             *c = Capacity::ineligible(v);
         }
     }

@@ -132,6 +132,50 @@ fn small_demand_takes_small_replicas_and_large_demand_takes_h100s() {
     assert_eq!(pool.nodes, large.replicas_of(H100));
 }
 
+/// Prompts of 700 tokens on average with cv² 1: ~0.75 % are longer than an idle L4 prefills
+/// within the TTFT target, between half the budget for prompts a variant cannot serve in time
+/// and all of it. An L4 is not bought for them, but L4s already serving are not ruled out
+/// either: a window's fitted tail wobbling across one threshold would cancel and rebuy them.
+#[test]
+fn a_variant_near_the_slow_prompt_threshold_is_kept_but_not_bought() {
+    let shaped = |mean: f64, l4s: u32| {
+        let fleet = [
+            (L4, CapacityType::OnDemand, l4s, 0),
+            (H100, CapacityType::OnDemand, 0, 0),
+        ];
+        let mut s = signals(0.0, 0.5, 0, &fleet);
+        s.arrivals.prompt_tokens_per_s = 0.5 * mean;
+        s.arrivals.prompt_tokens_cv2 = 1.0;
+        s
+    };
+    let slo = config().slo;
+    let l4 = profile().variant(L4).unwrap().clone();
+    let late = |mean: f64| {
+        let w = shaped(mean, 0).workload().unwrap();
+        crate::capacity::slow_prompt_share(&l4, &w, &slo)
+    };
+    let budget = crate::capacity::SLOW_PROMPT_BUDGET;
+    assert!(
+        late(700.0) > budget / 2.0 && late(700.0) < budget,
+        "{}",
+        late(700.0)
+    );
+    assert!(late(900.0) > budget, "{}", late(900.0));
+    let decide = |mean: f64, l4s: u32| Sluice::new(profile(), config()).decide(&shaped(mean, l4s));
+    let ruled_out = |d: &Decision| {
+        d.reasons
+            .iter()
+            .any(|r| r.kind == ReasonKind::Ineligible && r.variant.as_deref() == Some(L4))
+    };
+    let fresh = decide(700.0, 0);
+    assert!(ruled_out(&fresh), "{:?}", fresh.reasons);
+    assert_eq!(fresh.replicas_of(L4), 0, "{:?}", fresh.targets);
+    let serving = decide(700.0, 1);
+    assert!(!ruled_out(&serving), "{:?}", serving.reasons);
+    assert!(serving.replicas_of(L4) >= 1, "{:?}", serving.targets);
+    assert!(ruled_out(&decide(900.0, 1)));
+}
+
 /// Prompts of the same mean with a conversation's spread (cv² 0.9): ~3 % are longer than an
 /// idle L4 prefills within the TTFT target, late however many L4s there are, so the mix takes
 /// an H100 where equal prompts take L4s (above), and says why.

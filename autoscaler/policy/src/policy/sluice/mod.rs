@@ -213,19 +213,46 @@ impl Sluice {
         d
     }
 
-    /// Each variant's capacity at SLO for the shape, divided by its latency margin.
+    /// Each variant's capacity at SLO for the shape, divided by its latency margin. Whether a
+    /// variant leaves too many prompts late that it cannot prefill in time is judged on the
+    /// prompt tail of the wider window (a minute's fitted tail wobbles around any threshold),
+    /// and with hysteresis: it is bought only while they are within half the budget
+    /// [`plan::capacities`] allows, and ruled out once it has replicas only past the whole
+    /// of it. Each crossing would cancel replicas minutes from serving and start others from
+    /// scratch: an off-tree 70B-class profile's A100 ×4, ruled out mid-ramp and back in 75 s
+    /// later, had 12 replicas on their way cancelled and left the ramp a queue of thousands.
     fn capacities(
         &self,
+        s: &Signals,
         limits: &[VariantLimits],
         w: &Workload,
         d: &mut Decision,
     ) -> Vec<Capacity> {
-        let (mut caps, relaxed) = plan::capacities(
+        let has_replicas = |v: &str| {
+            [CapacityType::OnDemand, CapacityType::Spot]
+                .iter()
+                .any(|&c| s.provisioned(v, c) > 0)
+        };
+        let budget = |v: &str| {
+            let whole = crate::capacity::SLOW_PROMPT_BUDGET;
+            if has_replicas(v) {
+                whole
+            } else {
+                whole / 2.0
+            }
+        };
+        let tail = s.tail_workload().unwrap_or(*w);
+        let slow = plan::SlowPrompts {
+            shape: &tail,
+            budget: &budget,
+        };
+        let (mut caps, relaxed) = plan::capacities_within(
             &self.profile,
             limits,
             w,
             &self.config.slo,
             &self.config.planning,
+            &slow,
         );
         for (l, c) in limits.iter().zip(caps.iter_mut()) {
             c.requests_per_s /= self.variant_margin.get(&l.variant).copied().unwrap_or(1.0);
@@ -449,7 +476,7 @@ impl Policy for Sluice {
             return self.floors_only(s, d, &limits, idle);
         };
         self.update_margin(s, &mut d);
-        let caps = self.capacities(&limits, &w, &mut d);
+        let caps = self.capacities(s, &limits, &w, &mut d);
         let keys = plan::offer_keys(&limits);
         let ready_cap = ready_capacity(s, &keys, &caps);
         let panic = self.update_panic(s, ready_cap, &mut d);
