@@ -55,7 +55,7 @@ struct RunFlags {
 
 #[derive(Args)]
 struct Common {
-    /// Built-in profile (`llama-3-8b`, `cpu`) or a TOML file.
+    /// Built-in profile (`llama-3-8b`, `llama-3-70b`, `cpu`) or a TOML file.
     #[arg(long, env = "SLUICE_AUTOSCALER_PROFILE", default_value = "llama-3-8b")]
     profile: String,
     /// Variants to use, comma-separated (default: L4 and H100 for llama-3-8b, all otherwise).

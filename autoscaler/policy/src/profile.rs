@@ -15,6 +15,10 @@ use crate::error::{Error, Result};
 /// The profiles shipped in `autoscaler/profiles/`, by name.
 const BUILT_IN: &[(&str, &str)] = &[
     ("llama-3-8b", include_str!("../../profiles/llama-3-8b.toml")),
+    (
+        "llama-3-70b",
+        include_str!("../../profiles/llama-3-70b.toml"),
+    ),
     ("cpu", include_str!("../../profiles/cpu.toml")),
     ("cpu-local", include_str!("../../profiles/cpu-local.toml")),
 ];
@@ -313,6 +317,18 @@ mod tests {
         let cpu = Profile::load("cpu").unwrap();
         assert_eq!(cpu.variants.len(), 1);
         assert!(l4.startup_s(true) > l4.startup_s(false));
+        // The 70B class runs on gangs only, each a whole node, priced per GPU.
+        let big = Profile::load("llama-3-70b").unwrap();
+        assert_eq!(big.variants.len(), 3);
+        for v in &big.variants {
+            assert!(
+                v.gpus_per_replica >= 2 && v.replicas_per_node() == 1,
+                "{}",
+                v.name
+            );
+        }
+        let x2 = big.variant("nvidia-h100-80gb-x2").unwrap();
+        assert!((x2.replica_price_per_hour(CapacityType::OnDemand) - 19.76).abs() < 1e-9);
     }
 
     #[test]

@@ -301,6 +301,39 @@ pub fn startup_times(profile: &Profile, limits: &[VariantLimits]) -> Vec<f64> {
         .collect()
 }
 
+/// A mix grows no replicas of a variant whose cost per request served is more than this
+/// multiple of the cheapest variant's that may grow.
+pub const DEAR_GROWTH_RATIO: f64 = 2.0;
+
+/// `offers` with each variant that serves a request for more than [`DEAR_GROWTH_RATIO`]× the
+/// cheapest growable variant's cost capped at its `current` count. A mix searched tick by
+/// tick covers each small rise of a ramp with the replica whose price is lowest, not whose
+/// cost per request is, and replicas on their way are then kept while the ready fleet is
+/// short ([`keep_in_flight`]): on an off-tree 70B-class profile a diurnal ramp piled up 24
+/// A100 ×4 replicas ($3.05 per thousand requests) where H100 ×2 and ×8 serve one for
+/// $1.18–1.39. Dear replicas already there stay until the mix lets them go.
+pub fn cap_dear_growth(offers: &[Offer], current: &[u32]) -> Vec<Offer> {
+    // An offer that may not grow (Spot outside a stockout's end, say) keeps its count and is
+    // no measure of what growing costs.
+    let least = offers
+        .iter()
+        .zip(current)
+        .filter(|(o, &n)| o.max > n)
+        .map(|(o, _)| mix::unit_cost(o))
+        .fold(f64::INFINITY, f64::min);
+    offers
+        .iter()
+        .zip(current)
+        .map(|(o, &n)| {
+            let mut o = o.clone();
+            if mix::unit_cost(&o) > DEAR_GROWTH_RATIO * least {
+                o.max = o.max.min(n.max(o.min));
+            }
+            o
+        })
+        .collect()
+}
+
 /// The cheapest mix for `demand`, unless changing the current mix only in the direction the
 /// demand moved (adding to it, or removing from it) is cheaper once the switch is paid for:
 /// replicas a switch starts are billed through their start-up without serving, so the cheaper

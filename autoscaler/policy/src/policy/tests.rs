@@ -455,6 +455,50 @@ fn offer(variant: &str, requests_per_s: f64, price_per_hour: f64) -> crate::mix:
     }
 }
 
+/// A ramp covered tick by tick: each rise is small, and the replica with the lowest price
+/// covers it, not the one with the lowest cost per request. Figures of a 70B-class model:
+/// two H100s at 3.94 req/s for $19.76/h, eight at 18.57 for $79.04, four A100s at 1.43 for
+/// $15.72 ($3.05 per thousand requests against $1.18–1.39).
+#[test]
+fn a_ramp_is_not_covered_with_replicas_dear_per_request() {
+    use crate::policy::plan::{cap_dear_growth, keep_or_switch};
+    let mut offers = vec![
+        offer("h100-x2", 3.94, 19.76),
+        offer("h100-x8", 18.57, 79.04),
+        offer("a100-x4", 1.43, 15.72),
+    ];
+    let ramp = |offers: &[crate::mix::Offer], capped: bool| {
+        let (mut current, mut most_a100s) = (vec![2, 0, 0], 0);
+        for i in 0..40 {
+            let demand = 7.0 + 0.6 * f64::from(i);
+            let grown = cap_dear_growth(offers, &current);
+            let offers = if capped { &grown[..] } else { offers };
+            let startup = [510.0, 600.0, 510.0];
+            current = keep_or_switch(offers, &current, demand, &startup, 600.0)
+                .0
+                .counts;
+            most_a100s = most_a100s.max(current[2]);
+        }
+        (current, most_a100s)
+    };
+    // Uncapped, the small rises buy A100s; capped, the ramp is met with H100s only.
+    assert!(ramp(&offers, false).1 >= 2, "{:?}", ramp(&offers, false));
+    let (capped, a100s) = ramp(&offers, true);
+    assert_eq!(a100s, 0, "{capped:?}");
+    let served = capped[0] as f64 * 3.94 + capped[1] as f64 * 18.57;
+    assert!(served >= 7.0 + 0.6 * 39.0, "{capped:?}");
+    // A100s already there are not cut for it, and an offer that may not grow (a Spot key
+    // outside a stockout's end) sets no reference: here Spot H100s, cheap per request.
+    let mut spot = offer("h100-x2-spot", 3.94, 7.0);
+    spot.max = 0;
+    offers.push(spot);
+    let grown = cap_dear_growth(&offers, &[2, 0, 3, 0]);
+    assert_eq!(
+        grown.iter().map(|o| o.max).collect::<Vec<_>>(),
+        vec![100, 100, 3, 0]
+    );
+}
+
 #[test]
 fn a_switch_of_mix_keeps_ready_replicas_until_the_new_ones_serve() {
     use crate::mix::Offer;

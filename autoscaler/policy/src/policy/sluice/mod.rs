@@ -402,7 +402,8 @@ impl Sluice {
     }
 
     /// The replicas per offer key for `stable` req/s: the cheapest mix (or the current one
-    /// when switching pays back too slowly), keeping ready replicas until their
+    /// when switching pays back too slowly), growing no variant that is dear per request
+    /// ([`plan::cap_dear_growth`]), keeping ready replicas until their
     /// replacements are ready; while the ready fleet is short of it, nothing on its way is
     /// cancelled either.
     fn choose_counts(
@@ -415,6 +416,7 @@ impl Sluice {
         d: &mut Decision,
     ) -> Vec<u32> {
         let ready = plan::ready_counts(s, limits);
+        let offers = &plan::cap_dear_growth(offers, current)[..];
         let kept = plan::keep_in_flight(offers, current, &ready, stable);
         if kept.is_some() {
             d.reason(
