@@ -114,7 +114,8 @@ pub fn capacities_within(
 }
 
 /// `caps` less the variants whose replicas leave more than their `slow.budget`
-/// ([`capacity::SLOW_PROMPT_BUDGET`] unless a policy says otherwise) of first tokens late even idle ([`capacity::slow_prompt_share`]) beyond what the fastest
+/// ([`capacity::SLOW_PROMPT_BUDGET`] unless a policy says otherwise) of first tokens late
+/// even idle ([`capacity::slow_prompt_share`] on `slow.shape`) beyond what the fastest
 /// eligible variant leaves late (prompts no variant serves in time count against none). More
 /// replicas of such a variant do not make its prompts faster, and the router sends long
 /// prompts to any replica, so a mix holding it misses the SLO at any size: at a 200 ms TPOT
@@ -309,7 +310,7 @@ pub const DEAR_GROWTH_RATIO: f64 = 2.0;
 /// cheapest growable variant's cost capped at its `current` count. A mix searched tick by
 /// tick covers each small rise of a ramp with the replica whose price is lowest, not whose
 /// cost per request is, and replicas on their way are then kept while the ready fleet is
-/// short ([`keep_in_flight`]): on an off-tree 70B-class profile a diurnal ramp piled up 24
+/// short ([`keep_in_flight`]): on the `llama-3-70b` profile a diurnal ramp piled up 24
 /// A100 ×4 replicas ($3.05 per thousand requests) where H100 ×2 and ×8 serve one for
 /// $1.18–1.39. Dear replicas already there stay until the mix lets them go.
 pub fn cap_dear_growth(offers: &[Offer], current: &[u32]) -> Vec<Offer> {

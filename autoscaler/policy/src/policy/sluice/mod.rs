@@ -219,7 +219,7 @@ impl Sluice {
     /// and with hysteresis: it is bought only while they are within half the budget
     /// [`plan::capacities`] allows, and ruled out once it has replicas only past the whole
     /// of it. Each crossing would cancel replicas minutes from serving and start others from
-    /// scratch: an off-tree 70B-class profile's A100 ×4, ruled out mid-ramp and back in 75 s
+    /// scratch: the `llama-3-70b` profile's A100 ×4, ruled out mid-ramp and back in 75 s
     /// later, had 12 replicas on their way cancelled and left the ramp a queue of thousands.
     fn capacities(
         &self,
