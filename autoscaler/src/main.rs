@@ -128,6 +128,16 @@ struct SimulateArgs {
     /// `diurnal,azure`); all of them by default.
     #[arg(long, env = "SLUICE_AUTOSCALER_SUITE_ONLY", value_delimiter = ',')]
     suite_only: Vec<String>,
+    /// Run the suite once per seed (`1-8`, `1,3,5`: as `--seed` each) and print the mean and
+    /// the worst seed per trace and policy, and the targets seed by seed; no plots.
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_SEEDS",
+        requires = "suite",
+        conflicts_with_all = ["trace", "seed", "suite_decisions"],
+        value_parser = sluice_sim::seeds::SeedList::parse
+    )]
+    seeds: Option<sluice_sim::seeds::SeedList>,
     #[command(flatten)]
     common: Common,
     /// Multiply the trace's arrival rate (copies shifted by up to ±30 s; below 1 thins it).
@@ -186,7 +196,12 @@ struct SimulateArgs {
     decisions: Option<PathBuf>,
     /// With `--suite`: write each trace's decisions beside its SVG
     /// (`<suite-dir>/<trace>.decisions.jsonl`, as `--decisions` writes them).
-    #[arg(long, env = "SLUICE_AUTOSCALER_SUITE_DECISIONS", requires = "suite")]
+    #[arg(
+        long,
+        env = "SLUICE_AUTOSCALER_SUITE_DECISIONS",
+        requires = "suite",
+        conflicts_with = "trace"
+    )]
     suite_decisions: bool,
 }
 
@@ -379,11 +394,11 @@ fn print_targets(targets: &[targets::Target]) {
     }
 }
 
-/// `simulate --suite`: every policy over the suite's traces, one table, one SVG per trace.
-fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<()> {
+/// The suite's traces for `seed`, as `--suite-only` selects them.
+fn suite_entries(a: &SimulateArgs, seed: u64) -> Result<Vec<sluice_sim::suite::Entry>> {
     let cfg = sluice_sim::suite::SuiteConfig {
         duration_s: a.suite_duration,
-        seed: a.seed,
+        seed,
         traces_dir: a.traces_dir.clone(),
         ..Default::default()
     };
@@ -394,6 +409,15 @@ fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<
             a.suite_only.join(",")
         );
     }
+    Ok(entries)
+}
+
+/// `simulate --suite`: every policy over the suite's traces, one table, one SVG per trace.
+fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<()> {
+    if let Some(seeds) = &a.seeds {
+        return simulate_seeds(a, scn, &seeds.0, started);
+    }
+    let entries = suite_entries(a, a.seed)?;
     let files = sluice_sim::suite::Files {
         dir: &a.suite_dir,
         decisions: a.suite_decisions,
@@ -424,6 +448,42 @@ fn simulate_suite(a: &SimulateArgs, scn: &Scenario, started: Instant) -> Result<
             scenario: serde_json::to_value(scn).context("scenario to JSON")?,
             traces: results,
             targets,
+            elapsed_s,
+        };
+        report::write_json(path, &rep)?;
+    }
+    Ok(())
+}
+
+/// `simulate --suite --seeds`: the suite once per seed (synthetic families drawn again, the
+/// shared traces' copies and Spot reclaims as `--seed` draws them), then the mean and the
+/// worst seed per trace and policy, and sluice's targets seed by seed.
+fn simulate_seeds(a: &SimulateArgs, scn: &Scenario, seeds: &[u64], started: Instant) -> Result<()> {
+    let mut runs = Vec::with_capacity(seeds.len());
+    for &seed in seeds {
+        let mut scn = scn.clone();
+        scn.sim.seed = seed;
+        let entries = suite_entries(a, seed)?;
+        let results = sluice_sim::suite::run(&scn, &entries, &a.policies, None)?;
+        runs.push(sluice_sim::seeds::SeedRun::new(seed, results, "sluice"));
+        eprintln!("seed {seed}: {:.1} s", started.elapsed().as_secs_f64());
+    }
+    let spread = sluice_sim::seeds::spread(&runs);
+    println!("{}", sluice_sim::seeds::table(&spread));
+    let lines = sluice_sim::seeds::target_lines(&runs);
+    if !lines.is_empty() {
+        println!("\ntargets over {} seeds:", runs.len());
+        for l in &lines {
+            println!("- {l}");
+        }
+    }
+    let elapsed_s = started.elapsed().as_secs_f64();
+    println!("{} seeds in {elapsed_s:.1} s", runs.len());
+    if let Some(path) = &a.json {
+        let rep = sluice_sim::seeds::SeedsReport {
+            scenario: serde_json::to_value(scn).context("scenario to JSON")?,
+            runs,
+            spread,
             elapsed_s,
         };
         report::write_json(path, &rep)?;

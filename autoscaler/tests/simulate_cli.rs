@@ -192,3 +192,114 @@ fn the_suite_writes_each_traces_decisions_beside_its_plot() {
         "{targets:?}"
     );
 }
+
+/// `--seeds` runs the suite once per seed, as `--seed` does each, and summarises: the mean
+/// and the worst seed per trace and policy, and the targets seed by seed.
+#[test]
+fn the_suite_over_seeds_is_each_seeds_suite_summarised() {
+    let dir = scratch("suite-seeds");
+    let traces = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/traces");
+    let run = |extra: &[&str], json: &str| {
+        let path = dir.join(json);
+        let mut args = vec![
+            "--suite",
+            "--suite-only",
+            "long-output,code-drift",
+            "--suite-duration",
+            "600",
+            "--traces-dir",
+            traces.to_str().unwrap(),
+            "--suite-dir",
+            dir.to_str().unwrap(),
+            "--policies",
+            "sluice,static-peak",
+            "--json",
+            path.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let stdout = simulate_ok(&args);
+        let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        (stdout, json)
+    };
+    let (stdout, seeds) = run(&["--seeds", "1-2"], "seeds.json");
+    let (_, second) = run(&["--seed", "2"], "seed2.json");
+    // Each seed's run is that seed's suite: seed 2's figures are `--seed 2`'s.
+    let runs = seeds["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(
+        (runs[0]["seed"].as_u64(), runs[1]["seed"].as_u64()),
+        (Some(1), Some(2))
+    );
+    let sluice_on = |suite: &Value, trace: &str| -> Value {
+        let t = suite["traces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["trace"] == trace)
+            .unwrap()
+            .clone();
+        t["summaries"][0][1].clone()
+    };
+    for trace in ["long-output", "code-drift"] {
+        assert_eq!(
+            sluice_on(&runs[1], trace),
+            sluice_on(&second, trace),
+            "{trace}"
+        );
+    }
+    // The spread is the mean and the lowest of the seeds' figures.
+    let slo = |suite: &Value| {
+        sluice_on(suite, "code-drift")["slo_attainment"]
+            .as_f64()
+            .unwrap()
+    };
+    let (a, b) = (slo(&runs[0]), slo(&runs[1]));
+    let row = seeds["spread"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["trace"] == "code-drift" && r["policy"] == "sluice")
+        .unwrap();
+    assert!((row["slo_mean"].as_f64().unwrap() - (a + b) / 2.0).abs() < 1e-12);
+    assert_eq!(row["slo_min"].as_f64().unwrap(), a.min(b));
+    assert_eq!(row["seeds"], 2);
+    // On screen: a row per trace and policy, then each target seed by seed.
+    let rows = stdout
+        .lines()
+        .filter(|l| l.starts_with('│') && l.contains(" of 2 "))
+        .count();
+    assert_eq!(rows, 4, "{stdout}");
+    let targets: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| *l != "targets over 2 seeds:")
+        .skip(1)
+        .take_while(|l| l.starts_with("- "))
+        .collect();
+    assert_eq!(targets.len(), 2, "{stdout}");
+    assert!(
+        targets
+            .iter()
+            .all(|l| l.contains(" of 2 traces (seed 1: ") && l.contains(", seed 2: ")),
+        "{targets:?}"
+    );
+}
+
+#[test]
+fn seeds_are_refused_outside_the_suite_and_when_malformed() {
+    let refused = |args: &[&str], says: &str| {
+        let out = simulate(args);
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    };
+    refused(&["--trace", "t.csv", "--seeds", "1-3"], "--trace");
+    refused(
+        &["--suite", "--seeds", "1-3", "--seed", "2"],
+        "--seed <SEED>",
+    );
+    refused(
+        &["--suite", "--seeds", "3-1"],
+        "a range runs from low to high",
+    );
+    refused(&["--suite", "--seeds", "1,x"], "`x` in `1,x` is not a seed");
+}

@@ -13,6 +13,8 @@
 //! - [`scenario`]: the default scenario and running every policy side by side.
 //! - [`suite`]: seeded synthetic trace families plus the shared traces, every policy over each.
 //! - [`targets`]: a policy against the autoscaler's targets over the suite, trace by trace.
+//! - [`seeds`]: the suite over several seeds: the mean and the worst draw per trace and
+//!   policy, the targets seed by seed.
 //! - [`zero`]: scale to zero: the cost a policy saves over idle periods against itself at
 //!   min 1, and its cold starts.
 //! - [`report`], [`plot`]: the table, JSON and SVG.
@@ -24,6 +26,7 @@ pub mod oracle;
 pub mod plot;
 pub mod report;
 pub mod scenario;
+pub mod seeds;
 pub mod sim;
 pub mod suite;
 pub mod targets;

@@ -125,10 +125,10 @@ fn percent(s: &Summary) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn summary(slo: f64, cost: f64, vs_oracle: Option<f64>) -> Summary {
+    pub(crate) fn summary(slo: f64, cost: f64, vs_oracle: Option<f64>) -> Summary {
         Summary {
             slo_attainment: slo,
             cost_usd: cost,
@@ -137,7 +137,7 @@ mod tests {
         }
     }
 
-    fn trace(name: &str, rows: &[(&str, Summary)]) -> TraceResult {
+    pub(crate) fn trace(name: &str, rows: &[(&str, Summary)]) -> TraceResult {
         TraceResult {
             trace: name.into(),
             requests: 0,
