@@ -174,6 +174,18 @@ struct SimulateArgs {
     /// waited longer yield to those still on time).
     #[arg(long, env = "SLUICE_AUTOSCALER_FIFO_QUEUE")]
     fifo_queue: bool,
+    /// Requests the modelled gateway queue holds before refusing newcomers (`sluice serve
+    /// --max-queue`); 0: unbounded.
+    #[arg(long, env = "SLUICE_AUTOSCALER_MAX_QUEUE", default_value_t = 1024)]
+    max_queue: usize,
+    /// Seconds a request waits in the modelled gateway queue while replicas are ready before
+    /// it is refused (`sluice serve --queue-timeout`); 0: no limit.
+    #[arg(long, env = "SLUICE_AUTOSCALER_QUEUE_TIMEOUT", default_value_t = 30.0)]
+    queue_timeout: f64,
+    /// Seconds a request is held while no replica is ready before it is refused (`sluice
+    /// serve --hold-timeout`); 0: no limit.
+    #[arg(long, env = "SLUICE_AUTOSCALER_HOLD_TIMEOUT", default_value_t = 60.0)]
+    hold_timeout: f64,
     /// Also run sluice and KPA at min 0 and at min 1 and print what going to zero saves over
     /// the trace's idle periods, and its cold starts.
     #[arg(long, env = "SLUICE_AUTOSCALER_ZERO_SAVINGS")]
@@ -317,6 +329,12 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     scn.baseline_variant = a.baseline_variant.clone();
     scn.sim.tick_s = a.tick;
     scn.sim.seed = a.seed;
+    let bound = |s: f64| (s != 0.0).then_some(s);
+    scn.sim.queue_limits = sluice_sim::sim::QueueLimits {
+        max_queue: (a.max_queue > 0).then_some(a.max_queue),
+        queue_timeout_s: bound(a.queue_timeout),
+        hold_timeout_s: bound(a.hold_timeout),
+    };
     if a.fifo_queue {
         scn.sim.queue_late_after_share = None;
     }

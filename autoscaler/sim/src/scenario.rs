@@ -112,6 +112,11 @@ impl Scenario {
         {
             return bad("planning shares must be positive");
         }
+        let q = &self.sim.queue_limits;
+        let timeouts = [q.queue_timeout_s, q.hold_timeout_s];
+        if timeouts.iter().flatten().any(|t| t.is_nan() || *t <= 0.0) || q.max_queue == Some(0) {
+            return bad("the gateway's queue timeouts and size must be positive (or unbounded)");
+        }
         Ok(())
     }
 

@@ -232,3 +232,64 @@ fn late_requests_yield_to_those_still_on_time() {
     assert!(fifo < 0.9, "first come, first served: {fifo}");
     assert!(yielding > 0.99, "late requests yielding: {yielding}");
 }
+
+/// The gateway's bounds, as `sluice serve` sets them: a burst larger than its queue is
+/// refused past `--max-queue`, and what waited past `--queue-timeout` is refused too, so the
+/// arrivals after the burst are served on time instead of behind it. Unbounded, every request
+/// is served, the later ones late. First come, first served in both, to see the bounds alone.
+#[test]
+fn the_gateways_queue_bounds_refuse_a_backlog_no_target_could_meet() {
+    let profile = prefill_only();
+    // 300 one-second prompts at once, then one every two seconds from 5 s on.
+    let mut reqs: Vec<Request> = (0..300)
+        .map(|i| Request {
+            arrival_s: f64::from(i) * 1e-4,
+            prompt_tokens: 1000,
+            output_tokens: 1,
+        })
+        .collect();
+    reqs.extend(
+        arrivals(0.5, 100, 3, |_| (100, 1))
+            .into_iter()
+            .map(|r| Request {
+                arrival_s: r.arrival_s + 5.0,
+                ..r
+            }),
+    );
+    let run = |limits: sim::QueueLimits| {
+        let cfg = SimConfig {
+            queue_late_after_share: None,
+            queue_limits: limits,
+            ..SimConfig::default()
+        };
+        one_replica(&cfg, &profile, &reqs)
+    };
+    let in_time_after = |r: &sim::Run, from_s: f64| {
+        let later: Vec<_> = r.outcomes[300..]
+            .iter()
+            .filter(|o| o.arrival_s >= from_s)
+            .collect();
+        let met = later
+            .iter()
+            .filter(|o| o.ttft_s.is_some_and(|t| t <= SLO.ttft_p99_s))
+            .count();
+        met as f64 / later.len() as f64
+    };
+    let open = run(sim::QueueLimits::NONE);
+    assert!(open.outcomes.iter().all(|o| !o.failed));
+    assert!(in_time_after(&open, 60.0) < 0.5, "behind the backlog");
+
+    let bounded = run(sim::QueueLimits {
+        max_queue: Some(100),
+        queue_timeout_s: Some(30.0),
+        hold_timeout_s: Some(60.0),
+    });
+    let refused: Vec<usize> = (0..reqs.len())
+        .filter(|&i| bounded.outcomes[i].failed)
+        .collect();
+    // The burst past the queue's hundred at once, and the rest of it after 30 s of waiting:
+    // about 30 served, the other ~270 refused; nothing after the burst.
+    assert!((250..=280).contains(&refused.len()), "{}", refused.len());
+    assert!(refused.iter().all(|&i| i < 300));
+    assert!(in_time_after(&bounded, 60.0) > 0.99);
+}

@@ -14,6 +14,8 @@
 
 use std::collections::VecDeque;
 
+use serde::{Deserialize, Serialize};
+
 use sluice_policy::timeline::Request;
 
 use crate::sim::fleet::Fleet;
@@ -21,6 +23,37 @@ use crate::sim::fleet::Fleet;
 /// How far past where it starts the router looks for requests the blocking of the first does
 /// not concern.
 const SCAN: usize = 64;
+
+/// The gateway's own bounds on waiting, as `sluice serve` sets them by default (deploy/k8s
+/// keeps them): at most `max_queue` requests wait (`--max-queue`: a newcomer beyond is
+/// refused with a 429); one that has waited `queue_timeout_s` while some replica is ready
+/// (`--queue-timeout`) or `hold_timeout_s` while none is (`--hold-timeout`, a pool at zero)
+/// is refused. `None`: no bound.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct QueueLimits {
+    pub max_queue: Option<usize>,
+    pub queue_timeout_s: Option<f64>,
+    pub hold_timeout_s: Option<f64>,
+}
+
+impl Default for QueueLimits {
+    fn default() -> Self {
+        QueueLimits {
+            max_queue: Some(1024),
+            queue_timeout_s: Some(30.0),
+            hold_timeout_s: Some(60.0),
+        }
+    }
+}
+
+impl QueueLimits {
+    /// No bound: every request waits until some replica takes it.
+    pub const NONE: QueueLimits = QueueLimits {
+        max_queue: None,
+        queue_timeout_s: None,
+        hold_timeout_s: None,
+    };
+}
 
 #[derive(Debug, Default)]
 pub struct Gateway {
@@ -30,19 +63,53 @@ pub struct Gateway {
     prompt_tokens: u64,
     /// `sluice serve --queue-late-after`: requests waiting longer yield to those that do not.
     late_after_s: Option<f64>,
+    limits: QueueLimits,
 }
 
 impl Gateway {
-    pub fn new(late_after_s: Option<f64>) -> Gateway {
+    pub fn new(late_after_s: Option<f64>, limits: QueueLimits) -> Gateway {
         Gateway {
             late_after_s,
+            limits,
             ..Gateway::default()
         }
     }
 
-    pub fn push(&mut self, idx: u32, r: &Request) {
+    /// Queues request `idx`; `false` (refused) when the queue is full.
+    #[must_use]
+    pub fn push(&mut self, idx: u32, r: &Request) -> bool {
+        if self.limits.max_queue.is_some_and(|m| self.queue.len() >= m) {
+            return false;
+        }
         self.queue.push_back(idx);
         self.prompt_tokens += u64::from(r.prompt_tokens);
+        true
+    }
+
+    /// Removes and returns the requests that have waited past their bound at `now`: the
+    /// queue timeout while some replica is `ready`, the hold timeout while none is. The queue
+    /// is in arrival order (requests a reclaim put back, older, at its front), so they are a
+    /// prefix.
+    pub fn expire(&mut self, now: f64, ready: bool, requests: &[Request]) -> Vec<u32> {
+        let bound = if ready {
+            self.limits.queue_timeout_s
+        } else {
+            self.limits.hold_timeout_s
+        };
+        let Some(bound) = bound else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        while let Some(&i) = self.queue.front() {
+            let r = &requests[i as usize];
+            if now - r.arrival_s < bound {
+                break;
+            }
+            self.queue.pop_front();
+            self.prompt_tokens -= u64::from(r.prompt_tokens);
+            out.push(i);
+        }
+        out
     }
 
     /// Requests a Spot reclaim took back before their first token go first.
@@ -197,9 +264,9 @@ mod tests {
                 output_tokens: 10,
             })
             .collect();
-        let mut gw = Gateway::new(None);
+        let mut gw = Gateway::new(None, QueueLimits::NONE);
         for i in 0..3 {
-            gw.push(i, &requests[i as usize]);
+            assert!(gw.push(i, &requests[i as usize]));
         }
         gw.requeue_front(&[3], &requests);
         assert_eq!((gw.len(), gw.prompt_tokens()), (4, 3340));
@@ -213,5 +280,40 @@ mod tests {
         let touched = gw.dispatch(0.0, &requests, &mut fleet, &[id], &weights);
         assert_eq!(touched, vec![id]);
         assert_eq!((gw.len(), gw.prompt_tokens()), (0, 0));
+    }
+
+    /// As `sluice serve` bounds its queue: a newcomer finding it full is refused; one that
+    /// has waited the queue timeout while a replica is ready, or the hold timeout while none
+    /// is, leaves it (oldest first) and is returned to be counted as refused.
+    #[test]
+    fn the_queue_refuses_past_its_size_and_lets_go_past_its_timeouts() {
+        let at = |t: f64| Request {
+            arrival_s: t,
+            prompt_tokens: 100,
+            output_tokens: 10,
+        };
+        let requests = [at(0.0), at(40.0), at(50.0), at(51.0)];
+        let limits = QueueLimits {
+            max_queue: Some(3),
+            queue_timeout_s: Some(30.0),
+            hold_timeout_s: Some(60.0),
+        };
+        let mut gw = Gateway::new(None, limits);
+        assert!(gw.push(0, &requests[0]) && gw.push(1, &requests[1]) && gw.push(2, &requests[2]));
+        assert!(!gw.push(3, &requests[3]), "a fourth exceeds --max-queue 3");
+        assert_eq!((gw.len(), gw.prompt_tokens()), (3, 300));
+        // No replica ready: held up to the hold timeout, whatever the queue timeout.
+        assert!(gw.expire(45.0, false, &requests).is_empty());
+        assert_eq!(gw.expire(65.0, false, &requests), vec![0]);
+        // A replica ready: the queue timeout counts from arrival.
+        assert_eq!(gw.expire(75.0, true, &requests), vec![1]);
+        assert_eq!((gw.len(), gw.prompt_tokens()), (1, 100));
+        assert!(gw.push(3, &requests[3]), "room again");
+        assert_eq!(gw.expire(81.0, true, &requests), vec![2, 3]);
+        assert!(gw.is_empty());
+        // Unbounded: nothing leaves.
+        let mut open = Gateway::new(None, QueueLimits::NONE);
+        assert!(open.push(0, &requests[0]));
+        assert!(open.expire(1e9, true, &requests).is_empty());
     }
 }

@@ -32,6 +32,7 @@ use sluice_policy::timeline::Request;
 
 use fleet::{Fleet, Pool};
 use gateway::Gateway;
+pub use gateway::QueueLimits;
 use observe::Observer;
 use replica::{Ord64, Phase, Progress};
 
@@ -59,6 +60,9 @@ pub struct SimConfig {
     /// served.
     #[serde(default = "queue_late_after_share")]
     pub queue_late_after_share: Option<f64>,
+    /// The gateway's queue bound and timeouts ([`QueueLimits`]; `sluice serve`'s defaults).
+    #[serde(default)]
+    pub queue_limits: QueueLimits,
     pub seed: u64,
     /// Keep every tick's decision in [`Run::decisions`] (`simulate --decisions`); off for the
     /// oracle's replays and the suite, which read only the outcomes.
@@ -78,6 +82,7 @@ impl Default for SimConfig {
             spot_notice_s: 30.0,
             max_drain_s: 1800.0,
             queue_late_after_share: queue_late_after_share(),
+            queue_limits: QueueLimits::default(),
             seed: 1,
             record_decisions: false,
         }
@@ -230,7 +235,21 @@ impl Sim<'_> {
         }
     }
 
+    /// Requests that waited past the gateway's bounds at `now` are refused.
+    fn expire_waits(&mut self, now: f64) {
+        let fleet = &self.fleet;
+        let ready = self
+            .active
+            .iter()
+            .any(|&id| fleet.replicas[id].phase == Phase::Ready);
+        for i in self.gateway.expire(now, ready, self.requests) {
+            self.outcomes[i as usize].failed = true;
+            self.settled += 1;
+        }
+    }
+
     fn dispatch(&mut self, now: f64) {
+        self.expire_waits(now);
         let admitted = self.gateway.dispatch(
             now,
             self.requests,
@@ -396,7 +415,10 @@ impl<'a> Sim<'a> {
             cfg,
             requests,
             fleet: Fleet::new(pools),
-            gateway: Gateway::new(cfg.queue_late_after_share.map(|s| s * slo.ttft_p99_s)),
+            gateway: Gateway::new(
+                cfg.queue_late_after_share.map(|s| s * slo.ttft_p99_s),
+                cfg.queue_limits,
+            ),
             observer: Observer::new(
                 cfg.window_s,
                 cfg.short_window_s,
@@ -456,9 +478,7 @@ impl<'a> Sim<'a> {
         {
             self.cold += 1;
         }
-        if fit.holds(r) {
-            self.gateway.push(next as u32, r);
-        } else {
+        if !fit.holds(r) || !self.gateway.push(next as u32, r) {
             self.outcomes[next].failed = true;
             self.settled += 1;
         }
@@ -505,6 +525,7 @@ impl<'a> Sim<'a> {
         let fleet = &self.fleet;
         self.active
             .retain(|&id| fleet.replicas[id].phase != Phase::Gone);
+        self.expire_waits(now);
         if all_arrived && self.settled == self.requests.len() {
             return false;
         }
