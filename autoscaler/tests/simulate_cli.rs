@@ -44,6 +44,26 @@ fn simulate(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// A ten-minute suite of the traces named in `only` (comma-separated) with sluice and static
+/// peak, its files under `dir`.
+fn short_suite(only: &str, dir: &Path) -> Vec<String> {
+    let traces = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/traces");
+    let args = [
+        "--suite",
+        "--suite-only",
+        only,
+        "--suite-duration",
+        "600",
+        "--traces-dir",
+        traces.to_str().unwrap(),
+        "--suite-dir",
+        dir.to_str().unwrap(),
+        "--policies",
+        "sluice,static-peak",
+    ];
+    args.iter().map(|s| s.to_string()).collect()
+}
+
 /// [`simulate`], asserting that it succeeded; its standard output.
 fn simulate_ok(args: &[&str]) -> String {
     let out = simulate(args);
@@ -148,21 +168,10 @@ fn decisions_are_refused_beside_the_suite() {
 #[test]
 fn the_suite_writes_each_traces_decisions_beside_its_plot() {
     let dir = scratch("suite-decisions");
-    let traces = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/traces");
-    let stdout = simulate_ok(&[
-        "--suite",
-        "--suite-only",
-        "long-output,poisson",
-        "--suite-duration",
-        "600",
-        "--traces-dir",
-        traces.to_str().unwrap(),
-        "--suite-dir",
-        dir.to_str().unwrap(),
-        "--suite-decisions",
-        "--policies",
-        "sluice,static-peak",
-    ]);
+    let mut args = short_suite("long-output,poisson", &dir);
+    args.push("--suite-decisions".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let stdout = simulate_ok(&args);
     for trace in ["long-output", "poisson"] {
         assert!(dir.join(format!("{trace}.svg")).is_file(), "{trace}");
         let text = std::fs::read_to_string(dir.join(format!("{trace}.decisions.jsonl"))).unwrap();
@@ -198,25 +207,12 @@ fn the_suite_writes_each_traces_decisions_beside_its_plot() {
 #[test]
 fn the_suite_over_seeds_is_each_seeds_suite_summarised() {
     let dir = scratch("suite-seeds");
-    let traces = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/traces");
     let run = |extra: &[&str], json: &str| {
         let path = dir.join(json);
-        let mut args = vec![
-            "--suite",
-            "--suite-only",
-            "long-output,code-drift",
-            "--suite-duration",
-            "600",
-            "--traces-dir",
-            traces.to_str().unwrap(),
-            "--suite-dir",
-            dir.to_str().unwrap(),
-            "--policies",
-            "sluice,static-peak",
-            "--json",
-            path.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
+        let mut args = short_suite("long-output,code-drift", &dir);
+        args.extend(["--json", path.to_str().unwrap()].map(String::from));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let stdout = simulate_ok(&args);
         let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         (stdout, json)
