@@ -134,7 +134,7 @@ struct SimulateArgs {
         long,
         env = "SLUICE_AUTOSCALER_SEEDS",
         requires = "suite",
-        conflicts_with_all = ["trace", "seed", "suite_decisions"],
+        conflicts_with_all = ["trace", "seed", "suite_decisions", "zero_savings"],
         value_parser = sluice_sim::seeds::SeedList::parse
     )]
     seeds: Option<sluice_sim::seeds::SeedList>,

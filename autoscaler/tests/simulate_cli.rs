@@ -290,6 +290,10 @@ fn seeds_are_refused_outside_the_suite_and_when_malformed() {
     };
     refused(&["--trace", "t.csv", "--seeds", "1-3"], "--trace");
     refused(
+        &["--suite", "--seeds", "1-3", "--zero-savings"],
+        "--zero-savings",
+    );
+    refused(
         &["--suite", "--seeds", "1-3", "--seed", "2"],
         "--seed <SEED>",
     );
