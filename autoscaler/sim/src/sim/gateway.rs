@@ -10,7 +10,9 @@
 //! first served, except that a request no ready replica could ever hold (a long prompt while
 //! only small-memory replicas run) is passed over rather than blocking everyone behind it; and,
 //! as `sluice serve --queue-late-after` orders it (deploy/k8s sets ¾ of the TTFT target), requests
-//! that have waited longer than the late-after time yield to those that have not.
+//! that have waited longer than the late-after time yield to those that have not. The queue is
+//! bounded as `sluice serve` bounds it ([`QueueLimits`]): past its size a newcomer is refused,
+//! and a request that waited past its timeout leaves it refused.
 
 use std::collections::VecDeque;
 
