@@ -235,13 +235,16 @@ impl Sim<'_> {
         }
     }
 
+    /// Whether some replica of the fleet serves now.
+    fn any_ready(&self) -> bool {
+        self.active
+            .iter()
+            .any(|&id| self.fleet.replicas[id].is_ready())
+    }
+
     /// Requests that waited past the gateway's bounds at `now` are refused.
     fn expire_waits(&mut self, now: f64) {
-        let fleet = &self.fleet;
-        let ready = self
-            .active
-            .iter()
-            .any(|&id| fleet.replicas[id].phase == Phase::Ready);
+        let ready = self.any_ready();
         for i in self.gateway.expire(now, ready, self.requests) {
             self.outcomes[i as usize].failed = true;
             self.settled += 1;
@@ -470,12 +473,7 @@ impl<'a> Sim<'a> {
         let r = &self.requests[next];
         let now = r.arrival_s;
         self.observer.on_arrival(now, r);
-        let fleet = &self.fleet;
-        if !self
-            .active
-            .iter()
-            .any(|&id| fleet.replicas[id].phase == Phase::Ready)
-        {
+        if !self.any_ready() {
             self.cold += 1;
         }
         if !fit.holds(r) || !self.gateway.push(next as u32, r) {
