@@ -89,9 +89,10 @@ impl Gateway {
     }
 
     /// Removes and returns the requests that have waited past their bound at `now`: the
-    /// queue timeout while some replica is `ready`, the hold timeout while none is. The queue
-    /// is in arrival order (requests a reclaim put back, older, at its front), so they are a
-    /// prefix.
+    /// queue timeout while some replica is `ready`, the hold timeout while none is. Only the
+    /// queue's front is looked at, which is its oldest but for requests a Spot reclaim put
+    /// back (they arrived before the ones then queued unless late ones had yielded to them):
+    /// such a one delays the refusal of older ones behind it until it leaves the front.
     pub fn expire(&mut self, now: f64, ready: bool, requests: &[Request]) -> Vec<u32> {
         let bound = if ready {
             self.limits.queue_timeout_s
