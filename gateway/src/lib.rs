@@ -26,7 +26,8 @@
 //!   EndpointSlices — fed into the router as they change.
 //! - [`server`]: the socket, header timeout and the SIGTERM drain.
 //! - [`config`]: `sluice serve` flags and their validation.
-//! - [`metrics`]: `sluice_gateway_*` series.
+//! - [`metrics`]: `sluice_gateway_*` series; [`demand`]: each model's arrivals, client-side
+//!   first tokens and unserved requests, for the autoscaler.
 //!
 //! The policy modules each have their own `thiserror` enum: they fail for unrelated reasons
 //! and are handled at different points of a request (start-up, authentication, before and in
@@ -36,6 +37,7 @@ pub mod admission;
 pub mod api;
 pub mod backend;
 pub mod config;
+pub mod demand;
 pub mod discovery;
 pub mod error;
 pub mod metrics;

@@ -11,6 +11,7 @@ use prometheus::{
 };
 use sluice_metrics::{gateway, vllm};
 
+use crate::demand::Demand;
 use crate::prompt_bursts::PromptBursts;
 
 /// A replica's `--max-num-seqs`, by `model_name` (gauge): the sequences its engine runs at once.
@@ -137,6 +138,8 @@ pub struct GatewayMetrics {
     pub ttft: HistogramVec,
     pub e2e: HistogramVec,
     pub prompt_bursts: PromptBursts,
+    /// Each model's arrivals, client-side first tokens and unserved requests.
+    pub demand: Demand,
     pub router: RouterMetrics,
 }
 
@@ -196,6 +199,7 @@ impl GatewayMetrics {
         registry.register(Box::new(e2e.clone()))?;
         Ok(Self {
             prompt_bursts: PromptBursts::register(registry)?,
+            demand: Demand::register(registry)?,
             router: RouterMetrics::register(registry, queue.clone())?,
             requests,
             rejections,

@@ -100,6 +100,19 @@ async fn backlog_run(binding: Binding) -> (usize, u64, f64) {
     for a in answers {
         assert_eq!(a.await.unwrap().status, 200);
     }
+    // The front door saw all twelve, and each first token as the client waited for it.
+    let text = metrics(&gw).await;
+    let m = [("model", "m")];
+    assert_eq!(
+        metric(&text, "sluice_gateway_model_arrivals_total", &m),
+        12.0
+    );
+    let ttft = "sluice_gateway_model_time_to_first_token_seconds";
+    assert_eq!(metric(&text, &format!("{ttft}_count"), &m), 12.0);
+    assert_eq!(
+        metric(&text, "sluice_gateway_model_unserved_total", &m),
+        0.0
+    );
     (
         second.served(),
         first.peak_running.load(Ordering::SeqCst),
@@ -229,6 +242,30 @@ async fn held_past_the_hold_timeout_is_503_with_retry_after_and_a_full_queue_429
         assert!(e["message"].as_str().unwrap().contains("'m'"), "{e}");
     }
     assert_eq!(gw.router.queue("m").depth(), 0);
+    // All three were demand for `m` the fleet did not serve: what the autoscaler counts as
+    // missed, where no replica's series shows them.
+    let text = metrics(&gw).await;
+    let unserved = |reason| {
+        metric(
+            &text,
+            "sluice_gateway_model_unserved_total",
+            &[("model", "m"), ("reason", reason)],
+        )
+    };
+    assert_eq!(
+        metric(
+            &text,
+            "sluice_gateway_model_arrivals_total",
+            &[("model", "m")]
+        ),
+        3.0
+    );
+    assert_eq!(
+        (unserved("queue_full"), unserved("unavailable")),
+        (1.0, 2.0)
+    );
+    let ttft = "sluice_gateway_model_time_to_first_token_seconds_count";
+    assert_eq!(metric(&text, ttft, &[("model", "m")]), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -151,12 +151,31 @@ pub mod gateway {
     /// it proxies: a request counts its prompt bytes / 4. Requests a process serves itself
     /// are not counted (a replica sees only its share of a burst).
     pub const PROMPT_TOKENS_PER_SECOND: &str = "sluice_gateway_prompt_tokens_per_second";
+    /// Requests a routing gateway took for a model once they passed their tenant's limits,
+    /// by [`MODEL`] (counter): the demand at the front door, those it then refuses included.
+    /// Replicas count only what reaches them; behind a gateway that queues (late binding) and
+    /// refuses past its bounds, that is at most what the fleet already serves.
+    pub const ARRIVALS_TOTAL: &str = "sluice_gateway_model_arrivals_total";
+    /// Those requests' time from arrival to their first byte from a replica that answered
+    /// (a success status), as the client sees it, by [`MODEL`] (histogram, buckets
+    /// [`crate::vllm::TTFT_BUCKETS`]): the wait in the gateway's queue included, which a
+    /// replica's own TTFT leaves out.
+    pub const TIME_TO_FIRST_TOKEN_SECONDS: &str =
+        "sluice_gateway_model_time_to_first_token_seconds";
+    /// Those requests that ended without a first token for want of capacity or a working
+    /// replica (a 429 or 5xx: queue full, queue or hold timeout, shed, deadline passed,
+    /// replicas failing), by [`MODEL`] and [`REASON`] (counter). A client that went away, or
+    /// a request a replica turned down as invalid, is not counted. Each is a request the fleet
+    /// did not serve in time, which no TTFT histogram shows.
+    pub const UNSERVED_TOTAL: &str = "sluice_gateway_model_unserved_total";
     /// A replica's base URL.
     pub const REPLICA: &str = "replica";
     /// A request's admission priority.
     pub const PRIORITY: &str = "priority";
     /// The model a request asked for (its served name).
     pub const MODEL: &str = "model";
+    /// Why a request went unserved (the gateway's rejection reason).
+    pub const REASON: &str = "reason";
 
     /// [`PROMPT_TOKENS_PER_SECOND`]'s bucket bounds: powers of √2, rounded, from 256 to 2²²
     /// tokens (a relative step of 41 %, fine enough for a replica count).

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::scope::RequestScope;
 use crate::admission::{Admission, Permit};
 use crate::error::ApiError;
 use crate::metrics::GatewayMetrics;
@@ -25,7 +26,8 @@ pub struct Ask {
     /// not parse), the whole reservation stands as the request's cost.
     pub prompt_tokens: Option<u64>,
     /// For a request routed to a replica, its prompt's tokens as the gateway estimates them
-    /// (bytes / 4): what it adds to its model's second ([`crate::prompt_bursts`]). `None` for a
+    /// (bytes / 4): what it adds to its model's second ([`crate::prompt_bursts`]) when it
+    /// arrives as demand ([`RequestScope::arrived`]). `None` for a
     /// request this process serves itself: a replica behind a gateway sees its share of a
     /// burst, which summed with the gateway's count would count the burst twice.
     pub burst_tokens: Option<u64>,
@@ -65,19 +67,20 @@ impl Drop for Waiting<'_> {
 
 impl Gate {
     /// Takes `ask.reserve_tokens` from the tenant's rate limits, counts a routed request as
-    /// arrived for `model` (its prompt burst: a request over its budget is no demand), then
-    /// waits in the admission queue.
+    /// arrived for `model` in its scope (a request over its budget is no demand), then waits
+    /// in the admission queue.
     pub async fn enter(
         limiter: &RateLimiter,
         admission: &Admission,
-        metrics: &GatewayMetrics,
+        scope: &mut RequestScope,
         (tenant, model): (&Arc<Tenant>, &str),
         ask: Ask,
     ) -> Result<Gate, ApiError> {
         let reservation = limiter.check(tenant, ask.reserve_tokens, Instant::now())?;
         if let Some(tokens) = ask.burst_tokens {
-            metrics.prompt_bursts.record(model, tokens);
+            scope.arrived(model, tokens);
         }
+        let metrics = scope.metrics();
         let priority = ask.priority.to_string();
         let permit = {
             let _waiting = Waiting::new(metrics, &priority);
@@ -116,6 +119,7 @@ impl Drop for Gate {
 mod tests {
     use super::*;
     use crate::admission::AdmissionConfig;
+    use crate::api::scope::InFlight;
     use crate::tenants::Tenants;
 
     fn limited() -> (Tenants, Arc<Tenant>) {
@@ -144,13 +148,22 @@ mod tests {
             late_after: None,
         });
         let metrics = GatewayMetrics::register(&prometheus::Registry::new()).unwrap();
+        let in_flight = Arc::new(InFlight::default());
+        let mut scope = RequestScope::new(
+            "id".into(),
+            "t".into(),
+            "/v1/completions",
+            std::time::Instant::now(),
+            metrics.clone(),
+            in_flight.enter(),
+        );
         let ask = Ask {
             priority: 0,
             reserve_tokens: 900,
             prompt_tokens: Some(100),
             burst_tokens: None,
         };
-        let mut gate = Gate::enter(&limiter, &admission, &metrics, (&tenant, "m"), ask)
+        let mut gate = Gate::enter(&limiter, &admission, &mut scope, (&tenant, "m"), ask)
             .await
             .unwrap();
         assert_eq!(admission.in_flight(), 1);
@@ -161,7 +174,7 @@ mod tests {
             ..ask
         };
         assert!(matches!(
-            Gate::enter(&limiter, &admission, &metrics, (&tenant, "m"), more).await,
+            Gate::enter(&limiter, &admission, &mut scope, (&tenant, "m"), more).await,
             Err(ApiError::TooManyRequests { .. })
         ));
         gate.generated(50);
@@ -177,7 +190,7 @@ mod tests {
             reserve_tokens: 800,
             ..ask
         };
-        let g = Gate::enter(&limiter, &admission, &metrics, (&tenant, "m"), again).await;
+        let g = Gate::enter(&limiter, &admission, &mut scope, (&tenant, "m"), again).await;
         assert!(g.is_ok(), "{g:?}");
     }
 }

@@ -170,8 +170,9 @@ async fn gate(
     ask: Ask,
     scope: &mut RequestScope,
 ) -> Result<(), ApiError> {
-    let enter = Gate::enter(&s.limiter, &s.admission, &s.metrics, who, ask);
-    let gate = match scope.deadline {
+    let deadline = scope.deadline;
+    let enter = Gate::enter(&s.limiter, &s.admission, scope, who, ask);
+    let gate = match deadline {
         // Leaving the queue at the deadline drops the wait (and the place in the queue).
         Some(d) => tokio::time::timeout_at(d.into(), enter)
             .await

@@ -239,7 +239,10 @@ impl Passing {
         while !self.done {
             let read = match self.first.take() {
                 Some(first) => {
-                    self.scope.first_token();
+                    // A replica's error answer carries no token: it ends unserved or refused.
+                    if (200..300).contains(&self.status) {
+                        self.scope.first_token();
+                    }
                     Ok(Some(first))
                 }
                 None => self.frame().await,

@@ -1,6 +1,8 @@
 //! [`RequestScope`]: what lives exactly as long as one generation request — its in-flight
 //! count (drain waits on it), its [`Gate`] (admission permit and rate reservation, released
-//! and refunded when the scope ends), and the one log line and metrics written when it ends.
+//! and refunded when the scope ends), and the one log line and metrics written when it ends:
+//! a routed request's demand series too ([`crate::demand`]), from its arrival to whether the
+//! fleet served it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -55,8 +57,22 @@ impl Drop for InFlightGuard {
 #[derive(Debug, Clone, Copy)]
 struct Outcome {
     status: u16,
+    /// Why it failed (`ApiError::metric_label`), or `replica_status` for a replica's answer
+    /// passed on; empty for a success.
+    reason: &'static str,
     prompt_tokens: usize,
     completion_tokens: usize,
+}
+
+impl Outcome {
+    fn new(status: u16, reason: &'static str) -> Self {
+        Self {
+            status,
+            reason,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+        }
+    }
 }
 
 pub struct RequestScope {
@@ -70,6 +86,9 @@ pub struct RequestScope {
     outcome: Option<Outcome>,
     metrics: GatewayMetrics,
     gate: Option<Gate>,
+    /// The model this request is demand for, once it passed its tenant's limits on its way to
+    /// a replica ([`RequestScope::arrived`]).
+    demand: Option<String>,
     _in_flight: InFlightGuard,
 }
 
@@ -103,6 +122,7 @@ impl RequestScope {
             outcome: None,
             metrics,
             gate: None,
+            demand: None,
             _in_flight: in_flight,
         }
     }
@@ -110,6 +130,19 @@ impl RequestScope {
     /// When the request was received.
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    pub fn metrics(&self) -> &GatewayMetrics {
+        &self.metrics
+    }
+
+    /// The request, bound for a replica of `model` with a prompt of about `prompt_tokens`,
+    /// passed its tenant's limits: from here it is demand for the model, counted as arrived,
+    /// in its second's prompt burst, and at its end as served or not.
+    pub fn arrived(&mut self, model: &str, prompt_tokens: u64) {
+        self.metrics.prompt_bursts.record(model, prompt_tokens);
+        self.metrics.demand.arrived(model);
+        self.demand = Some(model.to_string());
     }
 
     /// Holds the request's gate until the request ends.
@@ -121,18 +154,22 @@ impl RequestScope {
         if self.first_token.is_none() {
             let now = Instant::now();
             self.first_token = Some(now);
+            let seconds = (now - self.started).as_secs_f64();
             self.metrics
                 .ttft
                 .with_label_values(&[self.route])
-                .observe((now - self.started).as_secs_f64());
+                .observe(seconds);
+            if let Some(model) = &self.demand {
+                self.metrics.demand.first_token(model, seconds);
+            }
         }
     }
 
     pub fn succeed(&mut self, completion_tokens: usize, prompt_tokens: usize) {
         self.outcome = Some(Outcome {
-            status: 200,
             prompt_tokens,
             completion_tokens,
+            ..Outcome::new(200, "")
         });
     }
 
@@ -147,41 +184,30 @@ impl RequestScope {
                 .with_label_values(&[stage])
                 .inc();
         }
-        self.outcome = Some(Outcome {
-            status: e.status().as_u16(),
-            prompt_tokens: 0,
-            completion_tokens: 0,
-        });
+        self.outcome = Some(Outcome::new(e.status().as_u16(), e.metric_label()));
     }
 
     /// Ended with a replica's answer passed on as it came, status and all (the gateway does
     /// not parse it, so token counts are unknown).
     pub fn ended(&mut self, status: u16) {
-        self.outcome = Some(Outcome {
-            status,
-            prompt_tokens: 0,
-            completion_tokens: 0,
-        });
+        self.outcome = Some(Outcome::new(status, "replica_status"));
     }
 
     /// The client closed the connection (nginx's 499).
     pub fn client_gone(&mut self) {
-        self.outcome.get_or_insert(Outcome {
-            status: 499,
-            prompt_tokens: 0,
-            completion_tokens: 0,
-        });
+        self.outcome.get_or_insert(Outcome::new(499, "client_gone"));
     }
 }
 
 impl Drop for RequestScope {
     fn drop(&mut self) {
         // A scope dropped without an outcome was cancelled: the client went away.
-        let o = self.outcome.unwrap_or(Outcome {
-            status: 499,
-            prompt_tokens: 0,
-            completion_tokens: 0,
-        });
+        let o = self.outcome.unwrap_or(Outcome::new(499, "client_gone"));
+        if let (Some(model), None) = (&self.demand, self.first_token) {
+            self.metrics
+                .demand
+                .ended_unserved(model, o.status, o.reason);
+        }
         let elapsed = self.started.elapsed();
         self.metrics
             .e2e
