@@ -143,6 +143,22 @@ fn gateway_exposition(t: f64) -> String {
         out.push_str(&format!("{name}_sum{{model=\"{model}\"}} {}\n", tokens * n));
         out.push_str(&format!("{name}_count{{model=\"{model}\"}} {n}\n"));
     }
+    // The other model's front door: 50 requests a second arrive, 10 are refused, 40 get their
+    // first token within 0.05 s (its replica, `c`, counts the 40 it serves).
+    let m = "model=\"another\"";
+    out.push_str(&format!(
+        "sluice_gateway_model_arrivals_total{{{m}}} {}\n",
+        50.0 * n
+    ));
+    out.push_str(&format!(
+        "sluice_gateway_model_unserved_total{{{m},reason=\"queue_full\"}} {}\n",
+        10.0 * n
+    ));
+    let ttft = "sluice_gateway_model_time_to_first_token_seconds";
+    for le in ["0.05", "1", "+Inf"] {
+        out.push_str(&format!("{ttft}_bucket{{{m},le=\"{le}\"}} {}\n", 40.0 * n));
+    }
+    out.push_str(&format!("{ttft}_count{{{m}}} {}\n", 40.0 * n));
     out
 }
 
@@ -374,6 +390,8 @@ async fn figures_from_a_real_prometheus_match_the_replicas_rates() {
     let t99 = load99.latency.ttft_p99_s.unwrap();
     assert!((0.4..=0.5).contains(&t99), "ttft p99 {t99}");
 
+    assert_front_door(&src, &spec).await;
+
     assert_stale_readings(&src, &spec, &targets, tb).await;
 
     assert_errors(&src, &spec, &prom, &targets).await;
@@ -527,6 +545,33 @@ fn assert_prompt_bursts(load: &Load) {
     assert_eq!(below, Some(0.0), "{sums:?}");
     // The other model's 100k-token seconds are not the pool's.
     assert_eq!(sums.excess_share(4096.0), Some(0.0), "{sums:?}");
+}
+
+/// A pool of the other model, whose gateway refuses a fifth of its traffic: the arrival rate
+/// is the gateway's 50/s, not the 40/s its replica counts, with the replica's tokens per
+/// request; a refused request is a late first token. The pool above, whose model has no
+/// front door, kept its replicas' figures.
+async fn assert_front_door(src: &PrometheusSource, spec: &ServingPoolSpec) {
+    let other = ServingPoolSpec {
+        model: "another".into(),
+        ..spec.clone()
+    };
+    let Reading::Fresh(load) = read(src, &other, &[target("c")]).await else {
+        panic!("fresh figures expected");
+    };
+    let r = load.arrivals.requests_per_s;
+    assert!((45.0..=55.0).contains(&r), "arrivals {r}/s, expected ~50");
+    let rs = load.arrivals.short_requests_per_s;
+    assert!((45.0..=55.0).contains(&rs), "short-window {rs}/s");
+    let pt = load.arrivals.prompt_tokens_per_s / r;
+    assert!((pt - 200.0).abs() < 20.0, "{pt} prompt tokens a request");
+    let att = load.latency.ttft_attainment.unwrap();
+    assert!(
+        (0.78..=0.82).contains(&att),
+        "attainment {att}, expected 0.8"
+    );
+    let p50 = load.latency.ttft_p50_s.unwrap();
+    assert!(p50 <= 0.05, "the client's median first token {p50}");
 }
 
 /// TTFT and TPOT at the SLO's percentiles, and the attainment at the target.

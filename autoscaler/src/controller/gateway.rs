@@ -4,6 +4,11 @@
 //! `model`) each reconcile. At zero replicas this is the only sign of traffic: the replicas'
 //! own series are gone with them.
 //!
+//! A sluice gateway also exports each model's front door (`sluice_gateway_model_*`): the
+//! requests that arrived, their first tokens as clients waited, those refused or left
+//! unserved. The reading carries them over the pool's windows, for the reconcile to fold into
+//! the replicas' figures ([`crate::scrape::front_door`]).
+//!
 //! The URL's host may name several gateway pods (a headless Service resolves to every ready
 //! pod's address): each address is read, the queues summed, and each pod's prompt-token
 //! counters kept in a history of its own, so that two pods' counters never read as a restart
@@ -20,6 +25,7 @@ use hyper_util::rt::TokioExecutor;
 
 use sluice_policy::signals::SecondSums;
 
+use crate::scrape::front_door::FrontDoorWindows;
 use crate::scrape::window::History;
 use crate::scrape::{self, BurstHistogram, ModelQueue};
 
@@ -34,6 +40,29 @@ pub struct GatewayQueue {
     base: String,
     /// Per pod `/metrics` URL, its snapshots; pods no longer resolved are dropped.
     histories: BTreeMap<String, History>,
+    /// When this gateway was first read: windows span no more than has been seen.
+    since_s: Option<f64>,
+}
+
+/// The pool's windows a read covers, ending at `now_s` (seconds on the controller's clock).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Windows {
+    pub now_s: f64,
+    /// The long and short arrival windows and the latency window.
+    pub long_s: f64,
+    pub short_s: f64,
+    pub latency_s: f64,
+    /// The request shape's wider window, over which prompt bursts are read.
+    pub shape_s: f64,
+}
+
+impl Windows {
+    fn longest(&self) -> f64 {
+        self.long_s
+            .max(self.short_s)
+            .max(self.latency_s)
+            .max(self.shape_s)
+    }
 }
 
 /// What one read of the gateway says about a model.
@@ -43,6 +72,9 @@ pub struct GatewayReading {
     /// Prompt tokens per second over the shape window; `None` when the gateway does not
     /// export them for the model.
     pub per_second: Option<SecondSums>,
+    /// The model's front door over the pool's windows; `None` when the gateway does not
+    /// export it.
+    pub front_door: Option<FrontDoorWindows>,
 }
 
 impl GatewayQueue {
@@ -54,23 +86,24 @@ impl GatewayQueue {
             timeout,
             base: String::new(),
             histories: BTreeMap::new(),
+            since_s: None,
         }
     }
 
     /// The gateway at `base_url`'s queue for `model`, summed over every address its host
-    /// resolves to, and their prompt tokens per second over the `shape_window_s` ending at
-    /// `now_s`. Pods that do not answer are left out (a warning each); the error (a timeout,
+    /// resolves to, their prompt tokens per second over the shape window and their front
+    /// door over the pool's `windows`. Pods that do not answer are left out (a warning each); the error (a timeout,
     /// an HTTP error, not the exposition format, a host that does not resolve) on one line
     /// when none answers.
     pub async fn read(
         &mut self,
         base_url: &str,
         model: &str,
-        window: (f64, f64),
+        windows: Windows,
     ) -> Result<GatewayReading, String> {
         let base = scrape::normalise_url(base_url);
         let urls = pod_urls(&base).await?;
-        self.read_pods(base, &urls, model, window).await
+        self.read_pods(base, &urls, model, windows).await
     }
 
     /// [`GatewayQueue::read`] over the pods' `/metrics` URLs `urls`, found from `base`.
@@ -79,23 +112,29 @@ impl GatewayQueue {
         base: String,
         urls: &BTreeSet<String>,
         model: &str,
-        window: (f64, f64),
+        windows: Windows,
     ) -> Result<GatewayReading, String> {
         if base != self.base {
             self.base = base;
             self.histories.clear();
+            self.since_s = None;
         }
+        let since = *self.since_s.get_or_insert(windows.now_s);
         self.histories.retain(|u, _| urls.contains(u));
         let mut queue = ModelQueue::default();
         let mut bursts: Option<BurstHistogram> = None;
+        let mut doors: Option<FrontDoorWindows> = None;
         let (mut answered, mut first_error) = (0, None);
         for url in urls {
-            match self.read_pod(url, model, window).await {
-                Ok((q, b)) => {
+            match self.read_pod(url, model, windows).await {
+                Ok(pod) => {
                     answered += 1;
-                    queue.add(&q);
-                    if let Some(b) = b {
+                    queue.add(&pod.queue);
+                    if let Some(b) = pod.per_second {
                         bursts.get_or_insert_with(BurstHistogram::default).add(&b);
+                    }
+                    if let Some(d) = pod.front_door {
+                        doors.get_or_insert_with(|| spans(windows, since)).add(&d);
                     }
                 }
                 Err(e) => {
@@ -110,25 +149,57 @@ impl GatewayQueue {
         Ok(GatewayReading {
             queue,
             per_second: bursts.as_ref().map(BurstHistogram::sums),
+            front_door: doors,
         })
     }
 
-    /// One pod's queue for `model` and its prompt tokens per second over the window.
-    async fn read_pod(
-        &mut self,
-        url: &str,
-        model: &str,
-        (now_s, shape_window_s): (f64, f64),
-    ) -> Result<(ModelQueue, Option<BurstHistogram>), String> {
+    /// One pod's queue for `model`, its prompt tokens per second over the shape window and
+    /// its front door over the others.
+    async fn read_pod(&mut self, url: &str, model: &str, w: Windows) -> Result<PodReading, String> {
         let snap = scrape::fetch(&self.client, url, self.timeout)
             .await
             .map_err(|e| scrape::error_chain(&e))?;
         let queue = snap.model_queue_of(model);
+        let exports_door = snap
+            .front_door
+            .as_ref()
+            .is_some_and(|d| d.contains_key(model));
         let history = self.histories.entry(url.to_string()).or_default();
-        history.push(now_s, snap);
-        history.prune(now_s, shape_window_s);
-        let bursts = history.burst_increase(now_s, shape_window_s).remove(model);
-        Ok((queue, bursts))
+        history.push(w.now_s, snap);
+        history.prune(w.now_s, w.longest());
+        let door = |window_s: f64| {
+            history
+                .front_door_increase(w.now_s, window_s)
+                .remove(model)
+                .unwrap_or_default()
+        };
+        let front_door = exports_door.then(|| FrontDoorWindows {
+            long: (door(w.long_s), 0.0),
+            short: (door(w.short_s), 0.0),
+            latency: door(w.latency_s),
+        });
+        Ok(PodReading {
+            queue,
+            per_second: history.burst_increase(w.now_s, w.shape_s).remove(model),
+            front_door,
+        })
+    }
+}
+
+/// What one gateway pod said about a model.
+struct PodReading {
+    queue: ModelQueue,
+    per_second: Option<BurstHistogram>,
+    front_door: Option<FrontDoorWindows>,
+}
+
+/// Empty front-door windows whose arrival windows span what has been seen since `since_s`.
+fn spans(w: Windows, since_s: f64) -> FrontDoorWindows {
+    let span = |window_s: f64| window_s.min(w.now_s - since_s).max(1e-3);
+    FrontDoorWindows {
+        long: (Default::default(), span(w.long_s)),
+        short: (Default::default(), span(w.short_s)),
+        latency: Default::default(),
     }
 }
 
@@ -184,6 +255,73 @@ mod tests {
         (format!("{base}/metrics"), text)
     }
 
+    /// The pool's default windows, ending at `now_s`.
+    fn at(now_s: f64) -> Windows {
+        Windows {
+            now_s,
+            long_s: 60.0,
+            short_s: 10.0,
+            latency_s: 60.0,
+            shape_s: 420.0,
+        }
+    }
+
+    /// Model `m`'s front door: `arrived` so far, `refused` of them queue-full, `within` first
+    /// tokens within a second and `late` after ten.
+    fn door(arrived: u32, refused: u32, within: u32, late: u32) -> String {
+        use sluice_metrics::gateway::{
+            ARRIVALS_TOTAL, TIME_TO_FIRST_TOKEN_SECONDS, UNSERVED_TOTAL,
+        };
+        let t = TIME_TO_FIRST_TOKEN_SECONDS;
+        let all = within + late;
+        format!(
+            "{ARRIVALS_TOTAL}{{model=\"m\"}} {arrived}\n\
+             {UNSERVED_TOTAL}{{model=\"m\",reason=\"queue_full\"}} {refused}\n\
+             {t}_bucket{{model=\"m\",le=\"1\"}} {within}\n\
+             {t}_bucket{{model=\"m\",le=\"10\"}} {within}\n\
+             {t}_bucket{{model=\"m\",le=\"+Inf\"}} {all}\n\
+             {t}_count{{model=\"m\"}} {all}\n"
+        )
+    }
+
+    /// Two gateway pods' front doors add up over each window, spans no longer than the
+    /// gateway has been read; a gateway without the series has none.
+    #[tokio::test]
+    async fn the_front_door_is_summed_over_pods_and_windows() {
+        let ((a, a_text), (b, b_text)) = (pod().await, pod().await);
+        *a_text.lock().unwrap() = text(0, 0);
+        *b_text.lock().unwrap() = text(0, 0);
+        let urls: BTreeSet<String> = [a.clone(), b.clone()].into();
+        let base = "http://gateway".to_string();
+        let mut g = GatewayQueue::new(Duration::from_secs(2));
+        let r = g
+            .read_pods(base.clone(), &urls, "m", at(0.0))
+            .await
+            .unwrap();
+        assert_eq!(r.front_door, None, "an older gateway exports none");
+        let mut g = GatewayQueue::new(Duration::from_secs(2));
+        let reads = [
+            (0.0, door(100, 0, 90, 10), door(1000, 5, 900, 0)),
+            (15.0, door(115, 4, 95, 10), door(1015, 5, 905, 0)),
+            (30.0, door(130, 10, 100, 10), door(1030, 25, 910, 0)),
+        ];
+        let mut last = None;
+        for (t, x, y) in reads {
+            *a_text.lock().unwrap() = x;
+            *b_text.lock().unwrap() = y;
+            last = Some(g.read_pods(base.clone(), &urls, "m", at(t)).await.unwrap());
+        }
+        let d = last.unwrap().front_door.expect("both export it");
+        // Long window: the 30 s seen, 15 + 15 arrived a pod, 10 + 20 refused.
+        assert_eq!((d.long.0.arrivals, d.long.1), (60.0, 30.0));
+        assert_eq!((d.long.0.unserved, d.latency.unserved), (30.0, 30.0));
+        assert_eq!(d.latency.ttft.count(), 20.0);
+        // Short window (20, 30]: the last step only.
+        assert_eq!((d.short.0.arrivals, d.short.1), (30.0, 10.0));
+        assert_eq!(d.short.0.unserved, 26.0);
+        assert_eq!(d.short.0.ttft.count(), 10.0);
+    }
+
     /// `waiting` queued for model `m`, and `seconds` seconds of 1,000 prompt tokens so far.
     fn text(waiting: u32, seconds: u32) -> String {
         let name = sluice_metrics::gateway::PROMPT_TOKENS_PER_SECOND;
@@ -209,14 +347,14 @@ mod tests {
         let base = "http://gateway".to_string();
         let mut g = GatewayQueue::new(Duration::from_secs(2));
         let first = g
-            .read_pods(base.clone(), &urls, "m", (0.0, 420.0))
+            .read_pods(base.clone(), &urls, "m", at(0.0))
             .await
             .unwrap();
         assert_eq!(first.queue.waiting, 5.0);
         *a_text.lock().unwrap() = text(1, 14);
         *b_text.lock().unwrap() = text(0, 506);
         let r = g
-            .read_pods(base.clone(), &urls, "m", (60.0, 420.0))
+            .read_pods(base.clone(), &urls, "m", at(60.0))
             .await
             .unwrap();
         assert_eq!(r.queue.waiting, 1.0);
@@ -226,13 +364,13 @@ mod tests {
         let gone: BTreeSet<String> = [a.clone(), "http://127.0.0.1:9/metrics".into()].into();
         *a_text.lock().unwrap() = text(4, 20);
         let r = g
-            .read_pods(base.clone(), &gone, "m", (120.0, 420.0))
+            .read_pods(base.clone(), &gone, "m", at(120.0))
             .await
             .unwrap();
         assert_eq!(r.queue.waiting, 4.0);
         assert_eq!(r.per_second.unwrap().seconds(), 10.0);
         let none: BTreeSet<String> = ["http://127.0.0.1:9/metrics".to_string()].into();
-        assert!(g.read_pods(base, &none, "m", (180.0, 420.0)).await.is_err());
+        assert!(g.read_pods(base, &none, "m", at(180.0)).await.is_err());
     }
 
     #[tokio::test]

@@ -17,7 +17,9 @@
 //! `vllm:e2e_request_latency_seconds_count`) plus the change of requests in the replicas
 //! (`delta` of running and waiting); latency quantiles come from the summed bucket increases
 //! (`sum by (pod, le) (increase(…_bucket[w]))`) through the same [`Histogram`] code, at the
-//! percentiles the pool's SLO names.
+//! percentiles the pool's SLO names. A gateway's prompt bursts and front door
+//! (`sluice_gateway_model_*`, [`crate::scrape::front_door`]) are summed over every series with
+//! the model's `model` label, in any namespace: a gateway may route for several.
 //!
 //! Stale is what cannot be trusted: Prometheus unreachable or answering an error, or a ready
 //! pod whose newest `vllm:num_requests_running` sample is older than the maximum age (a pod
@@ -42,6 +44,7 @@ use sluice_policy::signals::{Arrivals, Latency, Queue, SecondSums, WindowShape};
 use super::error::{Error, Result};
 use super::source::{Load, Query, Reading, ReplicaPod, SignalSource, VariantLoad};
 use crate::crd::PolicySpec;
+use crate::scrape::front_door::{FrontDoor, FrontDoorWindows, LatencyRule};
 use crate::scrape::{error_chain, Histogram};
 
 /// Largest query answer read.
@@ -205,6 +208,29 @@ pub struct Queries {
     /// label; any namespace, as a gateway may route for several).
     pub bursts: String,
     pub bursts_sum: String,
+    /// The gateways' front door for the model (by their `model` label, any namespace).
+    pub front_door: FrontDoorQueries,
+}
+
+/// A gateway's front door over the windows: arrivals over the long and short ones, unserved
+/// requests and the client-side TTFT histogram over the latency (long) one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrontDoorQueries {
+    pub arrivals: String,
+    pub arrivals_short: String,
+    pub unserved: String,
+    pub ttft: String,
+}
+
+impl FrontDoorQueries {
+    fn all(&self) -> [&str; 4] {
+        [
+            &self.arrivals,
+            &self.arrivals_short,
+            &self.unserved,
+            &self.ttft,
+        ]
+    }
 }
 
 /// The request shape over one window: arrivals, their prompt and output tokens, and the
@@ -283,6 +309,8 @@ impl Queries {
             ),
         };
         let tokens = |name: &str, r: &str| by("sum", format!("increase({}{r})", sel(name)));
+        let of_model = format!("{{{}={}}}", gateway::MODEL, quote(model));
+        let door = |name: &str, r: &str| format!("sum(increase({name}{of_model}{r}))");
         let shape = |r: &str| ShapeQueries {
             arrivals: arrivals(r),
             prompt_tokens: tokens(vllm::PROMPT_TOKENS_TOTAL, r),
@@ -322,6 +350,15 @@ impl Queries {
                 gateway::MODEL,
                 quote(model)
             ),
+            front_door: FrontDoorQueries {
+                arrivals: door(gateway::ARRIVALS_TOTAL, &w),
+                arrivals_short: door(gateway::ARRIVALS_TOTAL, &s),
+                unserved: door(gateway::UNSERVED_TOTAL, &w),
+                ttft: format!(
+                    "sum by (le) (increase({}_bucket{of_model}{w}))",
+                    gateway::TIME_TO_FIRST_TOKEN_SECONDS
+                ),
+            },
         }
     }
 
@@ -338,6 +375,7 @@ impl Queries {
         v.extend(self.tpot.iter().map(String::as_str));
         v.extend(self.wide.all());
         v.extend([self.bursts.as_str(), &self.bursts_sum]);
+        v.extend(self.front_door.all());
         v
     }
 }
@@ -550,7 +588,7 @@ fn compute<'a>(
         return Reading::Stale(why);
     }
     let (queue, sums) = ans.gauges(queries, q.targets);
-    let (arrivals, prompt_len) = ans.arrivals(queries, &q.spec.policy);
+    let (mut arrivals, prompt_len) = ans.arrivals(queries, &q.spec.policy);
     let (tq, pq) = (
         q.spec.slo.ttft.percentile / 100.0,
         q.spec.slo.tpot.percentile / 100.0,
@@ -562,7 +600,7 @@ fn compute<'a>(
         .map(|t| ans.histograms(t))
         .find(|(h, _)| !h.buckets.is_empty())
         .unwrap_or_default();
-    let latency = Latency {
+    let mut latency = Latency {
         window_s: q.spec.policy.window_seconds,
         ttft_p50_s: ttft.quantile(0.5),
         ttft_p99_s: ttft.quantile(tq),
@@ -570,6 +608,14 @@ fn compute<'a>(
         tpot_p99_s: tpot.quantile(pq),
         ttft_attainment: q.ttft_target.attainment(&ttft, &prompt_len),
     };
+    let feasible_share = q.ttft_target.feasible_share(&prompt_len);
+    if let Some(door) = ans.front_door(&queries.front_door, &q.spec.policy) {
+        let rule = LatencyRule {
+            ttft_quantile: tq,
+            target: Some((q.ttft_target, feasible_share.unwrap_or(1.0))),
+        };
+        door.apply(&mut arrivals, &mut latency, &rule);
+    }
     let variants = sums
         .into_iter()
         .map(|(v, s)| {
@@ -589,6 +635,7 @@ fn compute<'a>(
         arrivals,
         queue,
         latency,
+        feasible_share,
         variants,
     }))
 }
@@ -736,25 +783,61 @@ impl<'a, 'm> Answers<'a, 'm> {
 
     /// The gateways' per-second prompt sums, `None` when no gateway exports them.
     fn bursts(&self, queries: &Queries) -> Option<SecondSums> {
-        let mut buckets: Vec<(f64, f64)> = (self.get)(&queries.bursts)
+        let buckets = self.gateway_buckets(&queries.bursts)?;
+        let sum = self.gateway_total(&queries.bursts_sum).unwrap_or(0.0);
+        Some(SecondSums {
+            buckets,
+            sum: sum.max(0.0),
+        })
+    }
+
+    /// The gateways' front door for the model over the windows; `None` when no gateway
+    /// exports it.
+    fn front_door(&self, q: &FrontDoorQueries, policy: &PolicySpec) -> Option<FrontDoorWindows> {
+        let arrivals = self.gateway_total(&q.arrivals)?;
+        let door = |arrivals: f64| FrontDoor {
+            arrivals,
+            ..FrontDoor::default()
+        };
+        let short = self.gateway_total(&q.arrivals_short).unwrap_or(0.0);
+        let latency = FrontDoor {
+            arrivals,
+            unserved: self.gateway_total(&q.unserved).unwrap_or(0.0),
+            ttft: Histogram {
+                buckets: self.gateway_buckets(&q.ttft).unwrap_or_default(),
+            },
+        };
+        Some(FrontDoorWindows {
+            long: (door(arrivals), policy.window_seconds),
+            short: (door(short), policy.short_window_seconds),
+            latency,
+        })
+    }
+
+    /// A gateway histogram summed `by (le)`, in bound order; `None` when empty.
+    fn gateway_buckets(&self, text: &str) -> Option<Vec<(f64, f64)>> {
+        let mut buckets: Vec<(f64, f64)> = (self.get)(text)
             .iter()
             .filter_map(|s| {
                 let le = s.labels.get(vllm::LE).and_then(|le| parse_value(le))?;
                 s.value.is_finite().then_some((le, s.value.max(0.0)))
             })
             .collect();
-        if buckets.is_empty() {
-            return None;
-        }
         buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let sum = (self.get)(&queries.bursts_sum)
-            .iter()
-            .map(|s| s.value)
-            .filter(|v| v.is_finite())
-            .sum::<f64>();
-        Some(SecondSums {
-            buckets,
-            sum: sum.max(0.0),
+        (!buckets.is_empty()).then_some(buckets)
+    }
+
+    /// A gateway sum's value (not the pool's pods: a gateway is none of them); `None` when
+    /// no series answered.
+    fn gateway_total(&self, text: &str) -> Option<f64> {
+        let answer = (self.get)(text);
+        (!answer.is_empty()).then(|| {
+            answer
+                .iter()
+                .map(|s| s.value)
+                .filter(|v| v.is_finite())
+                .sum::<f64>()
+                .max(0.0)
         })
     }
 

@@ -27,13 +27,14 @@ use sluice_policy::zero::ZeroRule;
 
 use super::allocate::{self, Entry};
 use super::error::{Error, Result};
-use super::gateway::GatewayQueue;
+use super::gateway::{GatewayQueue, Windows};
 use super::metrics::Metrics;
 use super::observe::{self, PoolView};
 use super::report;
 use super::source::{Load, Query, Reading, SignalSource};
 use crate::crd::{NodePoolProviderKind, ServingPool, VariantSpec};
 use crate::nodepool::{NodePoolProvider, NodeRequest, Outcome};
+use crate::scrape::front_door::LatencyRule;
 use crate::scrape::TtftTarget;
 
 /// What every reconcile shares.
@@ -496,8 +497,10 @@ fn idle_load(pool: &ServingPool) -> Load {
 }
 
 /// The reading with the gateway's queue for the pool's model (`spec.signals.gatewayUrl`)
-/// added to what waits, its prompt tokens per second where the source had none, and the
-/// requests the gateway has for the model. A pool at zero has no replica to read, so its
+/// added to what waits, its prompt tokens per second where the source had none, its front
+/// door folded into the arrivals and latency (`scrape::front_door`: what it refused and the
+/// wait in its queue, which no replica shows), and the requests the gateway has for the
+/// model. A pool at zero has no replica to read, so its
 /// sources are stale: with a gateway, its load is the gateway's queue alone. A gateway that
 /// cannot be read makes the reading stale (the pool holds).
 async fn with_gateway(
@@ -509,8 +512,15 @@ async fn with_gateway(
     let Some(url) = pool.spec.signals.gateway_url.as_deref() else {
         return (reading, 0);
     };
-    let window = (now_s, pool.spec.policy.shape_window_seconds);
-    let g = match state.gateway.read(url, &pool.spec.model, window).await {
+    let p = &pool.spec.policy;
+    let windows = Windows {
+        now_s,
+        long_s: p.window_seconds,
+        short_s: p.short_window_seconds,
+        latency_s: p.window_seconds,
+        shape_s: p.shape_window_seconds,
+    };
+    let g = match state.gateway.read(url, &pool.spec.model, windows).await {
         Ok(g) => g,
         Err(e) => {
             tracing::warn!(pool = %pool.name_any(), gateway = url, error = %e, "gateway metrics");
@@ -527,6 +537,13 @@ async fn with_gateway(
             load.queue.waiting += held;
             if load.arrivals.per_second.is_none() {
                 load.arrivals.per_second = g.per_second;
+            }
+            if let Some(door) = &g.front_door {
+                let rule = LatencyRule {
+                    ttft_quantile: pool.spec.slo.ttft.percentile / 100.0,
+                    target: Some((state.ttft_target, load.feasible_share.unwrap_or(1.0))),
+                };
+                door.apply(&mut load.arrivals, &mut load.latency, &rule);
             }
             (Reading::Fresh(load), held)
         }

@@ -105,6 +105,7 @@ impl PodScraper {
             arrivals: obs.arrivals,
             queue: obs.queue,
             latency: obs.latency,
+            feasible_share: obs.latency_rule.target.map(|t| t.1),
             variants,
         }))
     }

@@ -41,6 +41,9 @@ pub struct Load {
     pub arrivals: Arrivals,
     pub queue: Queue,
     pub latency: Latency,
+    /// The share of the latency window's prompts some variant serves alone within the TTFT
+    /// target; `None` when none reached a replica.
+    pub feasible_share: Option<f64>,
     /// Per ServingPool variant (entry name).
     pub variants: HashMap<String, VariantLoad>,
 }

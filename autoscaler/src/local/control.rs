@@ -315,8 +315,7 @@ impl LocalAutoscaler {
             }],
             ..Signals::default()
         };
-        obs.apply(&mut s);
-        s.arrivals.per_second = obs.prompt_bursts_of(&self.cfg.served_model);
+        obs.apply(&self.cfg.served_model, &mut s);
         s
     }
 

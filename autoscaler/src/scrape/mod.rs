@@ -17,8 +17,11 @@
 //! - [`exposition`]: the text-format parser (`sluice-metrics`').
 //! - [`snapshot`]: one scrape reduced to the figures (vLLM, llama.cpp and gateway names).
 //! - [`window`]: per-target history and increases over a window.
+//! - [`front_door`]: a routing gateway's view of each model's demand, folded into the
+//!   replicas'.
 
 pub use sluice_metrics::exposition;
+pub mod front_door;
 pub mod snapshot;
 pub mod window;
 
@@ -31,6 +34,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use front_door::{FrontDoorWindows, LatencyRule};
 pub use snapshot::{normalise_url, BurstHistogram, Histogram, ModelQueue, Snapshot, TtftTarget};
 use window::{History, Increase};
 
@@ -190,6 +194,12 @@ pub struct Observation {
     /// The prompt tokens per second the gateways saw over the shape window, per model
     /// (summed over gateways: with several, each sees its share of a burst).
     pub prompt_bursts: BTreeMap<String, BurstHistogram>,
+    /// The gateways' arrivals, client-side first tokens and unserved requests over the
+    /// windows, per model (summed over gateways).
+    pub front_door: BTreeMap<String, FrontDoorWindows>,
+    /// How the front door's first tokens are read: the SLO's quantile, the TTFT target and
+    /// the share of the latency window's prompts some variant serves alone within it.
+    pub latency_rule: LatencyRule,
 }
 
 impl Observation {
@@ -216,12 +226,18 @@ impl Observation {
     }
 
     /// Writes what was observed into `s`: arrivals, queue and latency, and the load fields of
-    /// each of its variant entries (the fleet counts — ready, starting — are the actuator's).
-    pub fn apply(&self, s: &mut Signals) {
+    /// each of its variant entries (the fleet counts — ready, starting — are the actuator's);
+    /// with what the gateways saw of `model` (as they label it: the served name): its prompt
+    /// tokens per second, and its front door folded into the arrivals and latency.
+    pub fn apply(&self, model: &str, s: &mut Signals) {
         s.time_s = self.time_s;
         s.arrivals = self.arrivals.clone();
+        s.arrivals.per_second = self.prompt_bursts_of(model);
         s.queue = self.queue.clone();
         s.latency = self.latency.clone();
+        if let Some(door) = self.front_door.get(model) {
+            door.apply(&mut s.arrivals, &mut s.latency, &self.latency_rule);
+        }
         for v in &mut s.variants {
             if let Some(l) = self.variants.get(&(v.variant.clone(), v.capacity)) {
                 v.running_per_replica = l.running_per_replica;
@@ -356,7 +372,7 @@ impl Scraper {
 
     fn observe(&self, statuses: Vec<TargetStatus>, now: f64, started: f64) -> Observation {
         let c = &self.config;
-        let (arrivals, latency, per_variant) = self.windows(now, started);
+        let (arrivals, latency, per_variant, latency_rule) = self.windows(now, started);
         let (queue, mut variants, routed) = current_load(&statuses);
         let gateway_models = gateway_models(&statuses);
         for (key, v) in variants.iter_mut() {
@@ -375,7 +391,37 @@ impl Scraper {
             routed,
             gateway_models,
             prompt_bursts: self.prompt_bursts(now),
+            front_door: self.front_door(now, started),
+            latency_rule,
         }
+    }
+
+    /// The gateways' front door per model over the arrival and latency windows.
+    fn front_door(&self, now: f64, started: f64) -> BTreeMap<String, FrontDoorWindows> {
+        let c = &self.config;
+        let span = |w: f64| w.min((now - started).max(0.0)).max(1e-3);
+        let mut out: BTreeMap<String, FrontDoorWindows> = BTreeMap::new();
+        let gateways = self
+            .tracked
+            .values()
+            .filter(|t| t.target.role == Role::Gateway);
+        for tr in gateways {
+            let h = &tr.history;
+            for (model, d) in h.front_door_increase(now, c.window_s) {
+                let e = out.entry(model).or_default();
+                e.long.0.add(&d);
+                e.long.1 = span(c.window_s);
+            }
+            for (model, d) in h.front_door_increase(now, c.short_window_s) {
+                let e = out.entry(model).or_default();
+                e.short.0.add(&d);
+                e.short.1 = span(c.short_window_s);
+            }
+            for (model, d) in h.front_door_increase(now, c.latency_window_s) {
+                out.entry(model).or_default().latency.add(&d);
+            }
+        }
+        out
     }
 
     /// The gateways' per-second prompt sums over the shape window, per model.
@@ -394,8 +440,12 @@ impl Scraper {
     }
 
     /// The window figures over every replica tracked (departed ones too): arrivals, latency,
-    /// and each variant's latency-window increase.
-    fn windows(&self, now: f64, started: f64) -> (Arrivals, Latency, ByVariant<Increase>) {
+    /// each variant's latency-window increase, and how a gateway's first tokens are read.
+    fn windows(
+        &self,
+        now: f64,
+        started: f64,
+    ) -> (Arrivals, Latency, ByVariant<Increase>, LatencyRule) {
         let c = &self.config;
         let elapsed = (now - started).max(0.0);
         let span = |w: f64| w.min(elapsed).max(1e-3);
@@ -435,7 +485,14 @@ impl Scraper {
                 .ttft_target
                 .and_then(|t| t.attainment(&lat.ttft, &lat.prompt_len)),
         };
-        (arrivals, latency, per_variant)
+        let rule = LatencyRule {
+            ttft_quantile: c.ttft_quantile,
+            target: c.ttft_target.map(|t| {
+                // No prompt reached a replica in the window: count every one as feasible.
+                (t, t.feasible_share(&lat.prompt_len).unwrap_or(1.0))
+            }),
+        };
+        (arrivals, latency, per_variant, rule)
     }
 }
 

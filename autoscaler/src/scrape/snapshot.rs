@@ -16,6 +16,8 @@ use sluice_policy::capacity::Slo;
 use sluice_policy::profile::Profile;
 use sluice_policy::signals::SecondSums;
 
+use super::front_door::{FrontDoor, FrontDoors};
+
 /// A cumulative histogram: `(upper bound, count ≤ bound)` in increasing bound order, `+Inf`
 /// last, as Prometheus exposes it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -154,7 +156,7 @@ impl Histogram {
 
 /// Sort key for a finite or infinite bound (all bounds are ≥ 0 in practice; negative ones
 /// order first too).
-fn order_key(le: f64) -> u64 {
+pub(super) fn order_key(le: f64) -> u64 {
     let bits = le.to_bits();
     if le.is_sign_negative() {
         !bits
@@ -164,7 +166,7 @@ fn order_key(le: f64) -> u64 {
 }
 
 /// Histogram buckets as they are parsed: `(bound, count)` by the bound's sort key.
-type Buckets = BTreeMap<u64, (f64, f64)>;
+pub(super) type Buckets = BTreeMap<u64, (f64, f64)>;
 
 /// A gateway's prompt tokens per second for one model: the histogram of the per-second sums
 /// and their sum (`sluice_gateway_prompt_tokens_per_second{model}`), cumulative as exported or
@@ -306,6 +308,9 @@ pub struct Snapshot {
     /// A routing gateway's prompt tokens per second with arrivals, per model
     /// (`sluice_gateway_prompt_tokens_per_second{model}`; cumulative, as exported).
     pub prompt_bursts: Option<BTreeMap<String, BurstHistogram>>,
+    /// A routing gateway's arrivals, client-side first tokens and unserved requests, per
+    /// model (`sluice_gateway_model_*`; cumulative, as exported).
+    pub front_door: Option<BTreeMap<String, FrontDoor>>,
 }
 
 impl Snapshot {
@@ -317,13 +322,14 @@ impl Snapshot {
         let mut success: Option<f64> = None;
         let mut hists: BTreeMap<&str, Buckets> = BTreeMap::new();
         let mut bursts = Bursts::default();
+        let mut doors = FrontDoors::default();
         let add = |slot: &mut Option<f64>, v: f64| *slot = Some(slot.unwrap_or(0.0) + v);
         for x in samples {
             let v = x.value;
             if !v.is_finite() {
                 continue;
             }
-            if load.record(&x.name, v) {
+            if load.record(&x.name, v) || doors.record(x) {
                 continue;
             }
             match x.name.as_str() {
@@ -387,6 +393,7 @@ impl Snapshot {
         s.prompt_len = take(&[vllm::REQUEST_PROMPT_TOKENS]);
         s.output_len = take(&[vllm::REQUEST_GENERATION_TOKENS]);
         s.prompt_bursts = bursts.finish();
+        s.front_door = doors.finish();
         s
     }
 
@@ -432,7 +439,7 @@ fn base_name(base: &str) -> &'static str {
         .unwrap_or("")
 }
 
-fn parse_le(s: &str) -> Option<f64> {
+pub(super) fn parse_le(s: &str) -> Option<f64> {
     parse_value(s).filter(|v| !v.is_nan())
 }
 
@@ -458,8 +465,19 @@ impl TtftTarget {
     /// this assumes the late first tokens include every infeasible prompt's. `None` when
     /// either is empty or nothing was feasible.
     pub fn attainment(&self, ttft: &Histogram, prompts: &Histogram) -> Option<f64> {
+        self.attainment_of(ttft, self.feasible_share(prompts)?)
+    }
+
+    /// The share of a window's prompts no longer than the longest feasible one; `None` when
+    /// the histogram is empty.
+    pub fn feasible_share(&self, prompts: &Histogram) -> Option<f64> {
+        prompts.share_at_most(self.longest_prompt_tokens)
+    }
+
+    /// The share of `ttft`'s observations within the target over the `feasible` share, at most
+    /// 1; `None` when `ttft` is empty or nothing was feasible.
+    pub fn attainment_of(&self, ttft: &Histogram, feasible: f64) -> Option<f64> {
         let within = ttft.share_at_most(self.target_s)?;
-        let feasible = prompts.share_at_most(self.longest_prompt_tokens)?;
         (feasible > 0.0).then(|| (within / feasible).min(1.0))
     }
 }

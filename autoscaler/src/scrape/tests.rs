@@ -80,7 +80,7 @@ fn windows_over_real_snapshots_give_rates_queue_and_load() {
         }],
         ..Default::default()
     };
-    o.apply(&mut sig);
+    o.apply("m", &mut sig);
     assert_eq!(sig.time_s, 104.0);
     assert_eq!(sig.queue.waiting, 5);
     assert_eq!(sig.variants[0].ready, 2, "fleet counts are the actuator's");
@@ -311,4 +311,52 @@ fn a_request_retried_on_another_replica_arrives_once() {
     // ...is refused there after a timeout, retried on b, and finishes.
     let o = s.record(&targets, vec![Ok(at(0.0, 0.0)), Ok(at(1.0, 0.0))], 2.0);
     assert!((o.arrivals.requests_per_s - 1.0 / 2.0).abs() < 1e-9);
+}
+
+/// A gateway's front door for model `m`: `arrived` so far, `refused` of them, `served` first
+/// tokens within half a second.
+fn door_text(arrived: u32, refused: u32, served: u32) -> String {
+    use sluice_metrics::gateway::{ARRIVALS_TOTAL, TIME_TO_FIRST_TOKEN_SECONDS, UNSERVED_TOTAL};
+    let t = TIME_TO_FIRST_TOKEN_SECONDS;
+    format!(
+        "{ARRIVALS_TOTAL}{{model=\"m\"}} {arrived}\n\
+         {UNSERVED_TOTAL}{{model=\"m\",reason=\"queue_timeout\"}} {refused}\n\
+         {t}_bucket{{model=\"m\",le=\"0.5\"}} {served}\n\
+         {t}_bucket{{model=\"m\",le=\"+Inf\"}} {served}\n\
+         {t}_sum{{model=\"m\"}} 1\n\
+         {t}_count{{model=\"m\"}} {served}\n"
+    )
+}
+
+/// Everything the gateway took in for `m` was refused or answered, none of it visible on a
+/// replica: the signals carry its arrival rate and count the refused as late first tokens.
+#[test]
+fn a_gateways_front_door_is_the_models_demand_and_its_refusals_are_misses() {
+    let target = TtftTarget {
+        target_s: 2.0,
+        longest_prompt_tokens: 8000.0,
+    };
+    let mut s = Scraper::new(ScrapeConfig {
+        ttft_target: Some(target),
+        ..cfg()
+    });
+    let g = Endpoint::gateway("http://127.0.0.1:9");
+    let at = |s: &mut Scraper, t: f64, text: String| {
+        s.record(std::slice::from_ref(&g), vec![Ok(snap(&text))], t)
+    };
+    at(&mut s, 0.0, door_text(1000, 10, 990));
+    at(&mut s, 5.0, door_text(1030, 20, 1010));
+    let o = at(&mut s, 10.0, door_text(1060, 30, 1030));
+    let mut sig = Signals::default();
+    o.apply("m", &mut sig);
+    // Over (0, 10]: 60 arrived, 20 refused, 40 served within 0.5 s.
+    assert_eq!(sig.arrivals.requests_per_s, 6.0);
+    assert_eq!(sig.arrivals.short_requests_per_s, 30.0 / 2.0);
+    let att = sig.latency.ttft_attainment.unwrap();
+    assert!((att - 40.0 / 60.0).abs() < 1e-9, "{att}");
+    // Another model's signals are the replicas' alone.
+    let mut other = Signals::default();
+    o.apply("other", &mut other);
+    assert_eq!(other.arrivals.requests_per_s, 0.0);
+    assert_eq!(other.latency.ttft_attainment, None);
 }

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use sluice_policy::signals::WindowShape;
 
+use super::front_door::FrontDoor;
 use super::snapshot::{BurstHistogram, Histogram, Snapshot};
 
 /// Snapshots of one target, oldest first, each with the scraper's time in seconds.
@@ -96,12 +97,26 @@ impl History {
     /// A gateway's per-second prompt sums over the window, per model: the increase of each
     /// bucket and of the sum, pairwise (a count that falls meaning a restart).
     pub fn burst_increase(&self, now: f64, window_s: f64) -> BTreeMap<String, BurstHistogram> {
-        let mut out: BTreeMap<String, BurstHistogram> = BTreeMap::new();
+        self.model_increase(now, window_s, |s| s.prompt_bursts.as_ref())
+    }
+
+    /// A gateway's front-door series over the window, per model, pairwise as above.
+    pub fn front_door_increase(&self, now: f64, window_s: f64) -> BTreeMap<String, FrontDoor> {
+        self.model_increase(now, window_s, |s| s.front_door.as_ref())
+    }
+
+    fn model_increase<T: Cumulative>(
+        &self,
+        now: f64,
+        window_s: f64,
+        of: impl Fn(&Snapshot) -> Option<&BTreeMap<String, T>>,
+    ) -> BTreeMap<String, T> {
+        let mut out: BTreeMap<String, T> = BTreeMap::new();
         let samples: Vec<&(f64, Snapshot)> = self.window(now, window_s).collect();
         for pair in samples.windows(2) {
             let (a, b) = (&pair[0].1, &pair[1].1);
-            for (model, later) in b.prompt_bursts.iter().flatten() {
-                let step = match a.prompt_bursts.as_ref().and_then(|m| m.get(model)) {
+            for (model, later) in of(b).into_iter().flatten() {
+                let step = match of(a).and_then(|m| m.get(model)) {
                     Some(earlier) => later.increase_since(earlier),
                     None => later.clone(),
                 };
@@ -109,6 +124,30 @@ impl History {
             }
         }
         out
+    }
+}
+
+/// A gateway's per-model series: cumulative as exported, stepped pairwise and summed.
+trait Cumulative: Clone + Default {
+    fn increase_since(&self, earlier: &Self) -> Self;
+    fn add(&mut self, o: &Self);
+}
+
+impl Cumulative for BurstHistogram {
+    fn increase_since(&self, earlier: &Self) -> Self {
+        BurstHistogram::increase_since(self, earlier)
+    }
+    fn add(&mut self, o: &Self) {
+        BurstHistogram::add(self, o);
+    }
+}
+
+impl Cumulative for FrontDoor {
+    fn increase_since(&self, earlier: &Self) -> Self {
+        FrontDoor::increase_since(self, earlier)
+    }
+    fn add(&mut self, o: &Self) {
+        FrontDoor::add(self, o);
     }
 }
 

@@ -248,6 +248,7 @@ impl Sim<'_> {
         for i in self.gateway.expire(now, ready, self.requests) {
             self.outcomes[i as usize].failed = true;
             self.settled += 1;
+            self.observer.on_unserved(now);
         }
     }
 
@@ -476,9 +477,14 @@ impl<'a> Sim<'a> {
         if !self.any_ready() {
             self.cold += 1;
         }
-        if !fit.holds(r) || !self.gateway.push(next as u32, r) {
+        if !fit.holds(r) {
+            // No replica takes it: it is refused as invalid, which is not a miss of the fleet's.
             self.outcomes[next].failed = true;
             self.settled += 1;
+        } else if !self.gateway.push(next as u32, r) {
+            self.outcomes[next].failed = true;
+            self.settled += 1;
+            self.observer.on_unserved(now);
         }
         self.dispatch(now);
         now

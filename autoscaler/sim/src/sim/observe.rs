@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use sluice_metrics::gateway;
+use sluice_metrics::{gateway, vllm};
 use sluice_policy::capacity::Moments;
 use sluice_policy::signals::{
     Arrivals, Latency, PoolSignals, Queue, SecondSums, Signals, VariantSignals, WindowShape,
@@ -177,6 +177,15 @@ impl Observer {
         if feasible {
             self.feasible.push_back((t, ttft <= self.ttft_target_s));
         }
+    }
+
+    /// A request the gateway refused at `t` (its queue full, or a wait past its bounds): as
+    /// the controller reads a gateway's unserved requests, a first token later than any
+    /// (the TTFT histogram's highest bound) on no replica, and a feasible request missed.
+    pub fn on_unserved(&mut self, t: f64) {
+        let latest = vllm::TTFT_BUCKETS.last().copied().unwrap_or(f64::MAX);
+        self.ttft.push_back((t, latest, usize::MAX));
+        self.feasible.push_back((t, false));
     }
 
     pub fn on_finish(&mut self, t: f64, tpot: f64, key: usize) {
@@ -395,5 +404,22 @@ mod tests {
         let at_14 = p.sums(14.5);
         assert_eq!((at_14.sum, at_14.seconds()), (0.0, 0.0));
         assert_eq!(p.sums(15.0).sum, 50.0);
+    }
+
+    /// As the controller reads a gateway's unserved requests: each is a feasible request
+    /// missed and a first token later than any, in the fleet's figures only.
+    #[test]
+    fn refused_requests_are_late_first_tokens_of_the_fleet() {
+        let mut o = Observer::new(60.0, 10.0, 60.0, 420.0, 2.0);
+        for i in 0..3 {
+            o.on_first_token(f64::from(i), 0.5, 0, true);
+        }
+        o.on_unserved(3.0);
+        let l = o.latency();
+        assert_eq!(l.ttft_attainment, Some(0.75));
+        assert_eq!(l.ttft_p99_s, vllm::TTFT_BUCKETS.last().copied());
+        assert_eq!(l.ttft_p50_s, Some(0.5));
+        let pool_0: Vec<f64> = o.ttft.iter().filter(|e| e.2 == 0).map(|e| e.1).collect();
+        assert_eq!(pool_0, [0.5; 3], "no replica's own figures");
     }
 }
