@@ -254,6 +254,38 @@ fn replicas_bought_for_a_drained_backlog_are_not_held_a_window_after_panic() {
     assert!(last <= before + 1, "{grown} → {last}, from {before}");
 }
 
+/// A panic plans for the crowd at its peak, and what it orders comes a start-up later: once
+/// the panic is over, replicas still starting are held only as far as the demand planned
+/// since needs them. What a rise outside panic ordered is held for the window.
+#[test]
+fn replicas_a_panic_ordered_are_cancelled_if_it_ends_before_they_serve() {
+    let mut p = h100_only();
+    let mut fleet = 0;
+    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
+    let before = fleet;
+    let mut s = signals(t, 20.0, 1000, &[(H100, CapacityType::OnDemand, before, 0)]);
+    s.arrivals.short_requests_per_s = 60.0;
+    let spike = p.decide(&s);
+    assert_eq!(spike.mode, Mode::Panic);
+    let grown = spike.replicas_of(H100);
+    assert!(grown > before + 1, "{before} → {grown}");
+    // The crowd is over and its queue drained at once: the panic's minute holds the order...
+    let starting = [(H100, CapacityType::OnDemand, before, grown - before)];
+    let mut calm = p.clone();
+    let d = calm.decide(&signals(t + 30.0, 20.0, 0, &starting));
+    assert_eq!((d.mode, d.replicas_of(H100)), (Mode::Panic, grown));
+    // ...and after it what still starts is cancelled down to the demand planned since.
+    let d = calm.decide(&signals(t + 75.0, 20.0, 0, &starting));
+    assert_eq!(d.mode, Mode::Stable);
+    assert_eq!(d.replicas_of(H100), before, "{d:?}");
+    // Had they come up during the panic, the window would hold them as any ready fleet.
+    let mut served = p.clone();
+    let ready = [(H100, CapacityType::OnDemand, grown, 0)];
+    served.decide(&signals(t + 30.0, 20.0, 0, &ready));
+    let d = served.decide(&signals(t + 75.0, 20.0, 0, &ready));
+    assert_eq!((d.mode, d.replicas_of(H100)), (Mode::Stable, grown));
+}
+
 #[test]
 fn scale_down_waits_for_the_stabilisation_window() {
     let mut p = Sluice::new(profile(), config());

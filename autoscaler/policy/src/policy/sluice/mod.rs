@@ -34,7 +34,7 @@ mod spot;
 mod stabilise;
 
 pub use config::SluiceConfig;
-use stabilise::holdable_capacity;
+use stabilise::Holdable;
 
 /// The tick the forecast's smoothing was measured at (the simulator's default): its weights
 /// compound by the time elapsed over it, so the Kubernetes controller's 10 s period or local
@@ -51,8 +51,9 @@ pub struct Sluice {
     /// The forecast's shortfalls over the start-up lead, when the headroom is learnt.
     learnt: Option<Headroom>,
     shape: Option<Workload>,
-    /// Recent planned demand (requests/s) for the scale-down window.
-    history: VecDeque<(f64, f64)>,
+    /// Recent planned demand (requests/s) for the scale-down window, each with whether it was
+    /// planned in panic.
+    history: VecDeque<(f64, f64, bool)>,
     /// A cut the rising load held back and not yet judged: when, the demand the fleet less the
     /// replica held serves, and that replica's start-up lead.
     held_cut: Option<(f64, f64, f64)>,
@@ -508,7 +509,7 @@ impl Policy for Sluice {
         });
         self.discount_reclaims(s, &mut offers, &mut d);
         let current_capacity = mix::evaluate(&offers, &current).requests_per_s;
-        let holdable = holdable_capacity(s, ready_cap, current_capacity);
+        let holdable = Holdable::new(s, ready_cap, current_capacity);
         let held = self.stabilise(s.time_s, &p, holdable, panic, &mut d);
         self.judge_held_cut(
             s.time_s,

@@ -18,18 +18,27 @@ pub(super) struct Stable {
     unheld_by_rise: f64,
 }
 
-/// The most capacity (requests/s) stabilisation holds: what runs and is on its way; while the
-/// pool is idle (nothing arrived within the window, nothing queued or running), what is ready.
-/// A replica still starting when traffic stops would be paid for through the rest of its
-/// start-up and the scale-down window, to serve traffic that has gone (idle-gaps: the replica
-/// a five-minute session ordered arrived after it); what a return needs is kept warm after
-/// ([`Sluice::keep_warm_for_return`]).
-pub(super) fn holdable_capacity(s: &Signals, ready: f64, current: f64) -> f64 {
-    let idle = s.arrivals.requests_per_s <= 0.0 && s.queue.waiting == 0 && s.queue.running == 0;
-    if idle {
-        ready.min(current)
-    } else {
-        current
+/// The most capacity (requests/s) stabilisation holds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Holdable {
+    /// What runs and is on its way; while the pool is idle (nothing arrived within the window,
+    /// nothing queued or running), what is ready. A replica still starting when traffic stops
+    /// would be paid for through the rest of its start-up and the scale-down window, to serve
+    /// traffic that has gone (idle-gaps: the replica a five-minute session ordered arrived
+    /// after it); what a return needs is kept warm after ([`Sluice::keep_warm_for_return`]).
+    all: f64,
+    /// What is ready (at most `all`): all the window holds of a demand planned in panic.
+    ready: f64,
+}
+
+impl Holdable {
+    pub(super) fn new(s: &Signals, ready: f64, current: f64) -> Holdable {
+        let idle = s.arrivals.requests_per_s <= 0.0 && s.queue.waiting == 0 && s.queue.running == 0;
+        let all = if idle { ready.min(current) } else { current };
+        Holdable {
+            all,
+            ready: ready.min(all),
+        }
     }
 }
 
@@ -40,19 +49,26 @@ impl Sluice {
     /// forecast expects to buy back within a start-up, where a lull inside a ramp would
     /// release what the ramp needs a start-up later); and not before a full window of
     /// arrivals has been measured (taking over a running fleet, the first rates are not yet
-    /// rates). Never above `holdable` ([`holdable_capacity`]). The demand the mix is sized
-    /// for.
+    /// rates). Never above [`Holdable`]. The demand the mix is sized for.
+    ///
+    /// A demand planned in panic is held by the window only as far as it is ready. Panic plans
+    /// for a crowd at its peak (the short window's rate × the forecast cap × the headroom × the
+    /// margin: ~2.7× a two-minute crowd's rate), and what it orders comes a start-up later,
+    /// mostly after the crowd: held for the window, those replicas were paid for through the
+    /// rest of their start-up and the window to serve a crowd that had gone. Once the panic
+    /// is over, replicas still starting stay only as far as the demand planned since needs
+    /// them; what came up during the panic is held as any ready fleet is.
     pub(super) fn stabilise(
         &mut self,
         t: f64,
         p: &Planned,
-        holdable: f64,
+        holdable: Holdable,
         panic: bool,
         d: &mut Decision,
     ) -> Stable {
         let planned = p.planned;
         let held_now = if panic || p.warming || p.rising {
-            planned.max(holdable)
+            planned.max(holdable.all)
         } else {
             planned
         };
@@ -61,21 +77,27 @@ impl Sluice {
         // While the first window is measured the fleet is remembered (its rates are not yet
         // rates).
         let remembered = if p.warming { held_now } else { planned };
-        self.history.push_back((t, remembered));
+        self.history.push_back((t, remembered, panic));
         while self
             .history
             .front()
-            .is_some_and(|&(h, _)| h < t - self.payback.window_s())
+            .is_some_and(|&(h, _, _)| h < t - self.payback.window_s())
         {
             self.history.pop_front();
         }
-        // Holding never grows the fleet: at most what runs now (what is ready, while idle).
+        // Holding never grows the fleet: at most what runs now (what is ready, while idle, or
+        // of what a panic planned).
         let held = self
             .history
             .iter()
-            .map(|&(_, p)| p)
-            .fold(0.0, f64::max)
-            .min(holdable);
+            .map(|&(_, p, in_panic)| {
+                p.min(if in_panic {
+                    holdable.ready
+                } else {
+                    holdable.all
+                })
+            })
+            .fold(0.0, f64::max);
         let stable = planned.max(held).max(held_now);
         // What the rise alone holds is what `stable` exceeds this by.
         let unheld = if panic || p.warming {
