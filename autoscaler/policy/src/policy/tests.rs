@@ -286,6 +286,32 @@ fn replicas_a_panic_ordered_are_cancelled_if_it_ends_before_they_serve() {
     assert_eq!((d.mode, d.replicas_of(H100)), (Mode::Stable, grown));
 }
 
+/// A rise that keeps a panic's replicas while they start holds back no cut of the window's
+/// own: the rise going on past them teaches no longer scale-down window.
+#[test]
+fn a_rise_keeping_a_panics_replicas_teaches_no_longer_window() {
+    let mut p = h100_only();
+    let mut fleet = 0;
+    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
+    let before = fleet;
+    let mut s = signals(t, 20.0, 1000, &[(H100, CapacityType::OnDemand, before, 0)]);
+    s.arrivals.short_requests_per_s = 60.0;
+    let grown = p.decide(&s).replicas_of(H100);
+    let starting = [(H100, CapacityType::OnDemand, before, grown - before)];
+    // The crowd was the start of a climb: the rate rises on while the replicas start.
+    for i in 1..=24 {
+        let rate = 20.0 + 2.0 * f64::from(i);
+        let d = p.decide(&signals(t + 15.0 * f64::from(i), rate, 0, &starting));
+        let lessons: Vec<&str> = d
+            .reasons
+            .iter()
+            .map(|r| r.detail.as_str())
+            .filter(|r| r.contains("would have been bought again"))
+            .collect();
+        assert!(lessons.is_empty(), "tick {i}: {lessons:?}");
+    }
+}
+
 #[test]
 fn scale_down_waits_for_the_stabilisation_window() {
     let mut p = Sluice::new(profile(), config());

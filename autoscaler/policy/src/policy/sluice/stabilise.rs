@@ -87,21 +87,27 @@ impl Sluice {
         }
         // Holding never grows the fleet: at most what runs now (what is ready, while idle, or
         // of what a panic planned).
-        let held = self
-            .history
-            .iter()
-            .map(|&(_, p, in_panic)| {
-                p.min(if in_panic {
-                    holdable.ready
-                } else {
-                    holdable.all
+        let window = |panic_ready_only: bool| {
+            self.history
+                .iter()
+                .map(|&(_, p, in_panic)| {
+                    p.min(if in_panic && panic_ready_only {
+                        holdable.ready
+                    } else {
+                        holdable.all
+                    })
                 })
-            })
-            .fold(0.0, f64::max);
+                .fold(0.0, f64::max)
+        };
+        let held = window(true);
         let stable = planned.max(held).max(held_now);
-        // What the rise alone holds is what `stable` exceeds this by.
+        // What the rise alone holds is what `stable` exceeds this by. A rise that keeps what a
+        // panic ordered still starting holds back no cut of the window's own (it held panic
+        // plans before it held only their ready part): no lull to learn from.
         let unheld = if panic || p.warming {
             stable
+        } else if p.rising {
+            planned.max(window(false))
         } else {
             planned.max(held)
         };
