@@ -134,7 +134,15 @@ impl GatewayQueue {
                         bursts.get_or_insert_with(BurstHistogram::default).add(&b);
                     }
                     if let Some(d) = pod.front_door {
-                        doors.get_or_insert_with(|| spans(windows, since)).add(&d);
+                        let span = |s: f64| s.min(windows.now_s - since).max(1e-3);
+                        doors
+                            .get_or_insert_with(|| {
+                                FrontDoorWindows::spanning(
+                                    span(windows.long_s),
+                                    span(windows.short_s),
+                                )
+                            })
+                            .add(&d);
                     }
                 }
                 Err(e) => {
@@ -167,16 +175,11 @@ impl GatewayQueue {
         let history = self.histories.entry(url.to_string()).or_default();
         history.push(w.now_s, snap);
         history.prune(w.now_s, w.longest());
-        let door = |window_s: f64| {
+        let front_door = exports_door.then(|| {
             history
-                .front_door_increase(w.now_s, window_s)
+                .front_door_windows(w.now_s, (w.long_s, w.short_s, w.latency_s))
                 .remove(model)
                 .unwrap_or_default()
-        };
-        let front_door = exports_door.then(|| FrontDoorWindows {
-            long: (door(w.long_s), 0.0),
-            short: (door(w.short_s), 0.0),
-            latency: door(w.latency_s),
         });
         Ok(PodReading {
             queue,
@@ -191,16 +194,6 @@ struct PodReading {
     queue: ModelQueue,
     per_second: Option<BurstHistogram>,
     front_door: Option<FrontDoorWindows>,
-}
-
-/// Empty front-door windows whose arrival windows span what has been seen since `since_s`.
-fn spans(w: Windows, since_s: f64) -> FrontDoorWindows {
-    let span = |window_s: f64| window_s.min(w.now_s - since_s).max(1e-3);
-    FrontDoorWindows {
-        long: (Default::default(), span(w.long_s)),
-        short: (Default::default(), span(w.short_s)),
-        latency: Default::default(),
-    }
 }
 
 /// The `/metrics` URL of every address `base`'s host resolves to (the host itself when it is

@@ -131,6 +131,15 @@ pub struct FrontDoorWindows {
 }
 
 impl FrontDoorWindows {
+    /// No counts yet, over arrival windows spanning `long_s` and `short_s` seconds.
+    pub fn spanning(long_s: f64, short_s: f64) -> FrontDoorWindows {
+        FrontDoorWindows {
+            long: (FrontDoor::default(), long_s),
+            short: (FrontDoor::default(), short_s),
+            latency: FrontDoor::default(),
+        }
+    }
+
     /// Adds another gateway's counts (the spans stay this one's).
     pub fn add(&mut self, o: &FrontDoorWindows) {
         self.long.0.add(&o.long.0);

@@ -400,25 +400,19 @@ impl Scraper {
     fn front_door(&self, now: f64, started: f64) -> BTreeMap<String, FrontDoorWindows> {
         let c = &self.config;
         let span = |w: f64| w.min((now - started).max(0.0)).max(1e-3);
+        let windows = (c.window_s, c.short_window_s, c.latency_window_s);
         let mut out: BTreeMap<String, FrontDoorWindows> = BTreeMap::new();
         let gateways = self
             .tracked
             .values()
             .filter(|t| t.target.role == Role::Gateway);
         for tr in gateways {
-            let h = &tr.history;
-            for (model, d) in h.front_door_increase(now, c.window_s) {
-                let e = out.entry(model).or_default();
-                e.long.0.add(&d);
-                e.long.1 = span(c.window_s);
-            }
-            for (model, d) in h.front_door_increase(now, c.short_window_s) {
-                let e = out.entry(model).or_default();
-                e.short.0.add(&d);
-                e.short.1 = span(c.short_window_s);
-            }
-            for (model, d) in h.front_door_increase(now, c.latency_window_s) {
-                out.entry(model).or_default().latency.add(&d);
+            for (model, w) in tr.history.front_door_windows(now, windows) {
+                out.entry(model)
+                    .or_insert_with(|| {
+                        FrontDoorWindows::spanning(span(c.window_s), span(c.short_window_s))
+                    })
+                    .add(&w);
             }
         }
         out

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use sluice_policy::signals::WindowShape;
 
-use super::front_door::FrontDoor;
+use super::front_door::{FrontDoor, FrontDoorWindows};
 use super::snapshot::{BurstHistogram, Histogram, Snapshot};
 
 /// Snapshots of one target, oldest first, each with the scraper's time in seconds.
@@ -103,6 +103,26 @@ impl History {
     /// A gateway's front-door series over the window, per model, pairwise as above.
     pub fn front_door_increase(&self, now: f64, window_s: f64) -> BTreeMap<String, FrontDoor> {
         self.model_increase(now, window_s, |s| s.front_door.as_ref())
+    }
+
+    /// A gateway's front door per model over the long, short and latency windows ending at
+    /// `now`; the spans are left at zero for the caller (who knows how long it has read).
+    pub fn front_door_windows(
+        &self,
+        now: f64,
+        (long_s, short_s, latency_s): (f64, f64, f64),
+    ) -> BTreeMap<String, FrontDoorWindows> {
+        let mut out: BTreeMap<String, FrontDoorWindows> = BTreeMap::new();
+        for (model, d) in self.front_door_increase(now, long_s) {
+            out.entry(model).or_default().long.0 = d;
+        }
+        for (model, d) in self.front_door_increase(now, short_s) {
+            out.entry(model).or_default().short.0 = d;
+        }
+        for (model, d) in self.front_door_increase(now, latency_s) {
+            out.entry(model).or_default().latency = d;
+        }
+        out
     }
 
     fn model_increase<T: Cumulative>(

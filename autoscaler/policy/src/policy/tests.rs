@@ -254,21 +254,28 @@ fn replicas_bought_for_a_drained_backlog_are_not_held_a_window_after_panic() {
     assert!(last <= before + 1, "{grown} → {last}, from {before}");
 }
 
+/// An H100-only policy settled at 20 req/s, then a crowd: the short window's rate triples
+/// and a thousand requests queue. Returns the policy, the crowd's time, the fleet before it
+/// and what the panic ordered.
+fn after_a_crowd() -> (Sluice, f64, u32, u32) {
+    let mut p = h100_only();
+    let mut fleet = 0;
+    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
+    let mut s = signals(t, 20.0, 1000, &[(H100, CapacityType::OnDemand, fleet, 0)]);
+    s.arrivals.short_requests_per_s = 60.0;
+    let spike = p.decide(&s);
+    assert_eq!(spike.mode, Mode::Panic);
+    let grown = spike.replicas_of(H100);
+    assert!(grown > fleet + 1, "{fleet} → {grown}");
+    (p, t, fleet, grown)
+}
+
 /// A panic plans for the crowd at its peak, and what it orders comes a start-up later: once
 /// the panic is over, replicas still starting are held only as far as the demand planned
 /// since needs them. What a rise outside panic ordered is held for the window.
 #[test]
 fn replicas_a_panic_ordered_are_cancelled_if_it_ends_before_they_serve() {
-    let mut p = h100_only();
-    let mut fleet = 0;
-    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
-    let before = fleet;
-    let mut s = signals(t, 20.0, 1000, &[(H100, CapacityType::OnDemand, before, 0)]);
-    s.arrivals.short_requests_per_s = 60.0;
-    let spike = p.decide(&s);
-    assert_eq!(spike.mode, Mode::Panic);
-    let grown = spike.replicas_of(H100);
-    assert!(grown > before + 1, "{before} → {grown}");
+    let (p, t, before, grown) = after_a_crowd();
     // The crowd is over and its queue drained at once: the panic's minute holds the order...
     let starting = [(H100, CapacityType::OnDemand, before, grown - before)];
     let mut calm = p.clone();
@@ -290,13 +297,7 @@ fn replicas_a_panic_ordered_are_cancelled_if_it_ends_before_they_serve() {
 /// own: the rise going on past them teaches no longer scale-down window.
 #[test]
 fn a_rise_keeping_a_panics_replicas_teaches_no_longer_window() {
-    let mut p = h100_only();
-    let mut fleet = 0;
-    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
-    let before = fleet;
-    let mut s = signals(t, 20.0, 1000, &[(H100, CapacityType::OnDemand, before, 0)]);
-    s.arrivals.short_requests_per_s = 60.0;
-    let grown = p.decide(&s).replicas_of(H100);
+    let (mut p, t, before, grown) = after_a_crowd();
     let starting = [(H100, CapacityType::OnDemand, before, grown - before)];
     // The crowd was the start of a climb: the rate rises on while the replicas start.
     for i in 1..=24 {
