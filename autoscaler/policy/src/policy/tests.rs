@@ -822,6 +822,39 @@ fn batches_sent_within_a_second_keep_the_fleet_that_prefills_them_in_time() {
     );
 }
 
+/// A crowd's seconds (the rate ×5 for two minutes) look like batches in the per-second sums:
+/// after the crowd the burst floor reads none of them until they have left the window;
+/// seconds like them outside a crowd are bursts, and are again once the window has passed.
+#[test]
+fn a_crowds_seconds_are_no_bursts_within_a_second() {
+    // Two minutes of 100 req/s of 1,000-token prompts among five of 20 req/s.
+    let crowd_seconds = SecondSums {
+        buckets: vec![
+            (32_768.0, 300.0),
+            (131_072.0, 420.0),
+            (f64::INFINITY, 420.0),
+        ],
+        sum: 300.0 * 20_000.0 + 120.0 * 100_000.0,
+    };
+    let calm = |p: &mut Sluice, t: f64, fleet: u32| {
+        let mut s = signals(t, 20.0, 0, &[(H100, CapacityType::OnDemand, fleet, 0)]);
+        s.arrivals.per_second = Some(crowd_seconds.clone());
+        p.decide(&s)
+    };
+    let mut p = h100_only();
+    let mut fleet = 0;
+    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
+    let mut bursty = p.clone();
+    assert!(calm(&mut bursty, t, fleet).has_reason(ReasonKind::Burst));
+    let mut s = signals(t, 100.0, 1000, &[(H100, CapacityType::OnDemand, fleet, 0)]);
+    s.arrivals.short_requests_per_s = 100.0;
+    assert_eq!(p.decide(&s).mode, Mode::Panic);
+    let after = calm(&mut p, t + 180.0, fleet);
+    assert_eq!(after.mode, Mode::Stable);
+    assert!(!after.has_reason(ReasonKind::Burst), "{:?}", after.reasons);
+    assert!(calm(&mut p, t + 421.0, fleet).has_reason(ReasonKind::Burst));
+}
+
 /// The policy on H100s alone, at TTFT ≤ 2 s and TPOT ≤ 100 ms.
 fn h100_only() -> Sluice {
     let slo = Slo {

@@ -7,7 +7,30 @@ use crate::decision::{Decision, ReasonKind};
 use crate::mix::Offer;
 use crate::policy::plan::VariantLimits;
 use crate::profile::{CapacityType, Variant};
-use crate::signals::Signals;
+use crate::signals::{Signals, SHAPE_WINDOW_S};
+
+/// A crowd: a panic in which the long window's rate reached [`CROWD_RATE_RATIO`] times what
+/// it was before. Its seconds are a rate, not prompts sent within a second, but in the
+/// per-second sums they look the same, and they stay there for the sums' window after it.
+pub(super) const CROWD_RATE_RATIO: f64 = 4.0;
+
+/// What [`Sluice::note_crowd`] keeps.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Crowd {
+    /// The long window's rate on the last tick outside panic.
+    calm_rate: f64,
+    /// Until when the last crowd's seconds are in the per-second sums.
+    until_s: f64,
+}
+
+impl Default for Crowd {
+    fn default() -> Self {
+        Crowd {
+            calm_rate: 0.0,
+            until_s: f64::NEG_INFINITY,
+        }
+    }
+}
 
 /// What the bursts within a second ask of the fleet (see [`Sluice::burst_need`]).
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +42,26 @@ pub(super) struct BurstNeed {
 }
 
 impl Sluice {
+    /// Notes a crowd ([`CROWD_RATE_RATIO`]): the burst floor then reads no per-second sums
+    /// until the crowd's seconds have left their window. Panic and the rate answer a crowd
+    /// while it lasts; the floor, reading its seconds as bursts within a second, ordered a
+    /// prefill for them that came a start-up later and was held a window more (flash-crowd:
+    /// five H100s for 15 req/s through the ten minutes after the crowd). A rate seen before
+    /// any traffic (zero) makes no crowd: a first burst of traffic is not one.
+    pub(super) fn note_crowd(&mut self, s: &Signals, panic: bool) {
+        let rate = s.arrivals.requests_per_s;
+        if !panic {
+            self.crowd.calm_rate = rate;
+        } else if self.crowd.calm_rate > 0.0 && rate > CROWD_RATE_RATIO * self.crowd.calm_rate {
+            let window = s
+                .arrivals
+                .wide
+                .as_ref()
+                .map_or(SHAPE_WINDOW_S, |w| w.window_s);
+            self.crowd.until_s = s.time_s + window;
+        }
+    }
+
     /// `planned`, raised to the floor the prompt-length tail sets: the capacity of as many
     /// replicas of an eligible variant as keep first tokens stuck behind long prompts within
     /// half the SLO's error budget at `rate` (see [`capacity::tail_replicas`]), of the variant
@@ -74,7 +117,10 @@ impl Sluice {
         let before = p.planned;
         let rate = s.arrivals.requests_per_s.max(p.forecast);
         p.planned = self.tail_floor(limits, caps, w, rate, p.planned, d);
-        let burst = self.burst_need(s, (limits, caps), w);
+        let crowd_seconds = s.time_s < self.crowd.until_s;
+        let burst = (!crowd_seconds)
+            .then(|| self.burst_need(s, (limits, caps), w))
+            .flatten();
         if let Some(b) = burst.as_ref().filter(|b| b.rate > p.planned) {
             p.planned = b.rate;
             d.reason(

@@ -34,6 +34,7 @@ mod spot;
 mod stabilise;
 
 pub use config::SluiceConfig;
+use floors::Crowd;
 use stabilise::Holdable;
 
 /// The tick the forecast's smoothing was measured at (the simulator's default): its weights
@@ -63,6 +64,9 @@ pub struct Sluice {
     /// fixed for the policy's life).
     leads: Vec<f64>,
     panic_until: f64,
+    /// The long window's rate before the current panic, and until when the last crowd's
+    /// seconds fill the per-second sums ([`Sluice::note_crowd`]).
+    crowd: Crowd,
     last_traffic_s: f64,
     margin: f64,
     spot_out_until: HashMap<String, f64>,
@@ -93,6 +97,7 @@ impl Sluice {
             profile,
             shape: None,
             panic_until: f64::NEG_INFINITY,
+            crowd: Crowd::default(),
             last_traffic_s: f64::NEG_INFINITY,
             margin: 1.0,
             spot_out_until: HashMap::new(),
@@ -483,6 +488,7 @@ impl Policy for Sluice {
         let keys = plan::offer_keys(&limits);
         let ready_cap = ready_capacity(s, &keys, &caps);
         let panic = self.update_panic(s, ready_cap, &mut d);
+        self.note_crowd(s, panic);
         d.mode = if panic { Mode::Panic } else { Mode::Stable };
         // What the largest replica serves of this shape, before latency margins: the unit a
         // learnt headroom measures load in.
