@@ -92,9 +92,9 @@ impl GatewayQueue {
 
     /// The gateway at `base_url`'s queue for `model`, summed over every address its host
     /// resolves to, their prompt tokens per second over the shape window and their front
-    /// door over the pool's `windows`. Pods that do not answer are left out (a warning each); the error (a timeout,
-    /// an HTTP error, not the exposition format, a host that does not resolve) on one line
-    /// when none answers.
+    /// door over the pool's `windows`. Pods that do not answer are left out (a warning each);
+    /// the error (a timeout, an HTTP error, not the exposition format, a host that does not
+    /// resolve) on one line when none answers.
     pub async fn read(
         &mut self,
         base_url: &str,
@@ -134,14 +134,10 @@ impl GatewayQueue {
                         bursts.get_or_insert_with(BurstHistogram::default).add(&b);
                     }
                     if let Some(d) = pod.front_door {
-                        let span = |s: f64| s.min(windows.now_s - since).max(1e-3);
+                        let (long, short, seen) =
+                            (windows.long_s, windows.short_s, windows.now_s - since);
                         doors
-                            .get_or_insert_with(|| {
-                                FrontDoorWindows::spanning(
-                                    span(windows.long_s),
-                                    span(windows.short_s),
-                                )
-                            })
+                            .get_or_insert_with(|| FrontDoorWindows::spanning(long, short, seen))
                             .add(&d);
                     }
                 }

@@ -131,11 +131,13 @@ pub struct FrontDoorWindows {
 }
 
 impl FrontDoorWindows {
-    /// No counts yet, over arrival windows spanning `long_s` and `short_s` seconds.
-    pub fn spanning(long_s: f64, short_s: f64) -> FrontDoorWindows {
+    /// No counts yet, over arrival windows of `long_s` and `short_s` seconds read by a source
+    /// that has seen `seen_s`: each spans no more than that.
+    pub fn spanning(long_s: f64, short_s: f64, seen_s: f64) -> FrontDoorWindows {
+        let span = |window_s: f64| window_s.min(seen_s.max(0.0)).max(1e-3);
         FrontDoorWindows {
-            long: (FrontDoor::default(), long_s),
-            short: (FrontDoor::default(), short_s),
+            long: (FrontDoor::default(), span(long_s)),
+            short: (FrontDoor::default(), span(short_s)),
             latency: FrontDoor::default(),
         }
     }

@@ -399,7 +399,6 @@ impl Scraper {
     /// The gateways' front door per model over the arrival and latency windows.
     fn front_door(&self, now: f64, started: f64) -> BTreeMap<String, FrontDoorWindows> {
         let c = &self.config;
-        let span = |w: f64| w.min((now - started).max(0.0)).max(1e-3);
         let windows = (c.window_s, c.short_window_s, c.latency_window_s);
         let mut out: BTreeMap<String, FrontDoorWindows> = BTreeMap::new();
         let gateways = self
@@ -410,7 +409,7 @@ impl Scraper {
             for (model, w) in tr.history.front_door_windows(now, windows) {
                 out.entry(model)
                     .or_insert_with(|| {
-                        FrontDoorWindows::spanning(span(c.window_s), span(c.short_window_s))
+                        FrontDoorWindows::spanning(c.window_s, c.short_window_s, now - started)
                     })
                     .add(&w);
             }
