@@ -22,6 +22,7 @@ use sluice_autoscaler::controller::{Config, Context, Controller, LeaseConfig, Re
 use sluice_autoscaler::nodepool::gke::{Gke, GkeConfig};
 use sluice_autoscaler::nodepool::provisioning::ProvisioningRequests;
 use sluice_autoscaler::nodepool::NodePoolProvider;
+use sluice_autoscaler::scrape::front_door::{FrontDoor, FrontDoorWindows};
 
 const NS: &str = "llm";
 
@@ -1021,4 +1022,46 @@ async fn a_gateways_prompt_bursts_hold_the_replicas_that_prefill_them_in_time() 
     assert_eq!(h.tick(10.0).await, vec![4]);
     let reasons = h.status()["lastDecision"]["reasons"].to_string();
     assert!(reasons.contains("within a second"), "{reasons}");
+}
+
+/// The gateway's front door for the pool's model: `arrived` requests so far, all answered.
+fn door_exposition(arrived: f64) -> String {
+    format!("sluice_gateway_model_arrivals_total{{model=\"llama-3-8b\"}} {arrived}\n")
+}
+
+/// Demand only the gateway sees (`gatewayUrl`, a fake): the replicas count one request a
+/// second, but 20 a second arrive at the front door (the rest refused or still queued there),
+/// so the pool grows past its one L4. A source that reads gateways itself (as the Prometheus
+/// source does) brings its own front door, here at one a second: that one is folded and the
+/// direct read is not, so the pool keeps its L4 (one owner; never folded twice).
+#[tokio::test]
+async fn the_gateways_front_door_is_the_demand_once_from_one_reader() {
+    let grown = |source_door: Option<FrontDoorWindows>| async move {
+        let v = variant("l4", "nvidia-l4", "on-demand", 0, 1, 8);
+        let (mut h, metrics) = gateway_harness(v, None).await;
+        let mut l = load(1.0, 0);
+        l.front_door = source_door;
+        h.source.set(Some(l));
+        *metrics.lock().unwrap() = door_exposition(1000.0);
+        assert_eq!(h.tick(0.0).await, vec![1], "one snapshot: no increase yet");
+        h.fake.sync_pods(NS, "l4", Some("node-a"));
+        *metrics.lock().unwrap() = door_exposition(1200.0);
+        h.tick(10.0).await[0]
+    };
+    let direct = grown(None).await;
+    assert!(direct > 1, "20 req/s at the front door: {direct} L4s");
+    let at_one_a_second = FrontDoorWindows {
+        long: (door(10.0), 10.0),
+        short: (door(5.0), 5.0),
+        latency: door(10.0),
+    };
+    assert_eq!(grown(Some(at_one_a_second)).await, 1);
+}
+
+/// A front door over a window: `arrived` requests, none refused, no first token counted.
+fn door(arrived: f64) -> FrontDoor {
+    FrontDoor {
+        arrivals: arrived,
+        ..FrontDoor::default()
+    }
 }

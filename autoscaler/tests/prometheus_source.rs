@@ -547,18 +547,26 @@ fn assert_prompt_bursts(load: &Load) {
     assert_eq!(sums.excess_share(4096.0), Some(0.0), "{sums:?}");
 }
 
-/// A pool of the other model, whose gateway refuses a fifth of its traffic: the arrival rate
-/// is the gateway's 50/s, not the 40/s its replica counts, with the replica's tokens per
-/// request; a refused request is a late first token. The pool above, whose model has no
-/// front door, kept its replicas' figures.
+/// A pool of the other model, whose gateway refuses a fifth of its traffic: the arrival rate,
+/// once the controller folds the front door in, is the gateway's 50/s, not the 40/s its
+/// replica counts, with the replica's tokens per request; a refused request is a late first
+/// token. The pool above, whose model has no front door, kept its replicas' figures.
 async fn assert_front_door(src: &PrometheusSource, spec: &ServingPoolSpec) {
     let other = ServingPoolSpec {
         model: "another".into(),
         ..spec.clone()
     };
-    let Reading::Fresh(load) = read(src, &other, &[target("c")]).await else {
+    let Reading::Fresh(mut load) = read(src, &other, &[target("c")]).await else {
         panic!("fresh figures expected");
     };
+    assert!(load.front_door.is_some(), "the gateway's series were read");
+    let r = load.arrivals.requests_per_s;
+    assert!(
+        (35.0..=45.0).contains(&r),
+        "the replica's {r}/s before the fold"
+    );
+    load.fold_front_door(other.slo.ttft.percentile / 100.0, IN_TIME);
+    assert!(load.front_door.is_none(), "folded once");
     let r = load.arrivals.requests_per_s;
     assert!((45.0..=55.0).contains(&r), "arrivals {r}/s, expected ~50");
     let rs = load.arrivals.short_requests_per_s;

@@ -44,7 +44,7 @@ use sluice_policy::signals::{Arrivals, Latency, Queue, SecondSums, WindowShape};
 use super::error::{Error, Result};
 use super::source::{Load, Query, Reading, ReplicaPod, SignalSource, VariantLoad};
 use crate::crd::PolicySpec;
-use crate::scrape::front_door::{FrontDoor, FrontDoorWindows, LatencyRule};
+use crate::scrape::front_door::{FrontDoor, FrontDoorWindows};
 use crate::scrape::{error_chain, Histogram};
 
 /// Largest query answer read.
@@ -588,7 +588,7 @@ fn compute<'a>(
         return Reading::Stale(why);
     }
     let (queue, sums) = ans.gauges(queries, q.targets);
-    let (mut arrivals, prompt_len) = ans.arrivals(queries, &q.spec.policy);
+    let (arrivals, prompt_len) = ans.arrivals(queries, &q.spec.policy);
     let (tq, pq) = (
         q.spec.slo.ttft.percentile / 100.0,
         q.spec.slo.tpot.percentile / 100.0,
@@ -600,7 +600,7 @@ fn compute<'a>(
         .map(|t| ans.histograms(t))
         .find(|(h, _)| !h.buckets.is_empty())
         .unwrap_or_default();
-    let mut latency = Latency {
+    let latency = Latency {
         window_s: q.spec.policy.window_seconds,
         ttft_p50_s: ttft.quantile(0.5),
         ttft_p99_s: ttft.quantile(tq),
@@ -609,13 +609,6 @@ fn compute<'a>(
         ttft_attainment: q.ttft_target.attainment(&ttft, &prompt_len),
     };
     let feasible_share = q.ttft_target.feasible_share(&prompt_len);
-    if let Some(door) = ans.front_door(&queries.front_door, &q.spec.policy) {
-        let rule = LatencyRule {
-            ttft_quantile: tq,
-            target: Some((q.ttft_target, feasible_share.unwrap_or(1.0))),
-        };
-        door.apply(&mut arrivals, &mut latency, &rule);
-    }
     let variants = sums
         .into_iter()
         .map(|(v, s)| {
@@ -637,6 +630,7 @@ fn compute<'a>(
         latency,
         feasible_share,
         variants,
+        front_door: ans.front_door(&queries.front_door, &q.spec.policy),
     }))
 }
 

@@ -34,7 +34,6 @@ use super::report;
 use super::source::{Load, Query, Reading, SignalSource};
 use crate::crd::{NodePoolProviderKind, ServingPool, VariantSpec};
 use crate::nodepool::{NodePoolProvider, NodeRequest, Outcome};
-use crate::scrape::front_door::LatencyRule;
 use crate::scrape::TtftTarget;
 
 /// What every reconcile shares.
@@ -456,7 +455,9 @@ async fn decide(
             )],
             stale_why: Some(why),
         },
-        Reading::Fresh(load) => {
+        Reading::Fresh(mut load) => {
+            let ttft_quantile = pool.spec.slo.ttft.percentile / 100.0;
+            load.fold_front_door(ttft_quantile, state.ttft_target);
             let preempted: Vec<u32> = book.preempted.iter().map(|p| p.len() as u32).collect();
             let signals = signals(
                 pool,
@@ -497,10 +498,9 @@ fn idle_load(pool: &ServingPool) -> Load {
 }
 
 /// The reading with the gateway's queue for the pool's model (`spec.signals.gatewayUrl`)
-/// added to what waits, its prompt tokens per second where the source had none, its front
-/// door folded into the arrivals and latency (`scrape::front_door`: what it refused and the
-/// wait in its queue, which no replica shows), and the requests the gateway has for the
-/// model. A pool at zero has no replica to read, so its sources are stale: with a gateway,
+/// added to what waits, its prompt tokens per second and its front door (`scrape::front_door`:
+/// what it refused and the wait in its queue, which no replica shows) where the source had
+/// none, and the requests the gateway has for the model. A pool at zero has no replica to read, so its sources are stale: with a gateway,
 /// its load is the gateway's queue alone. A gateway that cannot be read makes the reading
 /// stale (the pool holds).
 async fn with_gateway(
@@ -538,12 +538,8 @@ async fn with_gateway(
             if load.arrivals.per_second.is_none() {
                 load.arrivals.per_second = g.per_second;
             }
-            if let Some(door) = &g.front_door {
-                let rule = LatencyRule {
-                    ttft_quantile: pool.spec.slo.ttft.percentile / 100.0,
-                    target: Some((state.ttft_target, load.feasible_share.unwrap_or(1.0))),
-                };
-                door.apply(&mut load.arrivals, &mut load.latency, &rule);
+            if load.front_door.is_none() {
+                load.front_door = g.front_door;
             }
             (Reading::Fresh(load), held)
         }

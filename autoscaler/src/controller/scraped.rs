@@ -107,6 +107,7 @@ impl PodScraper {
             latency: obs.latency,
             feasible_share: obs.latency_rule.target.map(|t| t.1),
             variants,
+            front_door: None,
         }))
     }
 }

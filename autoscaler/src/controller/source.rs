@@ -18,6 +18,7 @@ use sluice_policy::signals::{Arrivals, Latency, Queue};
 
 use super::error::Result;
 use crate::crd::ServingPoolSpec;
+use crate::scrape::front_door::{FrontDoorWindows, LatencyRule};
 use crate::scrape::TtftTarget;
 
 /// One replica pod to read.
@@ -46,6 +47,26 @@ pub struct Load {
     pub feasible_share: Option<f64>,
     /// Per ServingPool variant (entry name).
     pub variants: HashMap<String, VariantLoad>,
+    /// The gateways' front door for the model (`crate::scrape::front_door`), not yet in the
+    /// arrivals and latency above: the source's when it reads gateways, else the direct read
+    /// of `spec.signals.gatewayUrl`; [`Load::fold_front_door`] folds it, once.
+    pub front_door: Option<FrontDoorWindows>,
+}
+
+impl Load {
+    /// The front door folded into the arrivals and latency (rates the larger of the two
+    /// counts', first tokens the client's with every unserved request late), read at the
+    /// SLO's TTFT quantile and against `ttft_target`; then gone, so nothing folds it twice.
+    pub fn fold_front_door(&mut self, ttft_quantile: f64, ttft_target: TtftTarget) {
+        let Some(door) = self.front_door.take() else {
+            return;
+        };
+        let rule = LatencyRule {
+            ttft_quantile,
+            target: Some((ttft_target, self.feasible_share.unwrap_or(1.0))),
+        };
+        door.apply(&mut self.arrivals, &mut self.latency, &rule);
+    }
 }
 
 /// One variant's replicas, averaged over its ready pods.
