@@ -752,6 +752,49 @@ fn feasible_first_tokens_late_without_a_queue_grow_the_fleet() {
     );
 }
 
+/// First tokens late in the latency window just after a replica came up are the backlog it
+/// found: the capacity that answers them is there, and widening the planning margin on them
+/// would order more for a ramp already met (anti-windup, as while replicas start). The margin
+/// waits until a window after that backlog drained; then late first tokens are the fleet's.
+/// Without a replica come up, the same late first tokens widen it at once.
+#[test]
+fn first_tokens_late_from_before_a_replica_came_up_widen_no_margin() {
+    let breaches = |came_up: bool| {
+        let mut p = Sluice::new(profile(), config());
+        settle(&mut p, 0.0, 10, 20.0);
+        let mut breached = Vec::new();
+        for i in 0..7 {
+            let t = 150.0 + i as f64 * 15.0;
+            let ready = if came_up && i > 0 { 3 } else { 2 };
+            let waiting = if i < 2 { 50 } else { 0 };
+            let mut s = signals(
+                t,
+                20.0,
+                waiting,
+                &[(H100, CapacityType::OnDemand, ready, 0)],
+            );
+            s.latency.window_s = 60.0;
+            s.latency.ttft_p99_s = Some(3.0);
+            s.latency.tpot_p99_s = Some(0.05);
+            s.latency.ttft_attainment = Some(0.9);
+            let d = p.decide(&s);
+            if d.reasons
+                .iter()
+                .any(|r| r.kind == ReasonKind::LatencyBreach)
+            {
+                breached.push(t);
+            }
+        }
+        breached
+    };
+    assert_eq!(
+        breaches(false),
+        [150.0, 165.0, 180.0, 195.0, 210.0, 225.0, 240.0]
+    );
+    // Up at 165 with 50 queued, drained by 180: late first tokens count again from 240.
+    assert_eq!(breaches(true), [150.0, 240.0]);
+}
+
 #[test]
 fn a_heavy_tail_of_long_prompts_keeps_a_second_replica_at_low_load() {
     // Half a request a second of 9,000-token prompts is a fifth of one H100's prefill. With

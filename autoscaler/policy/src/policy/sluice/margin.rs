@@ -13,7 +13,9 @@ impl Sluice {
     /// and narrows it back once first tokens are in time with room (or at the attainment
     /// goal) and steps within the TPOT target. It does not widen while replicas are
     /// starting: capacity is already on its way, and integrating the error meanwhile would
-    /// order more that arrives after the spike (anti-windup). A variant whose own replicas
+    /// order more that arrives after the spike (anti-windup); nor while the latency window
+    /// still holds first tokens of the backlog replicas just come up found ([`Arrived`]).
+    /// A variant whose own replicas
     /// decode slower than the TPOT SLO has its capacity discounted instead (they are loaded
     /// past what they serve well): more of every variant would not fix it, fewer requests
     /// per replica of that one does. So does one whose first tokens are late
@@ -57,7 +59,8 @@ impl Sluice {
             }
         }
         let l = &s.latency;
-        let arriving = s.variants.iter().any(|v| v.starting + v.pending > 0);
+        let before_arrivals = self.arrivals.still_showing(s);
+        let arriving = s.variants.iter().any(|v| v.starting + v.pending > 0) || before_arrivals;
         // Fleet-wide, first tokens are late either behind a queue at the gateway or, with
         // none, behind long prompts in the replicas' own prefill: a p99 cannot tell the
         // latter from the prompts no fleet serves in time, the attainment over feasible
@@ -102,5 +105,43 @@ impl Sluice {
         };
         let own = prefill(variant);
         self.config.limits.iter().any(|o| prefill(&o.variant) > own)
+    }
+}
+
+/// When replicas last came up, and when the backlog from before them was drained.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Arrived {
+    ready: u32,
+    at_s: f64,
+    drained_s: Option<f64>,
+}
+
+impl Default for Arrived {
+    fn default() -> Self {
+        Arrived {
+            ready: 0,
+            at_s: f64::NEG_INFINITY,
+            drained_s: Some(f64::NEG_INFINITY),
+        }
+    }
+}
+
+impl Arrived {
+    /// Whether the latency window still shows the time before the last replicas came up:
+    /// until a window after the backlog they found drained (a window after they came up at
+    /// most, so a fleet that never drains it still widens the margin).
+    fn still_showing(&mut self, s: &Signals) -> bool {
+        let t = s.time_s;
+        let window = s.latency.window_s;
+        let ready: u32 = s.variants.iter().map(|v| v.ready).sum();
+        if ready > self.ready {
+            self.at_s = t;
+            self.drained_s = None;
+        }
+        self.ready = ready;
+        if self.drained_s.is_none() && (s.queue.waiting == 0 || t - self.at_s >= window) {
+            self.drained_s = Some(t);
+        }
+        self.drained_s.is_none_or(|d| t - d < window)
     }
 }

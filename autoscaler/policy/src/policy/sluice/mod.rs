@@ -69,6 +69,8 @@ pub struct Sluice {
     crowd: Crowd,
     last_traffic_s: f64,
     margin: f64,
+    /// When replicas last came up, for the planning margin's anti-windup.
+    arrivals: margin::Arrived,
     spot_out_until: HashMap<String, f64>,
     /// Per variant: how often its Spot replicas are reclaimed, as measured.
     spot_reclaims: HashMap<String, spot::ReclaimRate>,
@@ -100,6 +102,7 @@ impl Sluice {
             crowd: Crowd::default(),
             last_traffic_s: f64::NEG_INFINITY,
             margin: 1.0,
+            arrivals: margin::Arrived::default(),
             spot_out_until: HashMap::new(),
             spot_reclaims: HashMap::new(),
             learnt: None,
