@@ -293,6 +293,37 @@ fn replicas_a_panic_ordered_are_cancelled_if_it_ends_before_they_serve() {
     assert_eq!((d.mode, d.replicas_of(H100)), (Mode::Stable, grown));
 }
 
+/// A panic's episode spans one rate window on either side of it: a tick whose long-window rate
+/// already held the crowd before the short window panicked, and one after the panic whose rate
+/// still holds it, plan for the crowd too. Once it is gone, what they ordered and is still
+/// starting is cancelled as the panic's own order is, not held for the scale-down window.
+#[test]
+fn the_ticks_around_a_panic_are_its_episode() {
+    let mut p = h100_only();
+    let mut fleet = 0;
+    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
+    let before = fleet;
+    let starting = |n: u32| [(H100, CapacityType::OnDemand, before, n - before)];
+    // The crowd's onset: the rate at 34 req/s, within what the ready fleet absorbs, no panic.
+    let onset = p.decide(&signals(t, 34.0, 0, &starting(before)));
+    let ordered = onset.replicas_of(H100);
+    assert_eq!(onset.mode, Mode::Stable);
+    assert!(ordered > before, "{before} → {ordered}");
+    // A tick later the short window and the queue panic.
+    let mut s = signals(t + 15.0, 34.0, 1000, &starting(ordered));
+    s.arrivals.short_requests_per_s = 60.0;
+    let spike = p.decide(&s);
+    assert_eq!(spike.mode, Mode::Panic);
+    let grown = spike.replicas_of(H100);
+    // The panic over (at t + 75 s), the rate still holds the crowd: it plans for more.
+    let after = p.decide(&signals(t + 90.0, 34.0, 0, &starting(grown)));
+    assert_eq!(after.mode, Mode::Stable);
+    assert!(after.replicas_of(H100) > before, "{after:?}");
+    // Back at 20 req/s, past the episode: all that still starts is cancelled.
+    let calm = p.decide(&signals(t + 150.0, 20.0, 0, &starting(grown)));
+    assert_eq!(calm.replicas_of(H100), before, "{calm:?}");
+}
+
 /// A rise that keeps a panic's replicas while they start holds back no cut of the window's
 /// own: the rise going on past them teaches no longer scale-down window.
 #[test]

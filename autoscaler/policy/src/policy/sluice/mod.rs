@@ -53,7 +53,7 @@ pub struct Sluice {
     learnt: Option<Headroom>,
     shape: Option<Workload>,
     /// Recent planned demand (requests/s) for the scale-down window, each with whether it was
-    /// planned in panic.
+    /// planned in a panic's episode ([`Sluice::stabilise`]).
     history: VecDeque<(f64, f64, bool)>,
     /// A cut the rising load held back and not yet judged: when, the demand the fleet less the
     /// replica held serves, and that replica's start-up lead.
@@ -519,7 +519,8 @@ impl Policy for Sluice {
         self.discount_reclaims(s, &mut offers, &mut d);
         let current_capacity = mix::evaluate(&offers, &current).requests_per_s;
         let holdable = Holdable::new(s, ready_cap, current_capacity);
-        let held = self.stabilise(s.time_s, &p, holdable, panic, &mut d);
+        let at = (s.time_s, s.arrivals.window_s);
+        let held = self.stabilise(at, &p, holdable, panic, &mut d);
         self.judge_held_cut(
             s.time_s,
             (&offers, &current),

@@ -27,7 +27,8 @@ pub(super) struct Holdable {
     /// traffic that has gone (idle-gaps: the replica a five-minute session ordered arrived
     /// after it); what a return needs is kept warm after ([`Sluice::keep_warm_for_return`]).
     all: f64,
-    /// What is ready (at most `all`): all the window holds of a demand planned in panic.
+    /// What is ready (at most `all`): all the window holds of a demand planned in a panic's
+    /// episode.
     ready: f64,
 }
 
@@ -51,16 +52,19 @@ impl Sluice {
     /// arrivals has been measured (taking over a running fleet, the first rates are not yet
     /// rates). Never above [`Holdable`]. The demand the mix is sized for.
     ///
-    /// A demand planned in panic is held by the window only as far as it is ready. Panic plans
-    /// for a crowd at its peak (the short window's rate × the forecast cap × the headroom × the
-    /// margin: ~2.7× a two-minute crowd's rate), and what it orders comes a start-up later,
-    /// mostly after the crowd: held for the window, those replicas were paid for through the
-    /// rest of their start-up and the window to serve a crowd that had gone. Once the panic
-    /// is over, replicas still starting stay only as far as the demand planned since needs
-    /// them; what came up during the panic is held as any ready fleet is.
+    /// A demand planned in a panic's episode is held by the window only as far as it is
+    /// ready. Panic plans for a crowd at its peak (the short window's rate × the forecast cap ×
+    /// the headroom × the margin: ~2.7× a two-minute crowd's rate), and what it orders comes a
+    /// start-up later, mostly after the crowd: held for the window, those replicas were paid
+    /// for through the rest of their start-up and the window to serve a crowd that had gone.
+    /// Once the panic is over, replicas still starting stay only as far as the demand planned
+    /// since needs them; what came up during the panic is held as any ready fleet is. The
+    /// episode spans one rate window (`window_s`) on either side of the panic: before it, the
+    /// long window's rate already held the crowd the short window then panicked on; after
+    /// it, the rate, its trend and the backlog still hold it.
     pub(super) fn stabilise(
         &mut self,
-        t: f64,
+        (t, window_s): (f64, f64),
         p: &Planned,
         holdable: Holdable,
         panic: bool,
@@ -77,7 +81,13 @@ impl Sluice {
         // While the first window is measured the fleet is remembered (its rates are not yet
         // rates).
         let remembered = if p.warming { held_now } else { planned };
-        self.history.push_back((t, remembered, panic));
+        if panic && self.history.back().is_some_and(|&(_, _, episode)| !episode) {
+            for e in self.history.iter_mut().filter(|e| e.0 > t - window_s) {
+                e.2 = true;
+            }
+        }
+        let episode = panic || t < self.panic_until + window_s;
+        self.history.push_back((t, remembered, episode));
         while self
             .history
             .front()
