@@ -319,9 +319,14 @@ fn the_ticks_around_a_panic_are_its_episode() {
     let after = p.decide(&signals(t + 90.0, 34.0, 0, &starting(grown)));
     assert_eq!(after.mode, Mode::Stable);
     assert!(after.replicas_of(H100) > before, "{after:?}");
-    // Back at 20 req/s, past the episode: all that still starts is cancelled.
+    // Back at 20 req/s, past the episode: all that still starts is cancelled, and says why.
     let calm = p.decide(&signals(t + 150.0, 20.0, 0, &starting(grown)));
     assert_eq!(calm.replicas_of(H100), before, "{calm:?}");
+    let why: Vec<&str> = calm.reasons.iter().map(|r| r.detail.as_str()).collect();
+    assert!(
+        why.iter().any(|r| r.contains("a panic's episode planned")),
+        "{why:?}"
+    );
 }
 
 /// A rise that keeps a panic's replicas while they start holds back no cut of the window's

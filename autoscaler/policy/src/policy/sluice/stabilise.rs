@@ -111,6 +111,18 @@ impl Sluice {
         };
         let held = window(true);
         let stable = planned.max(held).max(held_now);
+        let whole = window(false);
+        if whole > stable + 1e-9 {
+            d.reason(
+                ReasonKind::Stabilisation,
+                None,
+                format!(
+                    "a panic's episode planned {whole:.2} req/s: held only as far as ready \
+                     ({:.2} req/s), what still starts for it is let go",
+                    holdable.ready
+                ),
+            );
+        }
         // What the rise alone holds is what `stable` exceeds this by. A rise that keeps what a
         // panic ordered still starting holds back no cut of the window's own (it held panic
         // plans before it held only their ready part): no lull to learn from.
