@@ -500,9 +500,9 @@ fn idle_load(pool: &ServingPool) -> Load {
 /// The reading with the gateway's queue for the pool's model (`spec.signals.gatewayUrl`)
 /// added to what waits, its prompt tokens per second and its front door (`scrape::front_door`:
 /// what it refused and the wait in its queue, which no replica shows) where the source had
-/// none, and the requests the gateway has for the model. A pool at zero has no replica to read, so its sources are stale: with a gateway,
-/// its load is the gateway's queue alone. A gateway that cannot be read makes the reading
-/// stale (the pool holds).
+/// none, and the requests the gateway has for the model. A pool at zero has no replica to
+/// read, so its sources are stale: with a gateway, its load is the gateway's queue alone. A
+/// gateway that cannot be read makes the reading stale (the pool holds).
 async fn with_gateway(
     state: &mut PoolState,
     pool: &ServingPool,

@@ -15,11 +15,10 @@ impl Sluice {
     /// starting: capacity is already on its way, and integrating the error meanwhile would
     /// order more that arrives after the spike (anti-windup); nor while the latency window
     /// still holds first tokens of the backlog replicas just come up found ([`Arrived`]).
-    /// A variant whose own replicas
-    /// decode slower than the TPOT SLO has its capacity discounted instead (they are loaded
-    /// past what they serve well): more of every variant would not fix it, fewer requests
-    /// per replica of that one does. So does one whose first tokens are late
-    /// with nothing queued while another variant prefills faster.
+    /// A variant whose own replicas decode slower than the TPOT SLO has its capacity
+    /// discounted instead (they are loaded past what they serve well): more of every variant
+    /// would not fix it, fewer requests per replica of that one does. So does one whose first
+    /// tokens are late with nothing queued while another variant prefills faster.
     pub(super) fn update_margin(&mut self, s: &Signals, d: &mut Decision) {
         let slo = self.config.slo;
         for l in &self.config.limits {
