@@ -147,7 +147,7 @@ struct MaskStats {
     wait_ns: AtomicU64,
 }
 
-/// Grammar masks' cost since the engine started ([`EngineHandle::mask_stats`]).
+/// Grammar masks' cost since the engine started ([`EngineHandle::mask_cost`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MaskCost {
     /// Masks computed (one per constrained token sampled).

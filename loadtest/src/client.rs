@@ -7,7 +7,7 @@
 //!
 //! Keep-alive: a pooled connection idle longer than [`POOL_IDLE`] is not reused, which keeps
 //! clear of common servers' keep-alive timeouts; a request that still meets a connection the
-//! server has just closed (no byte of answer, see [`crate::conn`]) is sent once more on a new
+//! server has just closed (no byte of answer, see [`sluice_conn`]) is sent once more on a new
 //! connection and marked [`Observed::retried`], not counted as failed.
 
 use std::borrow::Cow;

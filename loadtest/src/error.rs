@@ -1,5 +1,6 @@
 //! The crate's one error type. Failures of single requests are *not* errors here: they are data
-//! ([`crate::metrics::Outcome`]) counted in the report. This enum is for what stops a run.
+//! (each a [`crate::metrics::Record`] with `ok` false) counted in the report. This enum is for
+//! what stops a run.
 
 use std::path::PathBuf;
 

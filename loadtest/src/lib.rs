@@ -11,8 +11,8 @@
 //!   server's `/tokenize`, else a local [`tokenizer`] read from `tokenizer.json` or [`gguf`]
 //!   metadata, else ~4 chars/token) and the one-token filler words.
 //! - [`client`]: pooled hyper client (rustls for `https://`), OpenAI bodies, per-chunk timing;
-//!   [`sse`]: the SSE parser; [`conn`]: tells a stale keep-alive connection (retried once on a
-//!   new one) from a failing server.
+//!   [`sse`]: the SSE parser; [`sluice_conn`]: tells a stale keep-alive connection (retried
+//!   once on a new one) from a failing server.
 //! - [`load`]: closed and open loops. [`metrics`]: vLLM's figure definitions and HdrHistogram
 //!   percentiles; [`timeline`]: throughput and in-flight over time. [`session`]: one invocation
 //!   end to end; [`stop`]: Ctrl-C or SIGTERM ends it early, with a report of what ran.

@@ -43,7 +43,7 @@ pub struct Record {
     pub send_delay_ms: f64,
     pub ok: bool,
     /// Sent a second time, on a new connection, after the first attempt met a keep-alive
-    /// connection the server had closed (see [`crate::conn`]).
+    /// connection the server had closed (see [`sluice_conn`]).
     pub retried: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

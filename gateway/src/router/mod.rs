@@ -2,7 +2,8 @@
 //! take a request now, which one gets it, and retrying elsewhere before the first byte.
 //!
 //! - [`remote`]: one replica's pooled HTTP client ([`remote::RemoteBackend`]) and its URL.
-//! - [`conn`]: connections that tell a request lost to keep-alive reuse from a failed one.
+//! - [`sluice_conn`] (a crate of its own, shared with the load tester): connections that tell
+//!   a request lost to keep-alive reuse from a failed one.
 //! - [`replica`]: one replica's client, in-flight count, polled load, health and models, and
 //!   the tasks that poll them.
 //! - [`load`]: parsing vLLM-named load series and turning them into a score.

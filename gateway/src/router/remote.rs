@@ -7,7 +7,7 @@
 //! the server closes at that moment fails before any byte of answer. Two things keep that from
 //! reading as a replica failure. Idle connections are dropped after [`POOL_IDLE`], shorter than
 //! servers' idle timeouts (uvicorn's 5 s, hyper's and llama.cpp's longer), so the pool rarely
-//! offers one the server is closing. And a request lost to reuse anyway (see [`super::conn`])
+//! offers one the server is closing. And a request lost to reuse anyway (see [`sluice_conn`])
 //! is sent once more at once on a new connection; only that second outcome is reported. The
 //! body is buffered, and the replica sent no byte, so the resend is safe.
 //!

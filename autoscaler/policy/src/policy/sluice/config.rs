@@ -22,7 +22,7 @@ pub struct SluiceConfig {
     pub headroom: f64,
     /// Learn the headroom instead: the extra load that covered this quantile of the
     /// shortfalls of each plan against the load seen one start-up lead later (see
-    /// [`Headroom`]), starting from `headroom` × the planned load. `None` (the default):
+    /// [`crate::headroom::Headroom`]), starting from `headroom` × the planned load. `None` (the default):
     /// `headroom` fixed. Off by default: a quantile that spares steady traffic its headroom
     /// leaves too little for bursts of a minute or two, and one that covers those costs more
     /// than the fixed share.
@@ -33,7 +33,7 @@ pub struct SluiceConfig {
     pub backlog_drain_s: Option<f64>,
     pub holt_alpha: f64,
     pub holt_beta: f64,
-    /// The trend's damping time constant (see [`Holt`]).
+    /// The trend's damping time constant (see [`crate::forecast::Holt`]).
     pub forecast_damping_s: f64,
     /// Forecast horizon; `None` means the longest start-up (new node) of the variants.
     pub forecast_horizon_s: Option<f64>,
@@ -48,7 +48,7 @@ pub struct SluiceConfig {
     pub panic_queue_s: f64,
     pub panic_window_s: f64,
     /// The scale-down window to start from: it grows to the start-up lead while cuts are
-    /// bought back within one, and shrinks back as cuts pay back (see [`Payback`]).
+    /// bought back within one, and shrinks back as cuts pay back (see [`crate::payback::Payback`]).
     pub scale_down_window_s: f64,
     /// A cheaper mix must pay back the start-up of its new replicas within this many seconds,
     /// or the current mix is kept.

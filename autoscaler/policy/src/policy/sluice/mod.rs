@@ -79,7 +79,7 @@ pub struct Sluice {
     first_tick_s: Option<f64>,
     /// Per variant: capacity at SLO is divided by this while its own latency breaches the SLO.
     variant_margin: HashMap<String, f64>,
-    /// The error budget a cold start must fit, under [`ZeroRule::ErrorBudget`].
+    /// The error budget a cold start must fit, under [`crate::zero::ZeroRule::ErrorBudget`].
     zero: Option<ZeroBudget>,
 }
 

@@ -162,7 +162,7 @@ impl Sluice {
     /// A cut the rising load held back (see [`Sluice::stabilise`]) is judged as a cut: when,
     /// within the start-up lead of the smallest replica it kept, the demand without that hold
     /// is back above what the fleet less that replica serves, the cut would have been bought
-    /// back, and the scale-down window grows as for one (see [`Payback`]). Otherwise the
+    /// back, and the scale-down window grows as for one (see [`crate::payback::Payback`]). Otherwise the
     /// policy would not learn that this traffic's lulls are shorter than a start-up.
     pub(super) fn judge_held_cut(
         &mut self,
@@ -208,7 +208,7 @@ impl Sluice {
         }
     }
 
-    /// Whether the last cuts of the fleet paid back (see [`Payback`]): a variant bought again
+    /// Whether the last cuts of the fleet paid back (see [`crate::payback::Payback`]): a variant bought again
     /// within its start-up lead of a cut lengthens the scale-down window.
     pub(super) fn judge_cuts(&mut self, t: f64, current: &[u32], counts: &[u32], d: &mut Decision) {
         if let Verdict::BoughtBack { after_s, lead_s } =
@@ -226,7 +226,7 @@ impl Sluice {
         }
     }
 
-    /// Under [`ZeroRule::ErrorBudget`], an idle pool goes to zero only when the cold start
+    /// Under [`crate::zero::ZeroRule::ErrorBudget`], an idle pool goes to zero only when the cold start
     /// that would wake it fits the error budget; otherwise it keeps capacity for the rate its
     /// traffic returns at, also while the arrival window refills after the return (the
     /// windowed rate then understates it). The demand to size the mix for.
