@@ -106,20 +106,27 @@ impl History {
     }
 
     /// A gateway's front door per model over the long, short and latency windows ending at
-    /// `now`; the spans are left at zero for the caller (who knows how long it has read).
+    /// `now`; the spans are left at zero for the caller (who knows how long it has read). A
+    /// latency window as long as the long one (the controller's) is stepped through once.
     pub fn front_door_windows(
         &self,
         now: f64,
         (long_s, short_s, latency_s): (f64, f64, f64),
     ) -> BTreeMap<String, FrontDoorWindows> {
+        let long = self.front_door_increase(now, long_s);
+        let latency = if latency_s == long_s {
+            long.clone()
+        } else {
+            self.front_door_increase(now, latency_s)
+        };
         let mut out: BTreeMap<String, FrontDoorWindows> = BTreeMap::new();
-        for (model, d) in self.front_door_increase(now, long_s) {
+        for (model, d) in long {
             out.entry(model).or_default().long.0 = d;
         }
         for (model, d) in self.front_door_increase(now, short_s) {
             out.entry(model).or_default().short.0 = d;
         }
-        for (model, d) in self.front_door_increase(now, latency_s) {
+        for (model, d) in latency {
             out.entry(model).or_default().latency = d;
         }
         out

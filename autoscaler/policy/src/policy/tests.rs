@@ -258,9 +258,7 @@ fn replicas_bought_for_a_drained_backlog_are_not_held_a_window_after_panic() {
 /// and a thousand requests queue. Returns the policy, the crowd's time, the fleet before it
 /// and what the panic ordered.
 fn after_a_crowd() -> (Sluice, f64, u32, u32) {
-    let mut p = h100_only();
-    let mut fleet = 0;
-    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
+    let (mut p, t, fleet) = settled_at_20();
     let mut s = signals(t, 20.0, 1000, &[(H100, CapacityType::OnDemand, fleet, 0)]);
     s.arrivals.short_requests_per_s = 60.0;
     let spike = p.decide(&s);
@@ -299,10 +297,7 @@ fn replicas_a_panic_ordered_are_cancelled_if_it_ends_before_they_serve() {
 /// starting is cancelled as the panic's own order is, not held for the scale-down window.
 #[test]
 fn the_ticks_around_a_panic_are_its_episode() {
-    let mut p = h100_only();
-    let mut fleet = 0;
-    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
-    let before = fleet;
+    let (mut p, t, before) = settled_at_20();
     let starting = |n: u32| [(H100, CapacityType::OnDemand, before, n - before)];
     // The crowd's onset: the rate at 34 req/s, within what the ready fleet absorbs, no panic.
     let onset = p.decide(&signals(t, 34.0, 0, &starting(before)));
@@ -920,9 +915,7 @@ fn a_crowds_seconds_are_no_bursts_within_a_second() {
         s.arrivals.per_second = Some(crowd_seconds.clone());
         p.decide(&s)
     };
-    let mut p = h100_only();
-    let mut fleet = 0;
-    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
+    let (mut p, t, fleet) = settled_at_20();
     let mut bursty = p.clone();
     assert!(calm(&mut bursty, t, fleet).has_reason(ReasonKind::Burst));
     let mut s = signals(t, 100.0, 1000, &[(H100, CapacityType::OnDemand, fleet, 0)]);
@@ -942,6 +935,15 @@ fn h100_only() -> Sluice {
     };
     let limits = vec![VariantLimits::new(H100, 100)];
     Sluice::new(profile(), SluiceConfig::new(slo, limits))
+}
+
+/// [`h100_only`] after ten minutes at a steady 20 req/s: the policy, the time then and the
+/// H100s it holds.
+fn settled_at_20() -> (Sluice, f64, u32) {
+    let mut p = h100_only();
+    let mut fleet = 0;
+    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
+    (p, t, fleet)
 }
 
 /// One tick at `t` and `rate` of an H100-only policy whose `fleet` is ready; the fleet
@@ -1062,10 +1064,7 @@ fn a_cut_held_back_by_a_rise_and_needed_again_holds_the_next_lull_for_a_start_up
 #[test]
 fn an_idle_pool_does_not_keep_paying_for_replicas_still_starting() {
     // A steady 20 req/s on the H100s it needs, a rise orders more, then traffic stops.
-    let mut p = h100_only();
-    let mut fleet = 0;
-    let (t, _) = run_h100(&mut p, 0.0, 40, 20.0, &mut fleet, 0);
-    let ready = fleet;
+    let (mut p, t, ready) = settled_at_20();
     let d = p.decide(&signals(
         t,
         40.0,

@@ -22,10 +22,10 @@ pub struct SluiceConfig {
     pub headroom: f64,
     /// Learn the headroom instead: the extra load that covered this quantile of the
     /// shortfalls of each plan against the load seen one start-up lead later (see
-    /// [`crate::headroom::Headroom`]), starting from `headroom` × the planned load. `None` (the default):
-    /// `headroom` fixed. Off by default: a quantile that spares steady traffic its headroom
-    /// leaves too little for bursts of a minute or two, and one that covers those costs more
-    /// than the fixed share.
+    /// [`crate::headroom::Headroom`]), starting from `headroom` × the planned load. `None`
+    /// (the default): `headroom` fixed. Off by default: a quantile that spares steady traffic
+    /// its headroom leaves too little for bursts of a minute or two, and one that covers those
+    /// costs more than the fixed share.
     #[serde(default)]
     pub headroom_quantile: Option<f64>,
     /// Queued requests are planned to drain within this many seconds; `None` means the

@@ -96,12 +96,12 @@ impl Sluice {
             self.history.pop_front();
         }
         // Holding never grows the fleet: at most what runs now (what is ready, while idle, or
-        // of what a panic planned).
-        let window = |panic_ready_only: bool| {
+        // of what a panic's episode planned).
+        let window = |episodes_ready_only: bool| {
             self.history
                 .iter()
-                .map(|&(_, p, in_panic)| {
-                    p.min(if in_panic && panic_ready_only {
+                .map(|&(_, p, episode)| {
+                    p.min(if episode && episodes_ready_only {
                         holdable.ready
                     } else {
                         holdable.all
@@ -129,7 +129,7 @@ impl Sluice {
         let unheld = if panic || p.warming {
             stable
         } else if p.rising {
-            planned.max(window(false))
+            planned.max(whole)
         } else {
             planned.max(held)
         };
@@ -162,8 +162,9 @@ impl Sluice {
     /// A cut the rising load held back (see [`Sluice::stabilise`]) is judged as a cut: when,
     /// within the start-up lead of the smallest replica it kept, the demand without that hold
     /// is back above what the fleet less that replica serves, the cut would have been bought
-    /// back, and the scale-down window grows as for one (see [`crate::payback::Payback`]). Otherwise the
-    /// policy would not learn that this traffic's lulls are shorter than a start-up.
+    /// back, and the scale-down window grows as for one (see [`crate::payback::Payback`]).
+    /// Otherwise the policy would not learn that this traffic's lulls are shorter than a
+    /// start-up.
     pub(super) fn judge_held_cut(
         &mut self,
         t: f64,
@@ -208,8 +209,8 @@ impl Sluice {
         }
     }
 
-    /// Whether the last cuts of the fleet paid back (see [`crate::payback::Payback`]): a variant bought again
-    /// within its start-up lead of a cut lengthens the scale-down window.
+    /// Whether the last cuts of the fleet paid back (see [`crate::payback::Payback`]): a
+    /// variant bought again within its start-up lead of a cut lengthens the scale-down window.
     pub(super) fn judge_cuts(&mut self, t: f64, current: &[u32], counts: &[u32], d: &mut Decision) {
         if let Verdict::BoughtBack { after_s, lead_s } =
             self.payback.observe(t, current, counts, &self.leads)
@@ -226,10 +227,10 @@ impl Sluice {
         }
     }
 
-    /// Under [`crate::zero::ZeroRule::ErrorBudget`], an idle pool goes to zero only when the cold start
-    /// that would wake it fits the error budget; otherwise it keeps capacity for the rate its
-    /// traffic returns at, also while the arrival window refills after the return (the
-    /// windowed rate then understates it). The demand to size the mix for.
+    /// Under [`crate::zero::ZeroRule::ErrorBudget`], an idle pool goes to zero only when the
+    /// cold start that would wake it fits the error budget; otherwise it keeps capacity for
+    /// the rate its traffic returns at, also while the arrival window refills after the return
+    /// (the windowed rate then understates it). The demand to size the mix for.
     pub(super) fn keep_warm_for_return(
         &mut self,
         s: &Signals,
