@@ -200,6 +200,9 @@ pub struct Prepared {
     pub initial: Vec<u32>,
     /// Something the report should say about how the policy was built (the oracle's search).
     pub note: Option<String>,
+    /// The opening its warm-up replays ([`sim::warm`]): for policies that act on what they
+    /// observe; none for those that plan from the trace.
+    pub warm_opening_s: f64,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -207,6 +210,7 @@ impl std::fmt::Debug for Prepared {
         f.debug_struct("Prepared")
             .field("policy", &self.policy.name())
             .field("initial", &self.initial)
+            .field("warm_opening_s", &self.warm_opening_s)
             .finish()
     }
 }
@@ -255,7 +259,8 @@ impl<'a> Setup<'a> {
 
 /// The trace is cut from a running service: every policy starts with the fleet the capacity
 /// model sizes for the busiest window before a replica asked for at time zero could serve —
-/// the cheapest for that window over the `allowed` variants, as counts per offer key.
+/// the cheapest for that window over the `allowed` variants, as counts per offer key (those
+/// that act on what they observe start there before their warm-up, [`sim::warm`]).
 fn initial_fleet(
     scn: &Scenario,
     limits: &[VariantLimits],
@@ -294,13 +299,16 @@ fn initial_fleet(
 
 /// Builds the named policies for a scenario and trace. Every policy starts with the fleet the
 /// capacity model sizes for the arrivals before the first replica it could add is up, on the
-/// variants it manages.
+/// variants it manages; those that act on what they observe (all but static peak and the
+/// oracle) then warm up on the trace's opening before the cut ([`sim::warm`]).
 pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result<Vec<Prepared>> {
     scn.validate()?;
     let setup = Setup::new(scn, requests)?;
+    let opening_s = sim::warm::opening_s(&scn.profile, &scn.sim);
     let mut out = Vec::new();
     for name in names {
         let mut note = None;
+        let observes = !matches!(name.as_str(), "static-peak" | "oracle");
         let (policy, initial) = match name.as_str() {
             "sluice" => sluice(&setup),
             "static-peak" => static_peak(&setup),
@@ -322,6 +330,7 @@ pub fn prepare(scn: &Scenario, requests: &[Request], names: &[String]) -> Result
             policy,
             initial,
             note,
+            warm_opening_s: if observes { opening_s } else { 0.0 },
         });
     }
     Ok(out)
@@ -453,7 +462,7 @@ pub fn run_all(scn: &Scenario, requests: &[Request], prepared: Vec<Prepared>) ->
             .into_iter()
             .map(|mut p| {
                 s.spawn(move || {
-                    sim::run(
+                    sim::run_warm(
                         &scn.sim,
                         &scn.profile,
                         &scn.slo,
@@ -461,6 +470,7 @@ pub fn run_all(scn: &Scenario, requests: &[Request], prepared: Vec<Prepared>) ->
                         requests,
                         p.policy.as_mut(),
                         &p.initial,
+                        p.warm_opening_s,
                     )
                 })
             })

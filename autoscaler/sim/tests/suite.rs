@@ -63,16 +63,21 @@ fn sluice_holds_its_slo_and_cost_on_a_small_suite() {
     // KV sized for the running sequences' length-biased outputs (`Workload::output_cv2`):
     // reasoning 95.57 → 100 % at 1.26 → 1.49×; mixture 1.38 → 1.50× at the same 99.30 % (its
     // crowd of long outputs spreads the window's outputs, and the cache holds fewer).
+    // Warmed up on the opening forward and mirrored (`sim::warm`) instead of starting from
+    // the fleet sized for the busiest window of the first start-up lead: gamma-bursts 1.71 →
+    // 1.99× (two H100s held from the cut), reasoning 100 → 96.84 % at 1.49 → 1.43× (the trace
+    // opens at the trough of its 25-minute swing: the old start had the ramp's fleet
+    // ready, now the policy meets the ramp as at any trough).
     let held: &[(&str, f64, f64)] = &[
         ("poisson", 0.99, 1.4),
-        ("gamma-bursts", 0.99, 1.75),
+        ("gamma-bursts", 0.99, 2.05),
         ("flash-crowd", 0.59, 2.1),
         ("diurnal", 0.94, 1.4),
         ("code-like", 0.99, 2.05),
         ("mixture", 0.99, 1.55),
         ("long-prompts", 0.99, 1.45),
         ("code-drift", 0.99, 1.3),
-        ("reasoning", 0.99, 1.55),
+        ("reasoning", 0.96, 1.55),
     ];
     for r in &results {
         let oracle = get(&r.summaries, "oracle");

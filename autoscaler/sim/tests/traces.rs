@@ -92,11 +92,12 @@ fn azure_default_scenario_ranks_the_policies() {
     }
     assert!(sluice.cost_usd < hpa_conc.cost_usd && sluice.cost_usd < peak.cost_usd);
     // The goal on this trace is within 15 % of the oracle's cost. Against the searched
-    // schedule (a floor, not a window-average sizing) sluice sits at 1.30× ($25.33; $25.24
-    // before the burst floor): held here so it does not drift further while the gap is
+    // schedule (a floor, not a window-average sizing) sluice sits at 1.32× ($25.33; $25.08
+    // when it started from the fleet sized for the opening's busiest window instead of its
+    // own warm-up, `sim::warm`): held here so it does not drift further while the gap is
     // closed.
     assert!(
-        sluice.cost_usd <= 1.31 * oracle.cost_usd,
+        sluice.cost_usd <= 1.32 * oracle.cost_usd,
         "sluice ${:.2} vs oracle ${:.2}",
         sluice.cost_usd,
         oracle.cost_usd
@@ -110,7 +111,8 @@ fn mooncake_runs_every_policy_and_cpu_blind_hpa_falls_behind() {
     // infeasible; of the rest, sluice serves the SLO's 99 %. Its misses with nothing queued
     // come from long prompts ahead of shorter ones in each H100's own prefill, which only the
     // attainment over feasible requests shows (the p99 is past the target whatever the
-    // fleet): 98.56 % before the planning margin answered it.
+    // fleet): 98.56 % before the planning margin answered it. Warmed up on its own opening
+    // (`sim::warm`): 99.12 → 99.34 % at 1.03 → 1.10×.
     let oracle = get(&s, "oracle");
     let sluice = get(&s, "sluice");
     assert!(
@@ -124,7 +126,7 @@ fn mooncake_runs_every_policy_and_cpu_blind_hpa_falls_behind() {
         sluice.slo_attainment
     );
     assert!(
-        sluice.cost_usd <= 1.1 * oracle.cost_usd,
+        sluice.cost_usd <= 1.11 * oracle.cost_usd,
         "{} vs {}",
         sluice.cost_usd,
         oracle.cost_usd

@@ -41,6 +41,8 @@ pub struct Fleet {
     pub nodes: Vec<Node>,
     pub replicas: Vec<Replica>,
     pub billing: Billing,
+    /// Nodes are billed from here on ([`Fleet::bill_from`]).
+    billed_from_s: f64,
 }
 
 /// What the actuator did, for the event loop to schedule.
@@ -63,7 +65,15 @@ impl Fleet {
             nodes: Vec::new(),
             replicas: Vec::new(),
             billing: Billing::default(),
+            billed_from_s: f64::NEG_INFINITY,
         }
+    }
+
+    /// Starts the bill afresh at `at`: what was billed is dropped, nodes up are billed from
+    /// `at` (a run's warm-up is not its cost).
+    pub fn bill_from(&mut self, at: f64) {
+        self.billing = Billing::default();
+        self.billed_from_s = at;
     }
 
     /// Replicas of a key that count toward its target: starting or ready.
@@ -159,7 +169,7 @@ impl Fleet {
         }
         n.released_s = Some(now);
         let pool = &self.pools[n.key];
-        let hours = (now - n.created_s).max(0.0) / 3600.0;
+        let hours = (now - n.created_s.max(self.billed_from_s)).max(0.0) / 3600.0;
         self.billing.cost_usd += hours * pool.variant.node_price_per_hour(pool.capacity);
         self.billing.gpu_hours += hours * f64::from(pool.variant.gpus_per_node);
     }

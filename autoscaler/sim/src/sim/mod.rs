@@ -5,6 +5,7 @@
 //! - [`fleet`]: nodes, replicas, start-up delays, billing; the simulator's actuator.
 //! - [`gateway`]: the central queue and least-load routing.
 //! - [`observe`]: the windows that become each tick's [`Signals`](sluice_policy::signals::Signals).
+//! - [`warm`]: the warm-up a policy that acts on what it observes gets before the cut.
 //! - [`run`](self::run()): the event loop.
 //!
 //! Events are arrivals (read in order from the trace), replica completions (one pending per
@@ -15,6 +16,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod observe;
 pub mod replica;
+pub mod warm;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -188,6 +190,8 @@ struct Sim<'a> {
     settled: usize,
     /// Requests that arrived with no replica ready.
     cold: usize,
+    /// Replicas gone before the cut (see [`Sim::cut`]), not counted as started in the run.
+    gone_at_cut: usize,
     /// Routing weight per pool key: the variant's planned batch for the current request shape.
     weights: Vec<f64>,
     slo: Slo,
@@ -450,6 +454,7 @@ impl<'a> Sim<'a> {
             progress: Vec::new(),
             settled: 0,
             cold: 0,
+            gone_at_cut: 0,
             weights: vec![1.0; keys],
             slo: *slo,
             planning: *planning,
@@ -467,6 +472,21 @@ impl<'a> Sim<'a> {
             sim.maybe_preempt(node, 0.0);
         }
         sim
+    }
+
+    /// The run is told from `at` on: what was billed, started, scaled and recorded before it
+    /// was the warm-up's ([`warm`]), and nodes up at the cut are billed from it.
+    fn cut(&mut self, at: f64, tally: &mut Tally) {
+        self.fleet.bill_from(at);
+        self.cold = 0;
+        self.spot_preemptions = 0;
+        self.gone_at_cut = self
+            .fleet
+            .replicas
+            .iter()
+            .filter(|r| r.phase == Phase::Gone)
+            .count();
+        *tally = Tally::default();
     }
 
     /// Request `next` arrives: refused if no replica holds it, else queued at the gateway.
@@ -565,6 +585,46 @@ pub fn run(
     policy: &mut dyn Policy,
     initial: &[u32],
 ) -> Run {
+    run_from(
+        cfg,
+        (profile, slo, planning),
+        requests,
+        policy,
+        initial,
+        0.0,
+    )
+}
+
+/// [`run`] after a warm-up ([`warm`]) replaying the trace's first `opening_s` seconds
+/// forward and then mirrored: the policy starts from `initial` at its beginning.
+#[allow(clippy::too_many_arguments)]
+pub fn run_warm(
+    cfg: &SimConfig,
+    profile: &Profile,
+    slo: &Slo,
+    planning: &Planning,
+    requests: &[Request],
+    policy: &mut dyn Policy,
+    initial: &[u32],
+    opening_s: f64,
+) -> Run {
+    let (all, cut_s, warm) = warm::with_mirrored_opening(requests, opening_s, cfg.tick_s);
+    if warm == 0 {
+        return run(cfg, profile, slo, planning, requests, policy, initial);
+    }
+    let run = run_from(cfg, (profile, slo, planning), &all, policy, initial, cut_s);
+    warm::from_cut(run, cut_s, warm)
+}
+
+/// The event loop, the run told from `cut_s` on ([`Sim::cut`]).
+fn run_from(
+    cfg: &SimConfig,
+    (profile, slo, planning): (&Profile, &Slo, &Planning),
+    requests: &[Request],
+    policy: &mut dyn Policy,
+    initial: &[u32],
+    cut_s: f64,
+) -> Run {
     let mut sim = Sim::new(cfg, profile, slo, planning, requests, initial);
     let fit = Fit::of(profile);
     let deadline = requests.last().map_or(0.0, |r| r.arrival_s) + cfg.max_drain_s;
@@ -572,15 +632,20 @@ pub fn run(
     let mut next = 0usize;
     let mut tally = Tally::default();
     let mut now = 0.0;
+    let mut before_cut = true;
     loop {
         let next_arrival = requests.get(next).map(|r| r.arrival_s);
         let next_event = sim.heap.peek().map(|Reverse((t, _, _))| t.0);
-        let take_arrival = match (next_arrival, next_event) {
-            (Some(a), Some(e)) => a <= e,
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
+        let (take_arrival, t) = match (next_arrival, next_event) {
+            (Some(a), Some(e)) => (a <= e, a.min(e)),
+            (Some(a), None) => (true, a),
+            (None, Some(e)) => (false, e),
             (None, None) => break,
         };
+        if before_cut && t >= cut_s {
+            sim.cut(cut_s, &mut tally);
+            before_cut = false;
+        }
         if take_arrival {
             now = sim.on_arrival(next, &fit);
             next += 1;
@@ -601,7 +666,7 @@ pub fn run(
     sim.fleet.close(end_s);
     Run {
         policy: policy.name().to_string(),
-        replicas_started: sim.fleet.replicas.len(),
+        replicas_started: sim.fleet.replicas.len() - sim.gone_at_cut,
         outcomes: sim.outcomes,
         cost_usd: sim.fleet.billing.cost_usd,
         gpu_hours: sim.fleet.billing.gpu_hours,
