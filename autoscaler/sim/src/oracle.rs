@@ -192,7 +192,7 @@ impl Search<'_> {
             &self.scn.planning,
             self.requests,
             &mut policy,
-            &initial,
+            sim::Start::cold(&initial),
         )
     }
 

@@ -462,15 +462,18 @@ pub fn run_all(scn: &Scenario, requests: &[Request], prepared: Vec<Prepared>) ->
             .into_iter()
             .map(|mut p| {
                 s.spawn(move || {
-                    sim::run_warm(
+                    let start = sim::Start {
+                        fleet: &p.initial,
+                        warm_opening_s: p.warm_opening_s,
+                    };
+                    sim::run(
                         &scn.sim,
                         &scn.profile,
                         &scn.slo,
                         &scn.planning,
                         requests,
                         p.policy.as_mut(),
-                        &p.initial,
-                        p.warm_opening_s,
+                        start,
                     )
                 })
             })

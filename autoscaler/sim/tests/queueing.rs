@@ -69,7 +69,7 @@ fn one_replica(cfg: &SimConfig, profile: &Profile, reqs: &[Request]) -> sim::Run
         &Planning::default(),
         reqs,
         &mut Fixed,
-        &[1, 0],
+        sim::Start::cold(&[1, 0]),
     )
 }
 

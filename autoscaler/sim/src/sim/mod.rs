@@ -574,8 +574,28 @@ impl<'a> Sim<'a> {
     }
 }
 
-/// Runs one policy over the requests. `initial` is the fleet at time zero per pool key (ready:
-/// the trace is a window cut from a running service).
+/// How a run starts: the fleet at the start per pool key (ready: the trace is a window cut
+/// from a running service), and the opening a warm-up replays before the cut ([`warm`]; 0:
+/// none, the run starts at the trace's first request).
+#[derive(Debug, Clone, Copy)]
+pub struct Start<'a> {
+    pub fleet: &'a [u32],
+    pub warm_opening_s: f64,
+}
+
+impl<'a> Start<'a> {
+    /// `fleet` ready at the trace's first request, no warm-up.
+    pub fn cold(fleet: &'a [u32]) -> Start<'a> {
+        Start {
+            fleet,
+            warm_opening_s: 0.0,
+        }
+    }
+}
+
+/// Runs one policy over the requests from `start`: with a warm-up, the policy starts from the
+/// fleet that long before the cut on the trace's opening played forward and then mirrored,
+/// and the run is told from the cut.
 pub fn run(
     cfg: &SimConfig,
     profile: &Profile,
@@ -583,36 +603,15 @@ pub fn run(
     planning: &Planning,
     requests: &[Request],
     policy: &mut dyn Policy,
-    initial: &[u32],
+    start: Start<'_>,
 ) -> Run {
-    run_from(
-        cfg,
-        (profile, slo, planning),
-        requests,
-        policy,
-        initial,
-        0.0,
-    )
-}
-
-/// [`run`] after a warm-up ([`warm`]) replaying the trace's first `opening_s` seconds
-/// forward and then mirrored: the policy starts from `initial` at its beginning.
-#[allow(clippy::too_many_arguments)]
-pub fn run_warm(
-    cfg: &SimConfig,
-    profile: &Profile,
-    slo: &Slo,
-    planning: &Planning,
-    requests: &[Request],
-    policy: &mut dyn Policy,
-    initial: &[u32],
-    opening_s: f64,
-) -> Run {
-    let (all, cut_s, warm) = warm::with_mirrored_opening(requests, opening_s, cfg.tick_s);
+    let scn = (profile, slo, planning);
+    let (all, cut_s, warm) =
+        warm::with_mirrored_opening(requests, start.warm_opening_s, cfg.tick_s);
     if warm == 0 {
-        return run(cfg, profile, slo, planning, requests, policy, initial);
+        return run_from(cfg, scn, requests, policy, start.fleet, 0.0);
     }
-    let run = run_from(cfg, (profile, slo, planning), &all, policy, initial, cut_s);
+    let run = run_from(cfg, scn, &all, policy, start.fleet, cut_s);
     warm::from_cut(run, cut_s, warm)
 }
 
