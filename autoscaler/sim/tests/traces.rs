@@ -112,7 +112,7 @@ fn mooncake_runs_every_policy_and_cpu_blind_hpa_falls_behind() {
     // come from long prompts ahead of shorter ones in each H100's own prefill, which only the
     // attainment over feasible requests shows (the p99 is past the target whatever the
     // fleet): 98.56 % before the planning margin answered it. Warmed up on its own opening
-    // (`sim::warm`): 99.12 → 99.34 % at 1.03 → 1.10×.
+    // (`sim::warm`): 99.12 → 99.44 % at 1.03 → 1.10×.
     let oracle = get(&s, "oracle");
     let sluice = get(&s, "sluice");
     assert!(

@@ -606,6 +606,9 @@ pub fn run(
     start: Start<'_>,
 ) -> Run {
     let scn = (profile, slo, planning);
+    if start.warm_opening_s <= 0.0 {
+        return run_from(cfg, scn, requests, policy, start.fleet, 0.0);
+    }
     let (all, cut_s, warm) =
         warm::with_mirrored_opening(requests, start.warm_opening_s, cfg.tick_s);
     if warm == 0 {

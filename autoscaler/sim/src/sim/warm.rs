@@ -50,10 +50,14 @@ pub fn with_mirrored_opening(
     let opening_s = (opening_s.min(span_s) / tick_s).floor() * tick_s;
     let opening = || requests.iter().filter(|r| r.arrival_s < opening_s);
     let cut_s = 2.0 * opening_s;
-    let mirrored = opening().rev().map(|r| Request {
-        arrival_s: cut_s - r.arrival_s,
-        ..*r
-    });
+    // The trace's first request (at 0) would mirror onto the cut itself: it is the trace's.
+    let mirrored = opening()
+        .rev()
+        .filter(|r| r.arrival_s > 0.0)
+        .map(|r| Request {
+            arrival_s: cut_s - r.arrival_s,
+            ..*r
+        });
     let warm: Vec<Request> = opening().copied().chain(mirrored).collect();
     let n = warm.len();
     let shifted = requests.iter().map(|r| Request {
@@ -92,23 +96,24 @@ mod tests {
         }
     }
 
-    /// The opening comes forward, then mirrored up to the cut (as far before it as after);
-    /// the trace follows shifted by the cut. A trace shorter than the opening is replayed
+    /// The opening comes forward, then mirrored up to the cut (as far before it as after;
+    /// the first request, which would land on the cut, only once); the trace follows shifted
+    /// by the cut. A trace shorter than the opening is replayed
     /// whole (to its last whole tick), with no idle stretch added.
     #[test]
     fn the_opening_comes_forward_then_mirrored_before_the_cut() {
         let trace = [req(0.0, 1), req(2.0, 2), req(5.0, 3), req(20.0, 4)];
         let (all, cut, warm) = with_mirrored_opening(&trace, 10.0, 5.0);
         let got: Vec<(f64, u32)> = all.iter().map(|r| (r.arrival_s, r.prompt_tokens)).collect();
-        assert_eq!((cut, warm), (20.0, 6));
+        assert_eq!((cut, warm), (20.0, 5));
         let forward = [(0.0, 1), (2.0, 2), (5.0, 3)];
-        let mirrored = [(15.0, 3), (18.0, 2), (20.0, 1)];
+        let mirrored = [(15.0, 3), (18.0, 2)];
         let shifted = [(20.0, 1), (22.0, 2), (25.0, 3), (40.0, 4)];
         assert_eq!(got, [&forward[..], &mirrored, &shifted].concat());
         let (all, cut, warm) = with_mirrored_opening(&trace_of(&[0.0, 3.5]), 10.0, 1.0);
         let times: Vec<f64> = all.iter().map(|r| r.arrival_s).collect();
-        assert_eq!((cut, warm), (6.0, 2));
-        assert_eq!(times, [0.0, 6.0, 6.0, 9.5]);
+        assert_eq!((cut, warm), (6.0, 1));
+        assert_eq!(times, [0.0, 6.0, 9.5]);
         let (_, _, warm) = with_mirrored_opening(&trace_of(&[0.0, 3.5]), 10.0, 15.0);
         assert_eq!(warm, 0, "shorter than a tick: no warm-up");
     }
