@@ -606,14 +606,11 @@ pub fn run(
     start: Start<'_>,
 ) -> Run {
     let scn = (profile, slo, planning);
-    if start.warm_opening_s <= 0.0 {
+    let Some((all, cut_s, warm)) =
+        warm::with_mirrored_opening(requests, start.warm_opening_s, cfg.tick_s)
+    else {
         return run_from(cfg, scn, requests, policy, start.fleet, 0.0);
-    }
-    let (all, cut_s, warm) =
-        warm::with_mirrored_opening(requests, start.warm_opening_s, cfg.tick_s);
-    if warm == 0 {
-        return run_from(cfg, scn, requests, policy, start.fleet, 0.0);
-    }
+    };
     let run = run_from(cfg, scn, &all, policy, start.fleet, cut_s);
     warm::from_cut(run, cut_s, warm)
 }

@@ -40,14 +40,18 @@ pub fn opening_s(profile: &Profile, cfg: &SimConfig) -> f64 {
 /// The requests of a run whose warm-up replays the trace's first `opening_s` seconds (as
 /// much of it as there is, in whole ticks so that ticks fall on the cut) forward and then
 /// mirrored; the cut (where the trace follows, shifted); and how many requests are warm-up.
+/// `None`, copying nothing, when not a whole tick of opening is asked for or there.
 pub fn with_mirrored_opening(
     requests: &[Request],
     opening_s: f64,
     tick_s: f64,
-) -> (Vec<Request>, f64, usize) {
+) -> Option<(Vec<Request>, f64, usize)> {
     let span_s = requests.last().map_or(0.0, |r| r.arrival_s);
     let tick_s = tick_s.max(1e-9);
     let opening_s = (opening_s.min(span_s) / tick_s).floor() * tick_s;
+    if opening_s <= 0.0 {
+        return None;
+    }
     let opening = || requests.iter().filter(|r| r.arrival_s < opening_s);
     let cut_s = 2.0 * opening_s;
     // The trace's first request (at 0) would mirror onto the cut itself: it is the trace's.
@@ -64,7 +68,7 @@ pub fn with_mirrored_opening(
         arrival_s: r.arrival_s + cut_s,
         ..*r
     });
-    (warm.into_iter().chain(shifted).collect(), cut_s, n)
+    Some((warm.into_iter().chain(shifted).collect(), cut_s, n))
 }
 
 /// `run` as if it had started at the cut: the warm-up's outcomes left out and every time
@@ -98,24 +102,28 @@ mod tests {
 
     /// The opening comes forward, then mirrored up to the cut (as far before it as after;
     /// the first request, which would land on the cut, only once); the trace follows shifted
-    /// by the cut. A trace shorter than the opening is replayed
-    /// whole (to its last whole tick), with no idle stretch added.
+    /// by the cut. A trace shorter than the opening is replayed whole (to its last whole
+    /// tick), with no idle stretch added.
     #[test]
     fn the_opening_comes_forward_then_mirrored_before_the_cut() {
         let trace = [req(0.0, 1), req(2.0, 2), req(5.0, 3), req(20.0, 4)];
-        let (all, cut, warm) = with_mirrored_opening(&trace, 10.0, 5.0);
+        let (all, cut, warm) = with_mirrored_opening(&trace, 10.0, 5.0).unwrap();
         let got: Vec<(f64, u32)> = all.iter().map(|r| (r.arrival_s, r.prompt_tokens)).collect();
         assert_eq!((cut, warm), (20.0, 5));
         let forward = [(0.0, 1), (2.0, 2), (5.0, 3)];
         let mirrored = [(15.0, 3), (18.0, 2)];
         let shifted = [(20.0, 1), (22.0, 2), (25.0, 3), (40.0, 4)];
         assert_eq!(got, [&forward[..], &mirrored, &shifted].concat());
-        let (all, cut, warm) = with_mirrored_opening(&trace_of(&[0.0, 3.5]), 10.0, 1.0);
+        let (all, cut, warm) = with_mirrored_opening(&trace_of(&[0.0, 3.5]), 10.0, 1.0).unwrap();
         let times: Vec<f64> = all.iter().map(|r| r.arrival_s).collect();
         assert_eq!((cut, warm), (6.0, 1));
         assert_eq!(times, [0.0, 6.0, 9.5]);
-        let (_, _, warm) = with_mirrored_opening(&trace_of(&[0.0, 3.5]), 10.0, 15.0);
-        assert_eq!(warm, 0, "shorter than a tick: no warm-up");
+        let short = with_mirrored_opening(&trace_of(&[0.0, 3.5]), 10.0, 15.0);
+        assert!(short.is_none(), "shorter than a tick: no warm-up");
+        assert!(
+            with_mirrored_opening(&trace, 0.0, 5.0).is_none(),
+            "none asked for"
+        );
     }
 
     fn trace_of(times: &[f64]) -> Vec<Request> {
