@@ -82,11 +82,18 @@ impl Common {
         Ok(p.restrict(&names)?)
     }
 
-    fn slo(&self) -> Slo {
-        Slo {
+    fn slo(&self) -> Result<Slo> {
+        let slo = Slo {
             ttft_p99_s: self.ttft_slo,
             tpot_p99_s: self.tpot_slo,
-        }
+        };
+        anyhow::ensure!(
+            slo.is_valid(),
+            "--ttft-slo and --tpot-slo must be positive seconds (got {} and {})",
+            self.ttft_slo,
+            self.tpot_slo
+        );
+        Ok(slo)
     }
 }
 
@@ -318,7 +325,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     let started = Instant::now();
     let profile = a.common.profile()?;
     let mut scn = Scenario::default_for(profile);
-    scn.slo = a.common.slo();
+    scn.slo = a.common.slo()?;
     scn.rate_scale = a.rate_scale;
     scn.spot = a.spot;
     scn.max_replicas_per_variant = a.max_replicas;
@@ -344,7 +351,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         return simulate_suite(&a, &scn, started);
     };
     let raw = trace::load(&trace_path)?;
-    let requests = trace::scale(&raw, scn.rate_scale, scn.sim.seed);
+    let requests = trace::scale(&raw, scn.rate_scale, scn.sim.seed)?;
     let mean = scenario::mean_shape(&requests);
     let (base, base_cap) = scn.baseline_choice(&mean)?;
     print_scenario(
@@ -596,7 +603,7 @@ fn per_thousand(price_per_hour: f64, requests_per_s: f64) -> String {
 fn profiles(a: ProfilesArgs) -> Result<()> {
     let profile = a.common.profile()?;
     let w = Workload::uniform(a.prompt_tokens, a.output_tokens);
-    let slo = a.common.slo();
+    let slo = a.common.slo()?;
     let plan = capacity::Planning::default();
     println!(
         "{}: {:.0} prompt + {:.0} output tokens, TTFT ≤ {} s, TPOT ≤ {} ms",
@@ -629,7 +636,7 @@ fn explain(a: ExplainArgs) -> Result<()> {
         .iter()
         .map(|v| VariantLimits::new(&v.name, a.max_replicas))
         .collect();
-    let mut policy = Sluice::new(profile, SluiceConfig::new(a.common.slo(), limits));
+    let mut policy = Sluice::new(profile, SluiceConfig::new(a.common.slo()?, limits));
     let d = policy.decide(&signals);
     println!("{}", serde_json::to_string_pretty(&d)?);
     for r in &d.reasons {

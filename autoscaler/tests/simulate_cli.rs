@@ -303,3 +303,34 @@ fn seeds_are_refused_outside_the_suite_and_when_malformed() {
     );
     refused(&["--suite", "--seeds", "1,x"], "`x` in `1,x` is not a seed");
 }
+
+/// Settings no replay can honour end in one clear line and exit status 1, not in a failed
+/// allocation (a rate scale whose copies would not fit in memory aborted the process) or a
+/// table of empty traces read as met (a suite of zero seconds).
+#[test]
+fn settings_no_replay_can_honour_are_refused_with_their_figures() {
+    let dir = scratch("refused");
+    let trace = dir.join("trace.csv");
+    write_trace(&trace);
+    let trace = trace.to_str().unwrap();
+    let refused = |args: &[&str], says: &str| {
+        let out = simulate(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    };
+    refused(
+        &["--trace", trace, "--rate-scale", "1e9"],
+        "at most 1e8 are replayed",
+    );
+    refused(&["--trace", trace, "--rate-scale", "inf"], "rate scale inf");
+    refused(
+        &["--trace", trace, "--ttft-slo", "0"],
+        "--ttft-slo and --tpot-slo must be positive seconds",
+    );
+    refused(
+        &["--suite", "--suite-duration", "0"],
+        "suite duration 0 s: the synthetic traces need a positive duration",
+    );
+}

@@ -39,6 +39,14 @@ pub struct Slo {
     pub tpot_p99_s: f64,
 }
 
+impl Slo {
+    /// Both targets are positive numbers of seconds: nothing can be planned for a target of
+    /// zero (every variant reads as ineligible), so entry points refuse one.
+    pub fn is_valid(&self) -> bool {
+        self.ttft_p99_s > 0.0 && self.tpot_p99_s > 0.0
+    }
+}
+
 /// How much of the SLO the capacity model plans to use on average, leaving the rest for the
 /// spread of per-request latency around the mean (the p99 is well above the mean).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]

@@ -91,11 +91,7 @@ impl Scenario {
         if self.rate_scale.is_nan() || self.rate_scale <= 0.0 {
             return bad("rate scale must be positive");
         }
-        if self.slo.ttft_p99_s.is_nan()
-            || self.slo.tpot_p99_s.is_nan()
-            || self.slo.ttft_p99_s <= 0.0
-            || self.slo.tpot_p99_s <= 0.0
-        {
+        if !self.slo.is_valid() {
             return bad("SLOs must be positive");
         }
         if self.sim.tick_s.is_nan()

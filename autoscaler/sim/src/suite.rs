@@ -383,8 +383,19 @@ impl Default for SuiteConfig {
     }
 }
 
-/// The suite's traces: the synthetic families, then the shared traces.
+/// The suite's traces: the synthetic families, then the shared traces. A duration that is
+/// not a positive number of seconds is refused (an empty trace would read as met), as is one
+/// whose traces would not fit in memory ([`trace::MAX_SCALED_REQUESTS`]).
 pub fn entries(cfg: &SuiteConfig) -> Result<Vec<Entry>> {
+    let d = cfg.duration_s;
+    if !(d > 0.0 && d * cfg.rate <= trace::MAX_SCALED_REQUESTS) {
+        return Err(Error::Scenario(format!(
+            "suite duration {d} s: the synthetic traces need a positive duration, at most \
+             {:.0} s at {} req/s",
+            trace::MAX_SCALED_REQUESTS / cfg.rate,
+            cfg.rate
+        )));
+    }
     let mut out: Vec<Entry> = cfg
         .families
         .iter()
@@ -401,7 +412,7 @@ pub fn entries(cfg: &SuiteConfig) -> Result<Vec<Entry>> {
             .map_or(file.clone(), |s| s.to_string_lossy().into_owned());
         out.push(Entry {
             name: format!("{stem} ×{scale}"),
-            requests: trace::scale(&raw, *scale, cfg.seed),
+            requests: trace::scale(&raw, *scale, cfg.seed)?,
         });
     }
     Ok(out)
@@ -557,6 +568,29 @@ mod tests {
             ["azure-llm-2023-conv ×4", "mixture"]
         );
         assert!(select(all(), &["urnal".to_string()]).is_empty());
+    }
+
+    /// A suite of empty traces would be met on every one: a duration that is not a positive
+    /// number of seconds, or one past what fits in memory, is refused before any is made.
+    #[test]
+    fn a_suite_duration_out_of_range_is_refused() {
+        for d in [0.0, -60.0, f64::NAN, 1e12] {
+            let cfg = SuiteConfig {
+                duration_s: d,
+                shared: Vec::new(),
+                ..SuiteConfig::default()
+            };
+            let Err(e) = entries(&cfg) else {
+                panic!("{d}: accepted");
+            };
+            assert!(e.to_string().contains("suite duration"), "{d}: {e}");
+        }
+        let short = SuiteConfig {
+            duration_s: 5.0,
+            shared: Vec::new(),
+            ..SuiteConfig::default()
+        };
+        assert_eq!(entries(&short).unwrap().len(), Family::ALL.len());
     }
 
     #[test]

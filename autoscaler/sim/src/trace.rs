@@ -43,12 +43,27 @@ pub fn load(path: &Path) -> Result<Vec<Request>> {
 /// Spread of the extra copies a rate scale above one makes, in seconds.
 pub const COPY_SPREAD_S: f64 = 60.0;
 
+/// The most requests a scaled trace may hold. A replay keeps every request's outcome per
+/// policy (~350 bytes a request with all six policies: a week at ×4, 12.1 M requests, took
+/// 4.2 GB), so this is ~35 GB; a rate scale past it is refused with its figures rather than
+/// ending the process when the allocation fails.
+pub const MAX_SCALED_REQUESTS: f64 = 1e8;
+
 /// Multiplies the arrival rate by `scale` while keeping the trace's duration and its
 /// minute-scale shape: each request becomes ⌊scale⌋ copies, plus one more with probability
 /// `scale − ⌊scale⌋` (so a scale below one thins the trace); copies after the first are shifted
 /// by a uniform ±30 s, so they do not arrive in lockstep, and mirrored at the trace's ends.
-/// Seeded: the same seed, the same trace.
-pub fn scale(requests: &[Request], scale: f64, seed: u64) -> Vec<Request> {
+/// Seeded: the same seed, the same trace. A scale that would make more than
+/// [`MAX_SCALED_REQUESTS`] requests is refused.
+pub fn scale(requests: &[Request], scale: f64, seed: u64) -> Result<Vec<Request>> {
+    let expected = requests.len() as f64 * scale;
+    if expected.is_nan() || expected > MAX_SCALED_REQUESTS {
+        return Err(Error::Scenario(format!(
+            "rate scale {scale} makes ~{expected:.3e} requests of the trace's {}; at most \
+             {MAX_SCALED_REQUESTS:.0e} are replayed (each keeps its outcome per policy)",
+            requests.len()
+        )));
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let whole = scale.floor() as u32;
     let frac = scale - f64::from(whole);
@@ -78,7 +93,7 @@ pub fn scale(requests: &[Request], scale: f64, seed: u64) -> Vec<Request> {
         }
     }
     out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -118,12 +133,19 @@ mod tests {
                 output_tokens: 10,
             })
             .collect();
-        let four = scale(&base, 4.0, 1);
+        let four = scale(&base, 4.0, 1).unwrap();
         assert_eq!(four.len(), 4000);
         assert!(four.last().unwrap().arrival_s <= base.last().unwrap().arrival_s);
-        let half = scale(&base, 0.5, 1);
+        let half = scale(&base, 0.5, 1).unwrap();
         assert!((400..600).contains(&half.len()), "{}", half.len());
-        assert_eq!(scale(&base, 2.5, 9), scale(&base, 2.5, 9));
+        assert_eq!(scale(&base, 2.5, 9).unwrap(), scale(&base, 2.5, 9).unwrap());
+        // A scale whose copies would not fit in memory is refused, with its figures.
+        let e = scale(&base, 1e9, 1).unwrap_err().to_string();
+        assert!(
+            e.contains("rate scale 1000000000 makes ~1.000e12 requests"),
+            "{e}"
+        );
+        assert!(scale(&base, f64::INFINITY, 1).is_err());
         let tl = Timeline::new(&four, 10.0);
         let (rate, w) = tl.window(600.0, 1200.0).unwrap();
         assert!((rate - 4.0 / 3.6).abs() < 0.1, "{rate}");

@@ -25,7 +25,8 @@ fn run(file: &str, rate_scale: f64) -> Vec<(String, Summary)> {
         .unwrap();
     let mut scn = Scenario::default_for(profile);
     scn.rate_scale = rate_scale;
-    let requests = trace::scale(&trace::load(&path).unwrap(), scn.rate_scale, scn.sim.seed);
+    let requests =
+        trace::scale(&trace::load(&path).unwrap(), scn.rate_scale, scn.sim.seed).unwrap();
     let names: Vec<String> = POLICIES.iter().map(|s| s.to_string()).collect();
     let prepared = scenario::prepare(&scn, &requests, &names).unwrap();
     let runs = scenario::run_all(&scn, &requests, prepared);

@@ -66,7 +66,7 @@ fn mooncake() -> Vec<Request> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/data/traces/mooncake-synthetic.jsonl");
     assert!(path.exists(), "{} is missing", path.display());
-    trace::scale(&trace::load(&path).unwrap(), 1.0, 1)
+    trace::scale(&trace::load(&path).unwrap(), 1.0, 1).unwrap()
 }
 
 #[test]
