@@ -68,16 +68,18 @@ fn sluice_holds_its_slo_and_cost_on_a_small_suite() {
     // 1.99× (two H100s held from the cut), reasoning 100 → 96.84 % at 1.49 → 1.43× (the trace
     // opens at the trough of its 25-minute swing: the old start had the ramp's fleet
     // ready, now the policy meets the ramp as at any trough).
+    // The forecast and headroom held to 1.4× a rate seen over a lead ago (`ceiling`): mixture
+    // 1.51 → 1.39×, reasoning 1.43 → 1.27×, code-drift 1.25 → 1.21×, at the same SLO.
     let held: &[(&str, f64, f64)] = &[
         ("poisson", 0.99, 1.4),
         ("gamma-bursts", 0.99, 2.05),
         ("flash-crowd", 0.59, 2.1),
         ("diurnal", 0.94, 1.4),
         ("code-like", 0.99, 2.05),
-        ("mixture", 0.99, 1.55),
+        ("mixture", 0.99, 1.45),
         ("long-prompts", 0.99, 1.45),
         ("code-drift", 0.99, 1.3),
-        ("reasoning", 0.96, 1.55),
+        ("reasoning", 0.96, 1.35),
     ];
     for r in &results {
         let oracle = get(&r.summaries, "oracle");

@@ -1113,3 +1113,55 @@ fn the_forecast_does_not_depend_on_the_tick_length() {
         );
     }
 }
+
+/// A climb back to a level the traffic held over a start-up lead ago is planned at most 1.4×
+/// that level (the `ceiling` module); a climb past it is new ground and gets the forecast and
+/// headroom in full.
+#[test]
+fn a_climb_within_an_old_peak_is_planned_to_a_ceiling_over_it() {
+    let mut p = h100_only();
+    let mut fleet = 0;
+    let (t, _) = run_h100(&mut p, 0.0, 40, 30.0, &mut fleet, 0);
+    let (mut t, _) = run_h100(&mut p, t, 60, 10.0, &mut fleet, 0);
+    let mut climb = |p: &mut Sluice, rates: &[f64], fleet: &mut u32| {
+        let mut d = Decision::default();
+        for &r in rates {
+            d = tick_h100(p, t, r, fleet);
+            t += 15.0;
+        }
+        d
+    };
+    let within = climb(&mut p, &[16.0, 22.0, 28.0], &mut fleet);
+    let held = |d: &Decision| d.reasons.iter().any(|r| r.detail.contains("held to"));
+    assert!(held(&within), "{:?}", within.reasons);
+    assert!(
+        (within.demand.planned_requests_per_s - 1.4 * 30.0).abs() < 1e-6,
+        "{:?}",
+        within.demand
+    );
+    let past = climb(&mut p, &[36.0, 44.0], &mut fleet);
+    assert!(!held(&past), "{:?}", past.reasons);
+    assert!(
+        past.demand.planned_requests_per_s >= 1.2 * 44.0,
+        "{:?}",
+        past.demand
+    );
+    // Without the ceiling the climb within the old peak had been planned past it.
+    let mut config = p.config().clone();
+    config.seen_peak_ratio = None;
+    let mut free = Sluice::new(profile(), config);
+    let (mut fleet, mut t) = (0, 0.0);
+    for (ticks, rate) in [(40, 30.0), (60, 10.0)] {
+        t = run_h100(&mut free, t, ticks, rate, &mut fleet, 0).0;
+    }
+    let mut d = Decision::default();
+    for r in [16.0, 22.0, 28.0] {
+        d = tick_h100(&mut free, t, r, &mut fleet);
+        t += 15.0;
+    }
+    assert!(
+        d.demand.planned_requests_per_s > 1.4 * 30.0,
+        "{:?}",
+        d.demand
+    );
+}

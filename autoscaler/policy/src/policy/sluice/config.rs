@@ -42,6 +42,11 @@ pub struct SluiceConfig {
     /// a start-up lead.
     #[serde(default = "default_forecast_cap_ratio")]
     pub forecast_cap_ratio: f64,
+    /// While the rate is within the highest seen over a start-up lead ago, the rate with its
+    /// forecast and headroom is planned at most this multiple of that peak (see the policy's
+    /// `ceiling` module); `None`: no ceiling.
+    #[serde(default = "default_seen_peak_ratio")]
+    pub seen_peak_ratio: Option<f64>,
     /// Panic when the short-window arrival rate exceeds the ready capacity by this factor...
     pub panic_rate_ratio: f64,
     /// ...or the queue holds more than this many seconds of the ready capacity.
@@ -84,6 +89,7 @@ impl SluiceConfig {
             forecast_damping_s: 600.0,
             forecast_horizon_s: None,
             forecast_cap_ratio: default_forecast_cap_ratio(),
+            seen_peak_ratio: default_seen_peak_ratio(),
             panic_rate_ratio: 1.5,
             panic_queue_s: 10.0,
             panic_window_s: 60.0,
@@ -101,6 +107,10 @@ impl SluiceConfig {
 
 fn default_forecast_cap_ratio() -> f64 {
     1.5
+}
+
+fn default_seen_peak_ratio() -> Option<f64> {
+    Some(1.4)
 }
 
 fn default_ttft_attainment_goal() -> f64 {

@@ -2,16 +2,17 @@
 //!
 //! Each tick: smooth the arrival rate with Holt's trend and forecast it over the start-up lead
 //! time; plan for the larger of the observed and forecast rate (the short-window rate too in
-//! panic), plus headroom, plus a rate that drains the backlog; convert each variant's capacity
-//! at SLO into offers (Spot first, on-demand when Spot is out of stock); pick the cheapest mix
-//! (keeping the current one when switching saves too little); scale up at once and scale down
-//! only to the highest recommendation of the stabilisation window, never in panic; the window
-//! grows to a start-up lead while cuts are bought back within one ([`Payback`]). Latency
-//! above the SLO widens the planning margin, latency well below narrows it back.
+//! panic), plus headroom (both held to a ceiling over a rate the traffic has already shown),
+//! plus a rate that drains the backlog; convert each variant's capacity at SLO into offers
+//! (Spot first, on-demand when Spot is out of stock); pick the cheapest mix (keeping the
+//! current one when switching saves too little); scale up at once and scale down only to the
+//! highest recommendation of the stabilisation window, never in panic; the window grows to a
+//! start-up lead while cuts are bought back within one ([`Payback`]). Latency above the SLO
+//! widens the planning margin, latency well below narrows it back.
 //!
 //! [`Policy::decide`] reads as the tick's steps; the steps with rules of their own live in
-//! modules named for them: `margin`, `floors` (the prompt tail's and the bursts'), `stabilise`
-//! (with the cuts' payback and keep-warm), `spot`, and `config` (the knobs).
+//! modules named for them: `ceiling`, `margin`, `floors` (the prompt tail's and the bursts'),
+//! `stabilise` (with the cuts' payback and keep-warm), `spot`, and `config` (the knobs).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -27,6 +28,7 @@ use crate::profile::{CapacityType, Profile};
 use crate::signals::Signals;
 use crate::zero::ZeroBudget;
 
+mod ceiling;
 mod config;
 mod floors;
 mod margin;
@@ -81,6 +83,8 @@ pub struct Sluice {
     variant_margin: HashMap<String, f64>,
     /// The error budget a cold start must fit, under [`crate::zero::ZeroRule::ErrorBudget`].
     zero: Option<ZeroBudget>,
+    /// The highest rate seen over a start-up lead ago ([`ceiling`]).
+    seen: ceiling::SeenPeak,
 }
 
 impl Sluice {
@@ -107,6 +111,7 @@ impl Sluice {
             spot_reclaims: HashMap::new(),
             learnt: None,
             zero: config.zero_rule.budget(),
+            seen: ceiling::SeenPeak::default(),
             config,
         };
         let (lead, prior) = (s.horizon_s(), s.config.headroom);
@@ -363,10 +368,34 @@ impl Sluice {
                 ),
             );
         }
-        let with_headroom = match learnt {
+        let mut with_headroom = match learnt {
             Some(extra) => base + extra,
             None => base * (1.0 + self.config.headroom),
         };
+        if full_window {
+            self.seen.observe(t, a.requests_per_s, horizon);
+        }
+        let observed = if panic {
+            a.requests_per_s.max(a.short_requests_per_s)
+        } else {
+            a.requests_per_s
+        };
+        let capped = (self.config.seen_peak_ratio).and_then(|ratio| {
+            self.seen
+                .cap(observed, with_headroom, ratio)
+                .zip(Some(ratio))
+        });
+        if let Some(((ceiling, peak), ratio)) = capped {
+            d.reason(
+                ReasonKind::Forecast,
+                None,
+                format!(
+                    "{with_headroom:.2} req/s with forecast and headroom held to {ceiling:.2}: \
+                     {ratio}× the {peak:.2} req/s seen over a lead ago"
+                ),
+            );
+            with_headroom = ceiling;
+        }
         let mut planned = with_headroom * self.margin + backlog;
         if idle {
             planned = 0.0;
