@@ -1116,52 +1116,51 @@ fn the_forecast_does_not_depend_on_the_tick_length() {
 
 /// A climb back to a level the traffic held over a start-up lead ago is planned at most 1.4×
 /// that level (the `ceiling` module); a climb past it is new ground and gets the forecast and
-/// headroom in full.
+/// headroom in full. Without the ceiling the same climb is planned past it.
 #[test]
 fn a_climb_within_an_old_peak_is_planned_to_a_ceiling_over_it() {
-    let mut p = h100_only();
-    let mut fleet = 0;
-    let (t, _) = run_h100(&mut p, 0.0, 40, 30.0, &mut fleet, 0);
-    let (mut t, _) = run_h100(&mut p, t, 60, 10.0, &mut fleet, 0);
-    let mut climb = |p: &mut Sluice, rates: &[f64], fleet: &mut u32| {
-        let mut d = Decision::default();
-        for &r in rates {
-            d = tick_h100(p, t, r, fleet);
-            t += 15.0;
-        }
-        d
-    };
-    let within = climb(&mut p, &[16.0, 22.0, 28.0], &mut fleet);
     let held = |d: &Decision| d.reasons.iter().any(|r| r.detail.contains("held to"));
+    let (mut p, t, mut fleet) = after_a_peak_and_a_lull(config_h100());
+    let (t, within) = climb(&mut p, t, &[16.0, 22.0, 28.0], &mut fleet);
     assert!(held(&within), "{:?}", within.reasons);
-    assert!(
-        (within.demand.planned_requests_per_s - 1.4 * 30.0).abs() < 1e-6,
-        "{:?}",
-        within.demand
-    );
-    let past = climb(&mut p, &[36.0, 44.0], &mut fleet);
+    let planned = within.demand.planned_requests_per_s;
+    assert!((planned - 1.4 * 30.0).abs() < 1e-6, "{:?}", within.demand);
+    let (_, past) = climb(&mut p, t, &[36.0, 44.0], &mut fleet);
     assert!(!held(&past), "{:?}", past.reasons);
-    assert!(
-        past.demand.planned_requests_per_s >= 1.2 * 44.0,
-        "{:?}",
-        past.demand
-    );
-    // Without the ceiling the climb within the old peak had been planned past it.
-    let mut config = p.config().clone();
-    config.seen_peak_ratio = None;
-    let mut free = Sluice::new(profile(), config);
-    let (mut fleet, mut t) = (0, 0.0);
-    for (ticks, rate) in [(40, 30.0), (60, 10.0)] {
-        t = run_h100(&mut free, t, ticks, rate, &mut fleet, 0).0;
-    }
-    let mut d = Decision::default();
-    for r in [16.0, 22.0, 28.0] {
-        d = tick_h100(&mut free, t, r, &mut fleet);
-        t += 15.0;
-    }
+    assert!(past.demand.planned_requests_per_s >= 1.2 * 44.0);
+
+    let mut free = config_h100();
+    free.seen_peak_ratio = None;
+    let (mut p, t, mut fleet) = after_a_peak_and_a_lull(free);
+    let (_, d) = climb(&mut p, t, &[16.0, 22.0, 28.0], &mut fleet);
     assert!(
         d.demand.planned_requests_per_s > 1.4 * 30.0,
         "{:?}",
         d.demand
     );
+}
+
+/// [`h100_only`]'s configuration.
+fn config_h100() -> SluiceConfig {
+    h100_only().config().clone()
+}
+
+/// Ten minutes at 30 req/s, then fifteen at 10 (the fleet cut back): the policy, the time and
+/// the H100s it holds.
+fn after_a_peak_and_a_lull(config: SluiceConfig) -> (Sluice, f64, u32) {
+    let mut p = Sluice::new(profile(), config);
+    let mut fleet = 0;
+    let (t, _) = run_h100(&mut p, 0.0, 40, 30.0, &mut fleet, 0);
+    let (t, _) = run_h100(&mut p, t, 60, 10.0, &mut fleet, 0);
+    (p, t, fleet)
+}
+
+/// One tick at each of `rates` from `t`: the time after them and the last decision.
+fn climb(p: &mut Sluice, mut t: f64, rates: &[f64], fleet: &mut u32) -> (f64, Decision) {
+    let mut d = Decision::default();
+    for &r in rates {
+        d = tick_h100(p, t, r, fleet);
+        t += 15.0;
+    }
+    (t, d)
 }

@@ -21,6 +21,10 @@
 
 use std::collections::VecDeque;
 
+use super::Sluice;
+use crate::decision::{Decision, ReasonKind};
+use crate::signals::Signals;
+
 /// The highest rate seen more than a start-up lead ago, and the rates of the last lead.
 #[derive(Debug, Clone, Default)]
 pub(super) struct SeenPeak {
@@ -48,6 +52,45 @@ impl SeenPeak {
     pub(super) fn cap(&self, rate: f64, planned: f64, ratio: f64) -> Option<(f64, f64)> {
         let ceiling = (self.peak * ratio).max(rate);
         (self.peak > 0.0 && rate <= self.peak && planned > ceiling).then_some((ceiling, self.peak))
+    }
+}
+
+impl Sluice {
+    /// `with_headroom` (requests/s) held to the ceiling over the highest rate seen a start-up
+    /// lead ago, after noting this tick's rate if its window is full; the short window's rate
+    /// counts as the rate in panic. A reason where it binds.
+    pub(super) fn under_ceiling(
+        &mut self,
+        s: &Signals,
+        (panic, full_window): (bool, bool),
+        with_headroom: f64,
+        d: &mut Decision,
+    ) -> f64 {
+        let a = &s.arrivals;
+        if full_window {
+            let lead_s = self.horizon_s();
+            self.seen.observe(s.time_s, a.requests_per_s, lead_s);
+        }
+        let Some(ratio) = self.config.seen_peak_ratio else {
+            return with_headroom;
+        };
+        let rate = if panic {
+            a.requests_per_s.max(a.short_requests_per_s)
+        } else {
+            a.requests_per_s
+        };
+        let Some((ceiling, peak)) = self.seen.cap(rate, with_headroom, ratio) else {
+            return with_headroom;
+        };
+        d.reason(
+            ReasonKind::Forecast,
+            None,
+            format!(
+                "{with_headroom:.2} req/s with forecast and headroom held to {ceiling:.2}: \
+                 {ratio}× the {peak:.2} req/s seen over a lead ago"
+            ),
+        );
+        ceiling
     }
 }
 

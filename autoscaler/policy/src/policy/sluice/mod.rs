@@ -368,34 +368,11 @@ impl Sluice {
                 ),
             );
         }
-        let mut with_headroom = match learnt {
+        let with_headroom = match learnt {
             Some(extra) => base + extra,
             None => base * (1.0 + self.config.headroom),
         };
-        if full_window {
-            self.seen.observe(t, a.requests_per_s, horizon);
-        }
-        let observed = if panic {
-            a.requests_per_s.max(a.short_requests_per_s)
-        } else {
-            a.requests_per_s
-        };
-        let capped = (self.config.seen_peak_ratio).and_then(|ratio| {
-            self.seen
-                .cap(observed, with_headroom, ratio)
-                .zip(Some(ratio))
-        });
-        if let Some(((ceiling, peak), ratio)) = capped {
-            d.reason(
-                ReasonKind::Forecast,
-                None,
-                format!(
-                    "{with_headroom:.2} req/s with forecast and headroom held to {ceiling:.2}: \
-                     {ratio}× the {peak:.2} req/s seen over a lead ago"
-                ),
-            );
-            with_headroom = ceiling;
-        }
+        let with_headroom = self.under_ceiling(s, (panic, full_window), with_headroom, d);
         let mut planned = with_headroom * self.margin + backlog;
         if idle {
             planned = 0.0;
