@@ -929,12 +929,16 @@ fn a_crowds_seconds_are_no_bursts_within_a_second() {
 
 /// The policy on H100s alone, at TTFT ≤ 2 s and TPOT ≤ 100 ms.
 fn h100_only() -> Sluice {
+    Sluice::new(profile(), config_h100())
+}
+
+/// [`h100_only`]'s configuration.
+fn config_h100() -> SluiceConfig {
     let slo = Slo {
         ttft_p99_s: 2.0,
         tpot_p99_s: 0.1,
     };
-    let limits = vec![VariantLimits::new(H100, 100)];
-    Sluice::new(profile(), SluiceConfig::new(slo, limits))
+    SluiceConfig::new(slo, vec![VariantLimits::new(H100, 100)])
 }
 
 /// [`h100_only`] after ten minutes at a steady 20 req/s: the policy, the time then and the
@@ -1138,11 +1142,6 @@ fn a_climb_within_an_old_peak_is_planned_to_a_ceiling_over_it() {
         "{:?}",
         d.demand
     );
-}
-
-/// [`h100_only`]'s configuration.
-fn config_h100() -> SluiceConfig {
-    h100_only().config().clone()
 }
 
 /// Ten minutes at 30 req/s, then fifteen at 10 (the fleet cut back): the policy, the time and
