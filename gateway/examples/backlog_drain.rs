@@ -164,6 +164,7 @@ async fn gateway(binding: Binding, backlog: usize) -> (SocketAddr, Arc<Router>) 
         limits: HttpLimits::default(),
         log_prompts: false,
         trust_request_chat_template: false,
+        max_prompt_tokens: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

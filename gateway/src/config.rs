@@ -63,6 +63,13 @@ pub struct ServeArgs {
     /// Longest prompt + completion (default: the model's context).
     #[arg(long, env = "SLUICE_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
+    /// Refuse prompts longer than this many tokens with a 400 before any prefill (TGI's
+    /// `--max-input-tokens`): a prompt no replica prefills within the TTFT target holds a
+    /// replica's prefill and misses anyway. `sluice-autoscaler profiles` prints the longest
+    /// prompt each GPU serves in time. Needs `--model`: a gateway that only routes does not
+    /// tokenise, so set it on the replicas. Default: only the context length bounds prompts.
+    #[arg(long, env = "SLUICE_MAX_PROMPT_TOKENS")]
+    pub max_prompt_tokens: Option<usize>,
     /// KV cache memory in MiB.
     #[arg(long, env = "SLUICE_KV_CACHE_MIB", default_value_t = 1024)]
     pub kv_cache_mib: usize,
@@ -337,6 +344,8 @@ pub struct ServeConfig {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub max_model_len: Option<usize>,
+    /// Prompts longer than this are refused (`--max-prompt-tokens`).
+    pub max_prompt_tokens: Option<usize>,
     pub kv_cache_bytes: usize,
     pub prefix_caching: bool,
     pub max_in_flight: usize,
@@ -399,6 +408,7 @@ impl ServeConfig {
             "paths": { "health": HEALTH_PATH, "ready": READY_PATH, "metrics": METRICS_PATH },
             "drain_timeout_s": self.drain_timeout.as_secs_f64(),
             "max_num_seqs": self.max_num_seqs,
+            "max_prompt_tokens": self.max_prompt_tokens,
             "kv_cache_mib": self.kv_cache_bytes >> 20,
             "device": self.device.to_string(),
             "cuda_in_binary": cfg!(feature = "cuda"),
@@ -518,6 +528,16 @@ impl ServeArgs {
             (None, Some(_)) => None,
         };
         let (device, backend) = self.device_and_backend(model.is_some())?;
+        if let Some(n) = self.max_prompt_tokens {
+            positive("max-prompt-tokens", n)?;
+            if model.is_none() {
+                return Err(
+                    "--max-prompt-tokens: a gateway that only routes does not tokenise \
+                            prompts; set it on the replicas (or add --model)"
+                        .into(),
+                );
+            }
+        }
         Ok(ServeConfig {
             addr: SocketAddr::new(ip, self.port),
             model,
@@ -532,6 +552,7 @@ impl ServeArgs {
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_model_len: self.max_model_len,
+            max_prompt_tokens: self.max_prompt_tokens,
             kv_cache_bytes: self.kv_cache_mib << 20,
             prefix_caching: !self.no_prefix_caching,
             max_in_flight,
@@ -654,6 +675,21 @@ mod tests {
         ] {
             let e = cfg(args).unwrap_err();
             assert!(e.contains(flag), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_prompt_bound_needs_a_model_to_tokenise_with() {
+        let local = cfg(&["--max-prompt-tokens", "45000"]).unwrap();
+        assert_eq!(local.max_prompt_tokens, Some(45_000));
+        assert_eq!(local.summary()["max_prompt_tokens"], 45_000);
+        assert_eq!(cfg(&[]).unwrap().max_prompt_tokens, None);
+        for args in [
+            &["--max-prompt-tokens", "0"][..],
+            &["--upstream", "http://a:1", "--max-prompt-tokens", "100"][..],
+        ] {
+            let e = cfg(args).unwrap_err();
+            assert!(e.contains("--max-prompt-tokens"), "{args:?}: {e}");
         }
     }
 

@@ -135,6 +135,7 @@ fn app_state(
         },
         log_prompts: cfg.log_prompts,
         trust_request_chat_template: cfg.trust_request_chat_template,
+        max_prompt_tokens: cfg.max_prompt_tokens,
     }
 }
 

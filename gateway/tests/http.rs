@@ -147,6 +147,79 @@ async fn errors_have_status_and_openai_shape() {
     assert!(msg.contains("1024") && msg.contains("5000"), "{msg}");
 }
 
+/// The engine's prompt tokens prefilled so far (`vllm:prompt_tokens_total`).
+fn prompt_tokens_prefilled(s: &sluice_gateway::api::AppState) -> f64 {
+    s.registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == sluice_metrics::vllm::PROMPT_TOKENS_TOTAL)
+        .flat_map(|f| f.get_metric())
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
+
+/// `--max-prompt-tokens`: a prompt past it, alone or among a completion's prompts, is refused
+/// with a 400 in the OpenAI shape naming the bound and its length, and nothing is prefilled;
+/// a prompt within it, or truncated to it, is served.
+#[tokio::test]
+async fn prompts_past_the_servers_bound_are_refused_before_any_prefill() {
+    let (s, _e) = state(Setup {
+        max_prompt_tokens: Some(32),
+        ..Setup::default()
+    });
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(10);
+    let refused = [
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "{long}"}}]}}"#
+            ),
+            "messages",
+        ),
+        (
+            "/v1/completions",
+            format!(r#"{{"model": "{MODEL}", "prompt": ["hi", "{long}"], "max_tokens": 2}}"#),
+            "prompt",
+        ),
+    ];
+    for (path, body, param) in refused {
+        let (status, _, v) = call(&s, "POST", path, None, Some(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {v}");
+        assert_openai_error(&v);
+        assert_eq!(v["error"]["param"], param, "{v}");
+        assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("at most 32 tokens"), "{msg}");
+    }
+    assert_eq!(
+        prompt_tokens_prefilled(&s),
+        0.0,
+        "a refused prompt was prefilled"
+    );
+    // The bound is on the model's card, for a gateway in front to read.
+    let (_, _, card) = call(&s, "GET", &format!("/v1/models/{MODEL}"), None, None).await;
+    assert_eq!(card["max_prompt_tokens"], 32, "{card}");
+    let served = [
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 2}}"#
+            ),
+        ),
+        (
+            "/v1/completions",
+            format!(
+                r#"{{"model": "{MODEL}", "prompt": "{long}", "max_tokens": 2, "truncate_prompt_tokens": 32}}"#
+            ),
+        ),
+    ];
+    for (path, body) in served {
+        let (status, _, v) = call(&s, "POST", path, None, Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {v}");
+    }
+    assert!(prompt_tokens_prefilled(&s) > 32.0);
+}
+
 const TWO_TENANTS: &str = r#"
 [[tenants]]
 name = "heavy"

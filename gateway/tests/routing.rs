@@ -167,6 +167,52 @@ async fn proxies_json_and_sse_and_aggregates_models() {
     assert!(!m.contains("model=\"gamma\""), "{m}");
 }
 
+/// Replicas started with `--max-prompt-tokens` list their bound on `/v1/models`; the gateway
+/// lists the largest while every replica of the model has one, and leaves a prompt estimated
+/// past it (bytes / 4) out of its per-second prompt sums: the replicas refuse it, so it is no
+/// prefill for the autoscaler to size a fleet for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_past_every_replicas_bound_stay_out_of_the_prompt_sums() {
+    let (fs, urls) = fakes(2, "m").await;
+    fs[0].max_prompt_tokens.store(100, Ordering::SeqCst);
+    fs[1].max_prompt_tokens.store(200, Ordering::SeqCst);
+    let gw = gateway(
+        quick_config(),
+        vec![Source::Static(urls)],
+        HttpLimits::default(),
+    )
+    .await;
+    ready(&gw, 2).await;
+    let b = base(&gw);
+    assert_eq!(
+        get(&b, "/v1/models/m").await.json()["max_prompt_tokens"],
+        200
+    );
+    let bursts = "sluice_gateway_prompt_tokens_per_second";
+    let sums = |m: &str| {
+        (
+            metric(m, &format!("{bursts}_count"), &[("model", "m")]),
+            metric(m, &format!("{bursts}_sum"), &[("model", "m")]),
+        )
+    };
+    // ~500 tokens by the estimate: past both bounds.
+    let long = "word ".repeat(400);
+    let r = post(&b, "/v1/chat/completions", chat("m", &long, false), &[]).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let m = get(&b, "/metrics").await.body.unwrap();
+    assert_eq!(sums(&m), (0.0, 0.0), "{m}");
+    let r = post(&b, "/v1/chat/completions", chat("m", "hi", false), &[]).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let m = get(&b, "/metrics").await.body.unwrap();
+    let (seconds, tokens) = sums(&m);
+    assert!(
+        seconds == 1.0 && tokens > 0.0 && tokens < 100.0,
+        "{seconds} s, {tokens}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_and_dead_replicas_are_retried_before_the_first_byte() {
     let Fakes {

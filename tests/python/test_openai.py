@@ -536,6 +536,35 @@ def test_malformed_json_and_context_length(server, client):
     assert "2048" in err["message"] and "5000" in err["message"], err
 
 
+def test_prompts_past_the_bound_are_refused_through_a_gateway():
+    """A replica started with `--max-prompt-tokens` refuses a longer prompt with a 400 the
+    client reads as `context_length_exceeded`, also through a routing gateway in front, which
+    lists the bound from the replica's card; prompts within it, or truncated to it, are served."""
+    replica = Server("--max-prompt-tokens", "48", "--max-model-len", "512")
+    gw = Server("--upstream", replica.url)
+    try:
+        long = [{"role": "user", "content": "Tell me about rivers. " * 20}]
+        for url in (replica.url, gw.url):
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+            assert client.models.retrieve(MODEL).model_extra["max_prompt_tokens"] == 48
+            with pytest.raises(openai.BadRequestError) as e:
+                client.chat.completions.create(model=MODEL, messages=long, max_tokens=4)
+            err = e.value.body
+            assert err["code"] == "context_length_exceeded" and err["param"] == "messages", err
+            assert "at most 48 tokens" in err["message"], err
+            r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+            assert r.usage.prompt_tokens <= 48
+            r = client.completions.create(model=MODEL, prompt="river " * 100, max_tokens=2,
+                                          extra_body={"truncate_prompt_tokens": 48})
+            assert r.usage.prompt_tokens == 48
+        _, _, m = raw(replica.url, "/metrics", method="GET")
+        # Only the served prompts were prefilled: two short ones and two truncated to 48.
+        assert series(m, "vllm:prompt_tokens_total") <= 4 * 48
+    finally:
+        gw.stop()
+        assert replica.stop() == 0
+
+
 def test_unknown_model_and_route(server, client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-9", messages=MESSAGES)

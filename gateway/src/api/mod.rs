@@ -38,6 +38,7 @@ pub use gate::{Ask, Gate};
 pub use state::{AppState, HttpLimits, RequestId};
 
 use crate::error::ApiError;
+use crate::router::replica::ServedModel;
 use types::*;
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -129,13 +130,14 @@ async fn authenticate(State(s): State<Arc<AppState>>, mut req: Request, next: Ne
     }
 }
 
-fn model_card(id: String, max_model_len: usize) -> ModelCard {
+fn model_card(m: ServedModel) -> ModelCard {
     ModelCard {
-        id,
+        id: m.id,
         object: "model",
         created: 0,
         owned_by: "sluice",
-        max_model_len,
+        max_model_len: m.max_model_len.unwrap_or(0),
+        max_prompt_tokens: m.max_prompt_tokens,
     }
 }
 
@@ -144,11 +146,7 @@ fn model_card(id: String, max_model_len: usize) -> ModelCard {
 async fn list_models(State(s): State<Arc<AppState>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
-        data: s
-            .all_models()
-            .into_iter()
-            .map(|(id, len)| model_card(id, len))
-            .collect(),
+        data: s.all_models().into_iter().map(model_card).collect(),
     })
 }
 
@@ -161,8 +159,8 @@ async fn get_model(
 ) -> Result<Json<ModelCard>, ApiError> {
     s.all_models()
         .into_iter()
-        .find(|(m, _)| *m == id)
-        .map(|(m, len)| Json(model_card(m, len)))
+        .find(|m| m.id == id)
+        .map(|m| Json(model_card(m)))
         .ok_or(ApiError::ModelNotFound(id))
 }
 
@@ -214,7 +212,7 @@ async fn openapi_json(State(s): State<Arc<AppState>>) -> Json<serde_json::Value>
                 .and_then(|v| v.pointer_mut("/properties/model"))
                 .and_then(|v| v.as_object_mut())
             {
-                let ids: Vec<String> = s.all_models().into_iter().map(|(id, _)| id).collect();
+                let ids: Vec<String> = s.all_models().into_iter().map(|m| m.id).collect();
                 model.insert("enum".into(), serde_json::json!(ids));
             }
         }

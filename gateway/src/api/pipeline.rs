@@ -206,6 +206,7 @@ async fn start_local<E: Endpoint>(
             .map(|p| t.apply(p, max))
             .collect::<Result<_, _>>()?;
     }
+    validate::prompts_within(&prompts, s.max_prompt_tokens, E::PARAMS.prompt)?;
     let echo = checked
         .echo
         .map(|e| echoed(&req, &prompts, model, e))
@@ -417,12 +418,17 @@ async fn start_remote<E: Endpoint>(
     let generated = sampling.max_tokens.unwrap_or(0) * sampling.n * routing.prompts;
     // The proxied prompt is not tokenised here: bytes / 4 estimates its tokens.
     let prompt_tokens = routing.prompt_bytes.div_ceil(4);
+    // Past every replica's `--max-prompt-tokens` (or context) it will be refused: no prefill
+    // for the autoscaler to size a fleet for, so it stays out of the per-second prompt sums.
+    let refused = router
+        .prompt_bound(req.model())
+        .is_some_and(|bound| prompt_tokens > bound);
     let ask = Ask {
         priority: checked.priority,
         reserve_tokens: (prompt_tokens + generated) as u64,
         // The answer is not parsed: the reservation stands as the request's cost.
         prompt_tokens: None,
-        burst_tokens: Some(prompt_tokens as u64),
+        burst_tokens: (!refused).then_some(prompt_tokens as u64),
     };
     gate(s, (tenant, req.model()), ask, scope).await?;
     let forward = Forward {

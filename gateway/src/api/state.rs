@@ -14,6 +14,7 @@ use crate::backend::{LocalBackend, Target};
 use crate::error::ApiError;
 use crate::metrics::GatewayMetrics;
 use crate::rate_limit::RateLimiter;
+use crate::router::replica::ServedModel;
 use crate::router::Router as ReplicaRouter;
 use crate::tenants::Tenants;
 
@@ -58,6 +59,8 @@ pub struct AppState {
     pub log_prompts: bool,
     /// Chat requests may bring their own `chat_template` (`--trust-request-chat-template`).
     pub trust_request_chat_template: bool,
+    /// Prompts longer than this are refused before any prefill (`--max-prompt-tokens`).
+    pub max_prompt_tokens: Option<usize>,
 }
 
 impl AppState {
@@ -77,18 +80,20 @@ impl AppState {
         self.served_model.as_deref() == Some(model)
     }
 
-    /// Every model served, here and by replicas, with its context length when known.
-    pub(super) fn all_models(&self) -> Vec<(String, usize)> {
+    /// Every model served, here and by replicas, with its context length and prompt bound
+    /// when known.
+    pub(super) fn all_models(&self) -> Vec<ServedModel> {
         let mut out = Vec::new();
         if let Some(m) = &self.served_model {
-            out.push((
-                m.clone(),
-                self.backend.get().map_or(0, |b| b.max_model_len()),
-            ));
+            out.push(ServedModel {
+                id: m.clone(),
+                max_model_len: self.backend.get().map(|b| b.max_model_len()),
+                max_prompt_tokens: self.max_prompt_tokens,
+            });
         }
         for m in self.router.iter().flat_map(|r| r.models()) {
-            if !out.iter().any(|(id, _)| *id == m.id) {
-                out.push((m.id, m.max_model_len.unwrap_or(0)));
+            if !out.iter().any(|o| o.id == m.id) {
+                out.push(m);
             }
         }
         out

@@ -550,6 +550,10 @@ pub struct ModelCard {
     pub owned_by: &'static str,
     /// Extension (vLLM): the longest prompt + completion.
     pub max_model_len: usize,
+    /// Extension (sluice): longer prompts are refused (`--max-prompt-tokens`); absent when
+    /// only the context bounds them. A gateway reads it from its replicas.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_prompt_tokens: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -729,6 +729,30 @@ pub fn request_template_allowed(asked: bool, trusted: bool) -> Result<(), ApiErr
     Ok(())
 }
 
+/// Each prompt within the server's `--max-prompt-tokens`, checked after tokenising (and any
+/// `truncate_prompt_tokens`) and before a budget is spent or a prefill runs. `param` is the
+/// endpoint's prompt parameter (`messages` or `prompt`).
+pub fn prompts_within(
+    prompts: &[Vec<u32>],
+    max_prompt_tokens: Option<usize>,
+    param: &str,
+) -> Result<(), ApiError> {
+    let (Some(max), Some(longest)) = (max_prompt_tokens, prompts.iter().map(Vec::len).max()) else {
+        return Ok(());
+    };
+    if longest <= max {
+        return Ok(());
+    }
+    Err(ApiError::BadRequest {
+        message: format!(
+            "this server takes prompts of at most {max} tokens (longer ones cannot meet its \
+             latency target), and this one has {longest}. Please reduce the length of the prompt."
+        ),
+        param: Some(param.to_string()),
+        code: Some("context_length_exceeded"),
+    })
+}
+
 /// A checked completion request's prompts as token ids: text encoded as the model reads a
 /// prompt (`Tokenizer::encode_prompt`), ids checked against the vocabulary.
 pub fn completion_prompts(

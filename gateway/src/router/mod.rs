@@ -251,15 +251,22 @@ impl Router {
         self.replicas().values().any(|r| r.eligible(now))
     }
 
-    /// Every model some healthy replica serves (the largest context length any reports), and
-    /// every model a discovery source names (no context length while no replica reports one).
+    /// Every model some healthy replica serves (the largest context length any reports, and
+    /// the largest prompt bound while every one has a bound), and every model a discovery
+    /// source names (no context length while no replica reports one).
     pub fn models(&self) -> Vec<ServedModel> {
         let now = Instant::now();
         let mut out: Vec<ServedModel> = Vec::new();
         for r in self.replicas().values().filter(|r| r.eligible(now)) {
             for m in r.models().iter() {
                 match out.iter_mut().find(|o| o.id == m.id) {
-                    Some(o) => o.max_model_len = o.max_model_len.max(m.max_model_len),
+                    Some(o) => {
+                        o.max_model_len = o.max_model_len.max(m.max_model_len);
+                        o.max_prompt_tokens = o
+                            .max_prompt_tokens
+                            .zip(m.max_prompt_tokens)
+                            .map(|(a, b)| a.max(b));
+                    }
                     None => out.push(m.clone()),
                 }
             }
@@ -269,11 +276,27 @@ impl Router {
                 out.push(ServedModel {
                     id,
                     max_model_len: None,
+                    max_prompt_tokens: None,
                 });
             }
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
+    }
+
+    /// The longest prompt some healthy replica of `model` takes (its `--max-prompt-tokens`
+    /// or its context), when every one of them reports one; `None` when one takes any
+    /// prompt or none is healthy.
+    pub fn prompt_bound(&self, model: &str) -> Option<usize> {
+        let now = Instant::now();
+        let mut bound = None;
+        for r in self.replicas().values().filter(|r| r.eligible(now)) {
+            for m in r.models().iter().filter(|m| m.id == model) {
+                let b = m.longest_prompt()?;
+                bound = Some(bound.map_or(b, |x: usize| x.max(b)));
+            }
+        }
+        bound
     }
 
     /// Whether requests for `model` are routed: a replica serves it, or a source names it.

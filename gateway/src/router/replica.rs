@@ -31,6 +31,20 @@ const MAX_SMALL_BODY: usize = 4 << 20;
 pub struct ServedModel {
     pub id: String,
     pub max_model_len: Option<usize>,
+    /// The replica refuses longer prompts (`--max-prompt-tokens`); `None`: it takes any
+    /// prompt within the context.
+    pub max_prompt_tokens: Option<usize>,
+}
+
+impl ServedModel {
+    /// The longest prompt the replica takes: its prompt bound or context, whichever is
+    /// shorter; `None` when it reports neither.
+    pub fn longest_prompt(&self) -> Option<usize> {
+        match (self.max_prompt_tokens, self.max_model_len) {
+            (Some(p), Some(c)) => Some(p.min(c)),
+            (p, c) => p.or(c),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -253,6 +267,7 @@ impl Replica {
                             .map(|m| ServedModel {
                                 id: m.id,
                                 max_model_len: m.max_model_len.filter(|&n| n > 0),
+                                max_prompt_tokens: m.max_prompt_tokens.filter(|&n| n > 0),
                             })
                             .collect();
                         *self.models.write().unwrap() = Arc::new(models);
@@ -296,6 +311,8 @@ struct ModelEntry {
     id: String,
     #[serde(default)]
     max_model_len: Option<usize>,
+    #[serde(default)]
+    max_prompt_tokens: Option<usize>,
 }
 
 /// A request in flight on a replica; dropping it (the response ended) counts it out.

@@ -46,6 +46,8 @@ pub struct Fake {
     pub live_waiting: AtomicU64,
     /// The most generations that ran at once.
     pub peak_running: AtomicU64,
+    /// When not 0, listed on `/v1/models` as `max_prompt_tokens` (`--max-prompt-tokens`).
+    pub max_prompt_tokens: AtomicU64,
     slot_free: tokio::sync::Notify,
 }
 
@@ -143,8 +145,12 @@ pub async fn serve_on(
 }
 
 async fn models(State(f): State<Arc<Fake>>) -> Response {
+    let bound = match f.max_prompt_tokens.load(Ordering::SeqCst) {
+        0 => String::new(),
+        n => format!(r#","max_prompt_tokens":{n}"#),
+    };
     let body = format!(
-        r#"{{"object":"list","data":[{{"id":"{}","object":"model","max_model_len":2048}}]}}"#,
+        r#"{{"object":"list","data":[{{"id":"{}","object":"model","max_model_len":2048{bound}}}]}}"#,
         f.model
     );
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()

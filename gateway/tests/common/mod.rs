@@ -52,6 +52,8 @@ pub struct Setup {
     pub tenants: Tenants,
     pub admission: AdmissionConfig,
     pub limits: HttpLimits,
+    /// `--max-prompt-tokens`.
+    pub max_prompt_tokens: Option<usize>,
 }
 
 impl Default for Setup {
@@ -65,6 +67,7 @@ impl Default for Setup {
                 late_after: None,
             },
             limits: HttpLimits::default(),
+            max_prompt_tokens: None,
         }
     }
 }
@@ -91,6 +94,7 @@ pub fn state(setup: Setup) -> (Arc<AppState>, EngineHandle) {
         limits: setup.limits,
         log_prompts: false,
         trust_request_chat_template: false,
+        max_prompt_tokens: setup.max_prompt_tokens,
     });
     state
         .backend

@@ -61,6 +61,7 @@ pub async fn gateway(cfg: RouterConfig, sources: Vec<Source>, limits: HttpLimits
         limits,
         log_prompts: false,
         trust_request_chat_template: false,
+        max_prompt_tokens: None,
     });
     for s in sources {
         discovery::spawn(s, router.clone(), Duration::from_millis(50));
