@@ -193,6 +193,12 @@ struct SimulateArgs {
     /// serve --hold-timeout`); 0: no limit.
     #[arg(long, env = "SLUICE_AUTOSCALER_HOLD_TIMEOUT", default_value_t = 60.0)]
     hold_timeout: f64,
+    /// Model replicas that refuse longer prompts (`sluice serve --max-prompt-tokens`): a
+    /// token count, or `feasible` for the longest prompt some variant serves alone within
+    /// the SLO (`profiles` prints it). Refused prompts take no prefill, and the policy's
+    /// signals count only their arrival, as the gateway and replicas do.
+    #[arg(long, env = "SLUICE_AUTOSCALER_MAX_PROMPT_TOKENS")]
+    max_prompt_tokens: Option<String>,
     /// Also run sluice and KPA at min 0 and at min 1 and print what going to zero saves over
     /// the trace's idle periods, and its cold starts.
     #[arg(long, env = "SLUICE_AUTOSCALER_ZERO_SAVINGS")]
@@ -344,6 +350,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     };
     if a.fifo_queue {
         scn.sim.queue_late_after_share = None;
+    }
+    if let Some(bound) = &a.max_prompt_tokens {
+        scn.sim.max_prompt_tokens = Some(max_prompt_tokens(bound, &scn)?);
     }
     scn.sim.spot_preemptions_per_node_hour = a.spot_preemptions_per_hour;
     scn.validate()?;
@@ -589,6 +598,29 @@ fn print_scenario(
         scn.sim.tick_s,
         scn.sim.spot_preemptions_per_node_hour
     );
+    if let Some(max) = scn.sim.max_prompt_tokens {
+        let refused = requests.iter().filter(|r| r.prompt_tokens > max).count();
+        println!(
+            "  prompts      replicas refuse over {max} tokens (--max-prompt-tokens): {refused} requests"
+        );
+    }
+}
+
+/// `--max-prompt-tokens`: a positive token count, or `feasible` for the profile's longest
+/// feasible prompt at the scenario's SLO.
+fn max_prompt_tokens(arg: &str, scn: &Scenario) -> Result<u32> {
+    if arg == "feasible" {
+        let longest = scn.profile.longest_feasible_prompt(&scn.slo).floor();
+        anyhow::ensure!(
+            longest >= 1.0,
+            "--max-prompt-tokens feasible: no variant of {} serves any prompt within the SLO",
+            scn.profile.model.name
+        );
+        return Ok(longest as u32);
+    }
+    arg.parse::<u32>().ok().filter(|&n| n > 0).with_context(|| {
+        format!("--max-prompt-tokens must be a positive token count or `feasible` (got {arg:?})")
+    })
 }
 
 /// Dollars per thousand requests at a price per hour and a rate, `-` when it serves none.
@@ -617,11 +649,16 @@ fn profiles(a: ProfilesArgs) -> Result<()> {
         let c = capacity::at_slo(v, &w, &slo, &plan);
         let price = v.replica_price_per_hour(CapacityType::OnDemand);
         println!(
-            "  {:<22} batch {:>6.1}  TPOT {:>5.1} ms  {:>7.2} req/s  {:>8.0} out tok/s  ${:>6.3}/h  ${}/1k req  bound {:?}",
+            "  {:<22} batch {:>6.1}  TPOT {:>5.1} ms  {:>7.2} req/s  {:>8.0} out tok/s  ${:>6.3}/h  ${}/1k req  bound {:?}  prompts ≤ {:.0} tok in SLO",
             v.name, c.batch, c.tpot_s * 1e3, c.requests_per_s, c.output_tokens_per_s, price,
-            per_thousand(price, c.requests_per_s), c.bound
+            per_thousand(price, c.requests_per_s), c.bound, profile.longest_prompt_served(v, &slo).floor()
         );
     }
+    println!(
+        "longer prompts miss the SLO on any fleet: `sluice serve --max-prompt-tokens {:.0}` refuses them \
+         (`simulate --max-prompt-tokens feasible` models it)",
+        profile.longest_feasible_prompt(&slo).floor()
+    );
     Ok(())
 }
 

@@ -333,4 +333,46 @@ fn settings_no_replay_can_honour_are_refused_with_their_figures() {
         &["--suite", "--suite-duration", "0"],
         "suite duration 0 s: the synthetic traces need a positive duration",
     );
+    for bound in ["0", "4.5", "lots"] {
+        refused(
+            &["--trace", trace, "--max-prompt-tokens", bound],
+            "--max-prompt-tokens must be a positive token count or `feasible`",
+        );
+    }
+}
+
+/// `--max-prompt-tokens`: the scenario names the bound and how many requests it refuses, as
+/// a count or as the profile's longest feasible prompt (45,565 tokens on the default H100).
+#[test]
+fn a_prompt_bound_is_modelled_and_counted() {
+    let dir = scratch("prompt-bound");
+    let trace = dir.join("trace.csv");
+    write_trace(&trace);
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let over_2000 = text
+        .lines()
+        .skip(1)
+        .filter(|l| l.split(',').nth(1).unwrap().parse::<u32>().unwrap() > 2000)
+        .count();
+    assert!(over_2000 > 0);
+    let base = [
+        "--trace",
+        trace.to_str().unwrap(),
+        "--rate-scale",
+        "1",
+        "--policies",
+        "sluice",
+    ];
+    let bounded = simulate_ok(&[&base[..], &["--max-prompt-tokens", "2000"]].concat());
+    assert!(
+        bounded.contains(&format!(
+            "replicas refuse over 2000 tokens (--max-prompt-tokens): {over_2000} requests"
+        )),
+        "{bounded}"
+    );
+    let feasible = simulate_ok(&[&base[..], &["--max-prompt-tokens", "feasible"]].concat());
+    assert!(
+        feasible.contains("replicas refuse over 45565 tokens (--max-prompt-tokens): 0 requests"),
+        "{feasible}"
+    );
 }

@@ -180,13 +180,19 @@ impl Profile {
     pub fn longest_feasible_prompt(&self, slo: &Slo) -> f64 {
         self.variants
             .iter()
-            .filter(|v| v.itl_s(1.0) <= slo.tpot_p99_s)
-            .map(|v| {
-                v.longest_prompt_within(slo.ttft_p99_s)
-                    .min(v.perf.kv_cache_tokens as f64)
-                    .min(self.model.max_context_tokens as f64)
-            })
+            .map(|v| self.longest_prompt_served(v, slo))
             .fold(0.0, f64::max)
+    }
+
+    /// The longest prompt a replica of `v` serves alone within the SLO (0 when its lone
+    /// decode misses the TPOT target): what its `sluice serve --max-prompt-tokens` would be.
+    pub fn longest_prompt_served(&self, v: &Variant, slo: &Slo) -> f64 {
+        if v.itl_s(1.0) > slo.tpot_p99_s {
+            return 0.0;
+        }
+        v.longest_prompt_within(slo.ttft_p99_s)
+            .min(v.perf.kv_cache_tokens as f64)
+            .min(self.model.max_context_tokens as f64)
     }
 
     /// A built-in profile by name, else a TOML file at that path.

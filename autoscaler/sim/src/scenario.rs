@@ -113,6 +113,9 @@ impl Scenario {
         if timeouts.iter().flatten().any(|t| t.is_nan() || *t <= 0.0) || q.max_queue == Some(0) {
             return bad("the gateway's queue timeouts and size must be positive (or unbounded)");
         }
+        if self.sim.max_prompt_tokens == Some(0) {
+            return bad("the replicas' prompt bound must be positive (or none)");
+        }
         Ok(())
     }
 

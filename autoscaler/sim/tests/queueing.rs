@@ -293,3 +293,96 @@ fn the_gateways_queue_bounds_refuse_a_backlog_no_target_could_meet() {
     assert!(refused.iter().all(|&i| i < 300));
     assert!(in_time_after(&bounded, 60.0) > 0.99);
 }
+
+/// Keeps its fleet, as [`Fixed`], and every tick's signals.
+#[derive(Debug, Default)]
+struct Watching(Vec<Signals>);
+
+impl Policy for Watching {
+    fn name(&self) -> &str {
+        "watching"
+    }
+
+    fn decide(&mut self, s: &Signals) -> Decision {
+        self.0.push(s.clone());
+        Fixed.decide(s)
+    }
+}
+
+/// Replicas run with `--max-prompt-tokens` (`SimConfig::max_prompt_tokens`): a prompt past it
+/// is refused at arrival and takes no prefill, so the short prompts behind it keep their
+/// time. The policy sees what a controller would: the gateway counts the refused request's
+/// arrival, the replicas' token counters and largest prompt leave it out.
+#[test]
+fn prompts_past_the_replicas_bound_are_refused_and_take_no_prefill() {
+    let profile = prefill_only();
+    // Short prompts at 0.5/s, and every 20 s one that takes 5 s to prefill (the target is 2).
+    let mut reqs = arrivals(0.5, 600, 4, |_| (100, 1));
+    reqs.extend((0..60).map(|i| Request {
+        arrival_s: 10.0 + 20.0 * f64::from(i),
+        prompt_tokens: 5000,
+        output_tokens: 1,
+    }));
+    reqs.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    let run = |bound: Option<u32>| {
+        let cfg = SimConfig {
+            max_prompt_tokens: bound,
+            ..SimConfig::default()
+        };
+        let mut watching = Watching::default();
+        let start = sim::Start::cold(&[1]);
+        let run = sim::run(
+            &cfg,
+            &profile,
+            &SLO,
+            &Planning::default(),
+            &reqs,
+            &mut watching,
+            start,
+        );
+        (run, watching.0)
+    };
+    let short_in_time = |r: &sim::Run| {
+        let short: Vec<_> = reqs
+            .iter()
+            .zip(&r.outcomes)
+            .filter(|(q, _)| q.prompt_tokens == 100)
+            .collect();
+        let met = short
+            .iter()
+            .filter(|(_, o)| o.ttft_s.is_some_and(|t| t <= SLO.ttft_p99_s))
+            .count();
+        met as f64 / short.len() as f64
+    };
+    // The signals of the tick at 300 s: a full minute's window holding three long prompts.
+    let at_300 = |seen: &[Signals]| {
+        seen.iter()
+            .find(|s| s.time_s >= 300.0)
+            .unwrap()
+            .arrivals
+            .clone()
+    };
+
+    let (open, seen) = run(None);
+    assert!(open.outcomes.iter().all(|o| !o.failed));
+    assert!(short_in_time(&open) < 0.95, "{}", short_in_time(&open));
+    let open_arrivals = at_300(&seen);
+    assert_eq!(open_arrivals.max_prompt_tokens, 5000);
+
+    let (bounded, seen) = run(Some(2000));
+    for (r, o) in reqs.iter().zip(&bounded.outcomes) {
+        assert_eq!(o.failed, r.prompt_tokens > 2000, "{r:?}");
+    }
+    assert!(
+        short_in_time(&bounded) > 0.99,
+        "{}",
+        short_in_time(&bounded)
+    );
+    let a = at_300(&seen);
+    assert_eq!(
+        a.requests_per_s, open_arrivals.requests_per_s,
+        "the gateway counts every arrival"
+    );
+    assert_eq!(a.max_prompt_tokens, 100);
+    assert!(a.prompt_tokens_per_s < open_arrivals.prompt_tokens_per_s / 3.0);
+}

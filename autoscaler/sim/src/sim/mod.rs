@@ -65,6 +65,11 @@ pub struct SimConfig {
     /// The gateway's queue bound and timeouts ([`QueueLimits`]; `sluice serve`'s defaults).
     #[serde(default)]
     pub queue_limits: QueueLimits,
+    /// The replicas run `sluice serve --max-prompt-tokens`: a longer prompt is refused (a
+    /// 400) before it takes any prefill. The signals count its arrival and none of its
+    /// tokens ([`observe`]). `None`: no such bound.
+    #[serde(default)]
+    pub max_prompt_tokens: Option<u32>,
     pub seed: u64,
     /// Keep every tick's decision in [`Run::decisions`] (`simulate --decisions`); off for the
     /// oracle's replays and the suite, which read only the outcomes.
@@ -85,6 +90,7 @@ impl Default for SimConfig {
             max_drain_s: 1800.0,
             queue_late_after_share: queue_late_after_share(),
             queue_limits: QueueLimits::default(),
+            max_prompt_tokens: None,
             seed: 1,
             record_decisions: false,
         }
@@ -381,15 +387,17 @@ struct Tally {
     decisions: Vec<Decision>,
 }
 
-/// Requests no replica can hold: longer than the largest KV cache or the model's context.
+/// Requests no replica takes: longer than the largest KV cache or the model's context, or
+/// with a prompt past the replicas' `--max-prompt-tokens`.
 #[derive(Debug, Clone, Copy)]
 struct Fit {
     max_kv: u64,
     max_context: u64,
+    max_prompt: Option<u32>,
 }
 
 impl Fit {
-    fn of(profile: &Profile) -> Fit {
+    fn of(profile: &Profile, max_prompt: Option<u32>) -> Fit {
         Fit {
             max_kv: profile
                 .variants
@@ -398,12 +406,15 @@ impl Fit {
                 .max()
                 .unwrap_or(0),
             max_context: profile.model.max_context_tokens,
+            max_prompt,
         }
     }
 
     fn holds(&self, r: &Request) -> bool {
         let total = u64::from(r.prompt_tokens) + u64::from(r.output_tokens);
-        total <= self.max_kv && total <= self.max_context
+        total <= self.max_kv
+            && total <= self.max_context
+            && self.max_prompt.is_none_or(|m| r.prompt_tokens <= m)
     }
 }
 
@@ -493,12 +504,14 @@ impl<'a> Sim<'a> {
     fn on_arrival(&mut self, next: usize, fit: &Fit) -> f64 {
         let r = &self.requests[next];
         let now = r.arrival_s;
-        self.observer.on_arrival(now, r);
+        let taken = fit.holds(r);
+        self.observer.on_arrival(now, r, taken);
         if !self.any_ready() {
             self.cold += 1;
         }
-        if !fit.holds(r) {
-            // No replica takes it: it is refused as invalid, which is not a miss of the fleet's.
+        if !taken {
+            // No replica takes it: refused as invalid. A miss only if it was feasible (a
+            // `--max-prompt-tokens` below the longest feasible prompt).
             self.outcomes[next].failed = true;
             self.settled += 1;
         } else if !self.gateway.push(next as u32, r) {
@@ -625,7 +638,7 @@ fn run_from(
     cut_s: f64,
 ) -> Run {
     let mut sim = Sim::new(cfg, profile, slo, planning, requests, initial);
-    let fit = Fit::of(profile);
+    let fit = Fit::of(profile, cfg.max_prompt_tokens);
     let deadline = requests.last().map_or(0.0, |r| r.arrival_s) + cfg.max_drain_s;
     sim.push(0.0, Kind::Tick);
     let mut next = 0usize;

@@ -22,11 +22,15 @@ pub fn cpu_utilisation(seqs: usize, max_seqs: usize) -> f64 {
     0.25 + 0.05 * seqs as f64 / max_seqs.max(1) as f64
 }
 
-/// The arrivals of one window ending now: (time, prompt, output) with their running moments.
+/// The arrivals of one window ending now, as a controller reads them: the gateway counts
+/// every request, the replicas' token counters and histograms only those they took. Each
+/// arrival is (time, its prompt and output tokens if a replica took it), with the taken
+/// ones' running moments.
 #[derive(Debug)]
 struct ArrivalWindow {
     window_s: f64,
-    arrivals: VecDeque<(f64, u32, u32)>,
+    arrivals: VecDeque<(f64, Option<(u32, u32)>)>,
+    taken: usize,
     prompt: Moments,
     output: Moments,
 }
@@ -36,38 +40,46 @@ impl ArrivalWindow {
         ArrivalWindow {
             window_s,
             arrivals: VecDeque::new(),
+            taken: 0,
             prompt: Moments::default(),
             output: Moments::default(),
         }
     }
 
-    fn push(&mut self, t: f64, r: &Request) {
-        self.arrivals
-            .push_back((t, r.prompt_tokens, r.output_tokens));
-        self.prompt.add(r.prompt_tokens);
-        self.output.add(r.output_tokens);
+    fn push(&mut self, t: f64, r: &Request, taken: bool) {
+        let tokens = taken.then_some((r.prompt_tokens, r.output_tokens));
+        self.arrivals.push_back((t, tokens));
+        if let Some((p, o)) = tokens {
+            self.taken += 1;
+            self.prompt.add(p);
+            self.output.add(o);
+        }
     }
 
     fn expire(&mut self, now: f64) {
-        while let Some(&(t, p, o)) = self.arrivals.front() {
+        while let Some(&(t, tokens)) = self.arrivals.front() {
             if t >= now - self.window_s {
                 break;
             }
             self.arrivals.pop_front();
-            self.prompt.remove(p);
-            self.output.remove(o);
+            if let Some((p, o)) = tokens {
+                self.taken -= 1;
+                self.prompt.remove(p);
+                self.output.remove(o);
+            }
         }
     }
 
+    /// Every arrival, and the tokens and spread of those taken.
     fn shape(&self) -> WindowShape {
-        let n = self.arrivals.len() as f64;
+        let taken = self.taken as f64;
         WindowShape {
             window_s: self.window_s,
-            requests: n,
+            requests: self.arrivals.len() as f64,
             prompt_tokens: self.prompt.sum.max(0.0),
             output_tokens: self.output.sum.max(0.0),
-            prompt_tokens_cv2: self.prompt.cv2(n),
-            output_tokens_cv2: self.output.cv2(n),
+            prompt_tokens_cv2: self.prompt.cv2(taken),
+            output_tokens_cv2: self.output.cv2(taken),
         }
     }
 }
@@ -165,10 +177,16 @@ impl Observer {
         }
     }
 
-    pub fn on_arrival(&mut self, t: f64, r: &Request) {
-        self.long.push(t, r);
-        self.wide.push(t, r);
-        self.per_second.push(t, r.prompt_tokens);
+    /// Request `r` arrived at `t`; `taken`: no replica refuses it for its length. The
+    /// gateway counts every arrival, but sums into the second's prompt tokens only prompts
+    /// within the replicas' `--max-prompt-tokens`, which it reads from their model cards
+    /// (its bytes / 4 estimate of a prompt's tokens is taken as exact here).
+    pub fn on_arrival(&mut self, t: f64, r: &Request, taken: bool) {
+        self.long.push(t, r, taken);
+        self.wide.push(t, r, taken);
+        if taken {
+            self.per_second.push(t, r.prompt_tokens);
+        }
     }
 
     /// A first token at `t` on a replica of pool `key`.
@@ -252,7 +270,7 @@ impl Observer {
             .arrivals
             .iter()
             .rev()
-            .take_while(|&&(t, _, _)| t >= now - self.short_window_s)
+            .take_while(|&&(t, _)| t >= now - self.short_window_s)
             .count() as f64;
         let short_rate = short / self.short_window_s.min(now.max(1.0));
         Arrivals {
@@ -260,7 +278,7 @@ impl Observer {
                 .long
                 .arrivals
                 .iter()
-                .map(|&(_, p, _)| u64::from(p))
+                .filter_map(|&(_, tokens)| tokens.map(|(p, _)| u64::from(p)))
                 .max()
                 .unwrap_or(0),
             wide: Some(self.wide.shape()),
