@@ -64,19 +64,38 @@ fn base(gw: &Gateway) -> String {
     format!("http://{}", gw.addr)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proxies_json_and_sse_and_aggregates_models() {
-    let (a, urls_a) = fakes(1, "alpha").await;
-    let (_b, urls_b) = fakes(1, "beta").await;
-    let urls: Vec<ReplicaUrl> = urls_a.iter().chain(&urls_b).cloned().collect();
+/// A gateway routing to `urls` (`quick_config`) once all of them are eligible, and its base URL.
+async fn routing_to(urls: Vec<ReplicaUrl>) -> (Gateway, String) {
+    let n = urls.len();
     let gw = gateway(
         quick_config(),
         vec![Source::Static(urls)],
         HttpLimits::default(),
     )
     .await;
-    ready(&gw, 2).await;
+    ready(&gw, n).await;
     let b = base(&gw);
+    (gw, b)
+}
+
+/// A model's seconds and tokens in `sluice_gateway_prompt_tokens_per_second`, read from the
+/// gateway's `/metrics` once the seconds so far are over.
+async fn prompt_sums(b: &str, model: &str) -> (f64, f64) {
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let m = get(b, "/metrics").await.body.unwrap();
+    let bursts = "sluice_gateway_prompt_tokens_per_second";
+    (
+        metric(&m, &format!("{bursts}_count"), &[("model", model)]),
+        metric(&m, &format!("{bursts}_sum"), &[("model", model)]),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_json_and_sse_and_aggregates_models() {
+    let (a, urls_a) = fakes(1, "alpha").await;
+    let (_b, urls_b) = fakes(1, "beta").await;
+    let urls: Vec<ReplicaUrl> = urls_a.iter().chain(&urls_b).cloned().collect();
+    let (_gw, b) = routing_to(urls).await;
 
     let models = get(&b, "/v1/models").await.json();
     let ids: BTreeSet<&str> = models["data"]
@@ -153,17 +172,14 @@ async fn proxies_json_and_sse_and_aggregates_models() {
 
     // Each second's prompt tokens per served model (a proxied request's bytes / 4), observed
     // once the second is over; no series for a model no replica serves.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let m = get(&b, "/metrics").await.body.unwrap();
-    let bursts = "sluice_gateway_prompt_tokens_per_second";
     for model in ["alpha", "beta"] {
-        let seconds = metric(&m, &format!("{bursts}_count"), &[("model", model)]);
-        let tokens = metric(&m, &format!("{bursts}_sum"), &[("model", model)]);
+        let (seconds, tokens) = prompt_sums(&b, model).await;
         assert!(
             seconds >= 1.0 && tokens > 0.0,
-            "{model}: {seconds} s, {tokens}\n{m}"
+            "{model}: {seconds} s, {tokens}"
         );
     }
+    let m = get(&b, "/metrics").await.body.unwrap();
     assert!(!m.contains("model=\"gamma\""), "{m}");
 }
 
@@ -176,37 +192,19 @@ async fn prompts_past_every_replicas_bound_stay_out_of_the_prompt_sums() {
     let (fs, urls) = fakes(2, "m").await;
     fs[0].max_prompt_tokens.store(100, Ordering::SeqCst);
     fs[1].max_prompt_tokens.store(200, Ordering::SeqCst);
-    let gw = gateway(
-        quick_config(),
-        vec![Source::Static(urls)],
-        HttpLimits::default(),
-    )
-    .await;
-    ready(&gw, 2).await;
-    let b = base(&gw);
+    let (_gw, b) = routing_to(urls).await;
     assert_eq!(
         get(&b, "/v1/models/m").await.json()["max_prompt_tokens"],
         200
     );
-    let bursts = "sluice_gateway_prompt_tokens_per_second";
-    let sums = |m: &str| {
-        (
-            metric(m, &format!("{bursts}_count"), &[("model", "m")]),
-            metric(m, &format!("{bursts}_sum"), &[("model", "m")]),
-        )
-    };
     // ~500 tokens by the estimate: past both bounds.
     let long = "word ".repeat(400);
     let r = post(&b, "/v1/chat/completions", chat("m", &long, false), &[]).await;
     assert_eq!(r.status, 200, "{r:?}");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let m = get(&b, "/metrics").await.body.unwrap();
-    assert_eq!(sums(&m), (0.0, 0.0), "{m}");
+    assert_eq!(prompt_sums(&b, "m").await, (0.0, 0.0));
     let r = post(&b, "/v1/chat/completions", chat("m", "hi", false), &[]).await;
     assert_eq!(r.status, 200, "{r:?}");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let m = get(&b, "/metrics").await.body.unwrap();
-    let (seconds, tokens) = sums(&m);
+    let (seconds, tokens) = prompt_sums(&b, "m").await;
     assert!(
         seconds == 1.0 && tokens > 0.0 && tokens < 100.0,
         "{seconds} s, {tokens}"
