@@ -743,10 +743,15 @@ pub fn prompts_within(
     if longest <= max {
         return Ok(());
     }
+    let which = if prompts.len() > 1 {
+        "the longest of these"
+    } else {
+        "this one"
+    };
     Err(ApiError::BadRequest {
         message: format!(
             "this server takes prompts of at most {max} tokens (longer ones cannot meet its \
-             latency target), and this one has {longest}. Please reduce the length of the prompt."
+             latency target), and {which} has {longest}. Please reduce the length of the prompt."
         ),
         param: Some(param.to_string()),
         code: Some("context_length_exceeded"),
