@@ -66,8 +66,9 @@ pub struct ServeArgs {
     /// Refuse prompts longer than this many tokens with a 400 before any prefill (TGI's
     /// `--max-input-tokens`): a prompt no replica prefills within the TTFT target holds a
     /// replica's prefill and misses anyway. `sluice-autoscaler profiles` prints the longest
-    /// prompt each GPU serves in time. Needs `--model`: a gateway that only routes does not
-    /// tokenise, so set it on the replicas. Default: only the context length bounds prompts.
+    /// prompt each GPU serves in time; give every replica of a model the largest over its
+    /// GPUs (the gateway routes by load, not by bound). Needs `--model`: a gateway that only
+    /// routes does not tokenise, so set it on the replicas. Default: only the context.
     #[arg(long, env = "SLUICE_MAX_PROMPT_TOKENS")]
     pub max_prompt_tokens: Option<usize>,
     /// KV cache memory in MiB.
