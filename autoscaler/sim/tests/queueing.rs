@@ -312,7 +312,8 @@ impl Policy for Watching {
 /// Replicas run with `--max-prompt-tokens` (`SimConfig::max_prompt_tokens`): a prompt past it
 /// is refused at arrival and takes no prefill, so the short prompts behind it keep their
 /// time. The policy sees what a controller would: the gateway counts the refused request's
-/// arrival, the replicas' token counters and largest prompt leave it out.
+/// arrival but not its prompt in the per-second sums, the replicas' token counters and
+/// largest prompt leave it out.
 #[test]
 fn prompts_past_the_replicas_bound_are_refused_and_take_no_prefill() {
     let profile = prefill_only();
@@ -385,4 +386,7 @@ fn prompts_past_the_replicas_bound_are_refused_and_take_no_prefill() {
     );
     assert_eq!(a.max_prompt_tokens, 100);
     assert!(a.prompt_tokens_per_s < open_arrivals.prompt_tokens_per_s / 3.0);
+    let per_second = |a: &sluice_policy::signals::Arrivals| a.per_second.as_ref().unwrap().sum;
+    assert!(per_second(&a) > 0.0);
+    assert!(per_second(&a) < per_second(&open_arrivals) / 3.0);
 }
