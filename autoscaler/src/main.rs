@@ -599,7 +599,10 @@ fn print_scenario(
         scn.sim.spot_preemptions_per_node_hour
     );
     if let Some(max) = scn.sim.max_prompt_tokens {
-        let refused = requests.iter().filter(|r| r.prompt_tokens > max).count();
+        let refused = requests
+            .iter()
+            .filter(|r| scn.sim.refuses_prompt(r))
+            .count();
         println!(
             "  prompts      replicas refuse over {max} tokens (--max-prompt-tokens): {refused} requests"
         );

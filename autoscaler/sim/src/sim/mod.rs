@@ -97,6 +97,13 @@ impl Default for SimConfig {
     }
 }
 
+impl SimConfig {
+    /// Whether the replicas' `--max-prompt-tokens` refuses `r`.
+    pub fn refuses_prompt(&self, r: &Request) -> bool {
+        self.max_prompt_tokens.is_some_and(|m| r.prompt_tokens > m)
+    }
+}
+
 fn shape_window_s() -> f64 {
     sluice_policy::signals::SHAPE_WINDOW_S
 }
@@ -387,17 +394,15 @@ struct Tally {
     decisions: Vec<Decision>,
 }
 
-/// Requests no replica takes: longer than the largest KV cache or the model's context, or
-/// with a prompt past the replicas' `--max-prompt-tokens`.
+/// Requests no replica can hold: longer than the largest KV cache or the model's context.
 #[derive(Debug, Clone, Copy)]
 struct Fit {
     max_kv: u64,
     max_context: u64,
-    max_prompt: Option<u32>,
 }
 
 impl Fit {
-    fn of(profile: &Profile, max_prompt: Option<u32>) -> Fit {
+    fn of(profile: &Profile) -> Fit {
         Fit {
             max_kv: profile
                 .variants
@@ -406,15 +411,12 @@ impl Fit {
                 .max()
                 .unwrap_or(0),
             max_context: profile.model.max_context_tokens,
-            max_prompt,
         }
     }
 
     fn holds(&self, r: &Request) -> bool {
         let total = u64::from(r.prompt_tokens) + u64::from(r.output_tokens);
-        total <= self.max_kv
-            && total <= self.max_context
-            && self.max_prompt.is_none_or(|m| r.prompt_tokens <= m)
+        total <= self.max_kv && total <= self.max_context
     }
 }
 
@@ -500,11 +502,12 @@ impl<'a> Sim<'a> {
         *tally = Tally::default();
     }
 
-    /// Request `next` arrives: refused if no replica holds it, else queued at the gateway.
+    /// Request `next` arrives: refused if no replica holds or takes it (`--max-prompt-tokens`),
+    /// else queued at the gateway.
     fn on_arrival(&mut self, next: usize, fit: &Fit) -> f64 {
         let r = &self.requests[next];
         let now = r.arrival_s;
-        let taken = fit.holds(r);
+        let taken = fit.holds(r) && !self.cfg.refuses_prompt(r);
         self.observer.on_arrival(now, r, taken);
         if !self.any_ready() {
             self.cold += 1;
@@ -638,7 +641,7 @@ fn run_from(
     cut_s: f64,
 ) -> Run {
     let mut sim = Sim::new(cfg, profile, slo, planning, requests, initial);
-    let fit = Fit::of(profile, cfg.max_prompt_tokens);
+    let fit = Fit::of(profile);
     let deadline = requests.last().map_or(0.0, |r| r.arrival_s) + cfg.max_drain_s;
     sim.push(0.0, Kind::Tick);
     let mut next = 0usize;
