@@ -57,18 +57,17 @@ impl SeenPeak {
 
 impl Sluice {
     /// `with_headroom` (requests/s) held to the ceiling over the highest rate seen a start-up
-    /// lead ago, after noting this tick's rate if its window is full; the short window's rate
-    /// counts as the rate in panic. A reason where it binds.
+    /// lead (`lead_s`) ago, after noting this tick's rate if its window is full; the short
+    /// window's rate counts as the rate in panic. A reason where it binds.
     pub(super) fn under_ceiling(
         &mut self,
         s: &Signals,
-        (panic, full_window): (bool, bool),
+        (panic, full_window, lead_s): (bool, bool, f64),
         with_headroom: f64,
         d: &mut Decision,
     ) -> f64 {
         let a = &s.arrivals;
         if full_window {
-            let lead_s = self.horizon_s();
             self.seen.observe(s.time_s, a.requests_per_s, lead_s);
         }
         let Some(ratio) = self.config.seen_peak_ratio else {

@@ -372,7 +372,7 @@ impl Sluice {
             Some(extra) => base + extra,
             None => base * (1.0 + self.config.headroom),
         };
-        let with_headroom = self.under_ceiling(s, (panic, full_window), with_headroom, d);
+        let with_headroom = self.under_ceiling(s, (panic, full_window, horizon), with_headroom, d);
         let mut planned = with_headroom * self.margin + backlog;
         if idle {
             planned = 0.0;
