@@ -197,10 +197,15 @@ async fn prompts_past_every_replicas_bound_stay_out_of_the_prompt_sums() {
         get(&b, "/v1/models/m").await.json()["max_prompt_tokens"],
         200
     );
-    // ~500 tokens by the estimate: past both bounds.
+    // ~500 tokens by the estimate: past both bounds, refused as the replica refuses it.
     let long = "word ".repeat(400);
     let r = post(&b, "/v1/chat/completions", chat("m", &long, false), &[]).await;
-    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.status, 400, "{r:?}");
+    assert_eq!(
+        r.json()["error"]["code"],
+        "context_length_exceeded",
+        "{r:?}"
+    );
     assert_eq!(prompt_sums(&b, "m").await, (0.0, 0.0));
     let r = post(&b, "/v1/chat/completions", chat("m", "hi", false), &[]).await;
     assert_eq!(r.status, 200, "{r:?}");
@@ -209,6 +214,80 @@ async fn prompts_past_every_replicas_bound_stay_out_of_the_prompt_sums() {
         seconds == 1.0 && tokens > 0.0 && tokens < 100.0,
         "{seconds} s, {tokens}"
     );
+}
+
+/// A mixed pool: one replica bounds prompts at 100 tokens (a slow GPU), the other at 1,000.
+/// A prompt past the first's bound by the gateway's estimate goes to the second however
+/// loaded it is; one the estimate puts within it but the replica counts past it (the fake
+/// counts a token per byte) is refused there and retried on the second before any byte
+/// reached the client; one past both bounds is refused by the second alone, its 400 passed
+/// on. Short prompts still go to the least loaded replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_go_to_the_replicas_whose_bound_takes_them() {
+    let (fs, urls) = fakes(2, "m").await;
+    fs[0].max_prompt_tokens.store(100, Ordering::SeqCst);
+    fs[1].max_prompt_tokens.store(1_000, Ordering::SeqCst);
+    // The second looks busy: least-load sends it nothing it need not.
+    fs[1].running.store(50, Ordering::SeqCst);
+    let cfg = RouterConfig {
+        policy: Policy::LeastLoad,
+        ..quick_config()
+    };
+    let gw = gateway(
+        cfg,
+        vec![Source::Static(urls.clone())],
+        HttpLimits::default(),
+    )
+    .await;
+    ready(&gw, 2).await;
+    let router = gw.router.clone();
+    eventually(Duration::from_secs(5), "bounds and loads are read", || {
+        let now = std::time::Instant::now();
+        let replicas = router.replicas();
+        router.prompt_bound("m") == Some(1_000)
+            && replicas[&urls[1]].score(now, Duration::from_secs(1)) >= 50.0
+            && replicas[&urls[0]].longest_prompt("m") == 100
+    })
+    .await;
+    let b = base(&gw);
+    let send = |content: String| {
+        let b = b.clone();
+        async move { post(&b, "/v1/chat/completions", chat("m", &content, false), &[]).await }
+    };
+    let upstream = |m: &str, i: usize, status: &str| {
+        metric(
+            m,
+            "sluice_gateway_upstream_requests_total",
+            &[("replica", urls[i].as_str()), ("status", status)],
+        )
+    };
+
+    let short = send("hi".into()).await;
+    assert_eq!(short.status, 200, "{short:?}");
+    assert_eq!(short.replica().as_deref(), Some(urls[0].as_str()));
+
+    // ~150 tokens by the estimate: only the second takes it.
+    let long = send("word ".repeat(120)).await;
+    assert_eq!(long.status, 200, "{long:?}");
+    assert_eq!(long.replica().as_deref(), Some(urls[1].as_str()));
+    assert_eq!(fs[0].served(), 1);
+
+    // ~40 tokens by the estimate, ~230 by the replica's count: refused by the first, retried.
+    let under = send("word ".repeat(32)).await;
+    assert_eq!(under.status, 200, "{under:?}");
+    assert_eq!(under.replica().as_deref(), Some(urls[1].as_str()));
+    assert_eq!(fs[0].served(), 2);
+    let m = get(&b, "/metrics").await.body.unwrap();
+    assert_eq!(upstream(&m, 0, "400"), 1.0, "{m}");
+    assert_eq!(upstream(&m, 1, "200"), 2.0, "{m}");
+
+    // Past both: the second refuses it, and the client reads its refusal.
+    let past = send("word ".repeat(1_000)).await;
+    assert_eq!(past.status, 400, "{past:?}");
+    assert_eq!(past.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(fs[0].served(), 2);
+    let m = get(&b, "/metrics").await.body.unwrap();
+    assert_eq!(upstream(&m, 1, "400"), 1.0, "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -565,6 +565,48 @@ def test_prompts_past_the_bound_are_refused_through_a_gateway():
         assert replica.stop() == 0
 
 
+def test_a_gateway_sends_each_prompt_to_a_replica_whose_bound_takes_it():
+    """A mixed pool behind a gateway: one replica takes prompts of at most 48 tokens (as a
+    slow GPU would be set), the other 256. A prompt the gateway's bytes / 4 estimate puts past
+    48 goes to the second alone; one the estimate puts within 48 but the chat template makes
+    longer (its default system prompt) is refused by the first and retried on the second
+    before the client sees anything; one past both is refused with the larger bound named."""
+    small = Server("--max-prompt-tokens", "48", "--max-model-len", "512")
+    large = Server("--max-prompt-tokens", "256", "--max-model-len", "512")
+    # Round-robin: the first replica gets every other first attempt it may take.
+    gw = Server("--upstream", f"{small.url},{large.url}", "--policy", "round-robin")
+    try:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        assert client.models.retrieve(MODEL).model_extra["max_prompt_tokens"] == 256
+
+        def ask(text):
+            raw_answer = client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=2)
+            return raw_answer.headers["x-sluice-replica"], raw_answer.parse()
+
+        for _ in range(3):
+            replica, r = ask("Tell me about rivers. " * 20)
+            assert replica == large.url and 48 < r.usage.prompt_tokens <= 256, (replica, r.usage)
+        for _ in range(4):
+            replica, r = ask("Tell me about rivers. " * 5)
+            assert replica == large.url and r.usage.prompt_tokens > 48, (replica, r.usage)
+        _, _, m = raw(gw.url, "/metrics", method="GET")
+        refused = [line for line in m.splitlines() if line.startswith(
+            "sluice_gateway_upstream_requests_total") and small.url in line and 'status="400"' in line]
+        assert refused and float(refused[0].split()[-1]) >= 1, refused
+        with pytest.raises(openai.BadRequestError) as e:
+            ask("Tell me about rivers. " * 60)
+        assert e.value.body["code"] == "context_length_exceeded", e.value.body
+        assert "at most 256 tokens" in e.value.body["message"], e.value.body
+        _, _, m = raw(small.url, "/metrics", method="GET")
+        # The small replica prefilled nothing: it refused before any prefill.
+        assert series(m, "vllm:prompt_tokens_total") == 0
+    finally:
+        gw.stop()
+        assert small.stop() == 0
+        assert large.stop() == 0
+
+
 def test_unknown_model_and_route(server, client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-9", messages=MESSAGES)

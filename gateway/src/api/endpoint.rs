@@ -21,6 +21,8 @@ pub struct Routing {
     pub affinity: Vec<u8>,
     /// The prompts' size in bytes (token ids count four bytes: one token).
     pub prompt_bytes: usize,
+    /// The longest prompt's size in bytes, counted alike.
+    pub longest_prompt_bytes: usize,
     /// Prompts in the request (completions may send several).
     pub prompts: usize,
 }
@@ -140,6 +142,7 @@ impl Endpoint for ChatCompletionRequest {
         );
         Routing {
             prompt_bytes: text.len(),
+            longest_prompt_bytes: text.len(),
             affinity: text,
             prompts: 1,
         }
@@ -186,24 +189,23 @@ impl Endpoint for CompletionRequest {
 
     fn routing(&self, _: &Self::Prompt) -> Routing {
         let first = |bytes: Option<Vec<u8>>| bytes.unwrap_or_default();
-        let (affinity, prompt_bytes, prompts) = match &self.prompt {
-            PromptSpec::Text(t) => (t.as_bytes().to_vec(), t.len(), 1),
+        let (affinity, sizes): (Vec<u8>, Vec<usize>) = match &self.prompt {
+            PromptSpec::Text(t) => (t.as_bytes().to_vec(), vec![t.len()]),
             PromptSpec::Texts(ts) => (
                 first(ts.first().map(|t| t.as_bytes().to_vec())),
-                ts.iter().map(String::len).sum(),
-                ts.len(),
+                ts.iter().map(String::len).collect(),
             ),
-            PromptSpec::Tokens(t) => (affinity::token_bytes(t), t.len() * 4, 1),
+            PromptSpec::Tokens(t) => (affinity::token_bytes(t), vec![t.len() * 4]),
             PromptSpec::TokenLists(ls) => (
                 first(ls.first().map(|l| affinity::token_bytes(l))),
-                ls.iter().map(|l| l.len() * 4).sum(),
-                ls.len(),
+                ls.iter().map(|l| l.len() * 4).collect(),
             ),
         };
         Routing {
             affinity,
-            prompt_bytes,
-            prompts,
+            prompt_bytes: sizes.iter().sum(),
+            longest_prompt_bytes: sizes.iter().copied().max().unwrap_or(0),
+            prompts: sizes.len(),
         }
     }
 }

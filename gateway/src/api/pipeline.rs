@@ -418,11 +418,12 @@ async fn start_remote<E: Endpoint>(
     let generated = sampling.max_tokens.unwrap_or(0) * sampling.n * routing.prompts;
     // The proxied prompt is not tokenised here: bytes / 4 estimates its tokens.
     let prompt_tokens = routing.prompt_bytes.div_ceil(4);
+    let longest = routing.longest_prompt_bytes.div_ceil(4);
     // Past every replica's `--max-prompt-tokens` (or context) it will be refused: no prefill
     // for the autoscaler to size a fleet for, so it stays out of the per-second prompt sums.
     let refused = router
         .prompt_bound(req.model())
-        .is_some_and(|bound| prompt_tokens > bound);
+        .is_some_and(|bound| longest > bound);
     let ask = Ask {
         priority: checked.priority,
         reserve_tokens: (prompt_tokens + generated) as u64,
@@ -441,6 +442,7 @@ async fn start_remote<E: Endpoint>(
             tenant: tenant.clone(),
         },
         deadline: scope.deadline,
+        prompt_tokens: longest,
         stream: checked
             .stream
             .then_some((sampling.n, routing.prompts, checked.include_usage)),

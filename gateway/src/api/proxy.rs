@@ -52,6 +52,8 @@ pub struct Forward<'a> {
     pub class: QueueClass,
     /// The request's own deadline, forwarded as the time left (`X-Sluice-Deadline-Ms`).
     pub deadline: Option<std::time::Instant>,
+    /// The longest prompt's estimated tokens, to route it to replicas that take it.
+    pub prompt_tokens: usize,
     /// A streamed answer: `(choices per prompt, prompts, include_usage)`, made resumable.
     pub stream: Option<(usize, usize, bool)>,
 }
@@ -113,6 +115,7 @@ pub async fn forward(
         body,
         deadline: earliest(timeout, to.deadline.map(Instant::from_std)),
         class: Some(to.class),
+        prompt_tokens: Some(to.prompt_tokens),
     };
     let routed = router.dispatch(&req).await.map_err(|e| {
         let passed = to.deadline.is_some_and(|d| std::time::Instant::now() >= d);

@@ -338,6 +338,7 @@ mod tests {
             body: Bytes::from_static(br#"{"model":"m","stream":true}"#),
             deadline: None,
             class: None,
+            prompt_tokens: None,
         };
         Resumption::new(
             Router::new(RouterConfig::default(), metrics),

@@ -44,6 +44,7 @@ async fn proxy_tokens(
         body: bytes,
         deadline: None,
         class: None,
+        prompt_tokens: None,
     };
     Some(match router.dispatch(&req).await {
         Err(e) => Err(e.into()),

@@ -4,7 +4,9 @@
 //! exchange, a 502/503/429 or a timeout is retried on another replica — at most
 //! `max_attempts` in all, after a jittered exponential backoff, never past the request's
 //! deadline. Once the first byte is in hand the answer is committed to that replica and the
-//! caller streams the rest (`crate::api::proxy`).
+//! caller streams the rest (`crate::api::proxy`). A 400 refusing the prompt as too long is
+//! retried the same way on a replica that takes longer prompts, while one is ready
+//! (`super::bounds`).
 //!
 //! Every attempt is counted in `sluice_gateway_upstream_requests_total{replica,status}`;
 //! failures feed the replica's outlier ejection (a 429 does not: the replica is full, not
@@ -21,6 +23,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use crate::admission::AdmissionError;
+use crate::router::bounds;
 use crate::router::policy::Key;
 use crate::router::queue::QueueClass;
 use crate::router::remote::{RemoteError, ReplicaUrl};
@@ -40,6 +43,9 @@ pub struct ProxyRequest {
     /// A generation's place in its model's queue: it waits there for a replica with room.
     /// `None` (a tokenizer call) goes to a ready replica at once.
     pub class: Option<QueueClass>,
+    /// The longest prompt's estimated tokens: only replicas that take it are picked
+    /// (`super::bounds`). `None`: any replica.
+    pub prompt_tokens: Option<usize>,
 }
 
 /// An answer committed to a replica: its head, the first body frame, and the rest to stream.
@@ -118,13 +124,14 @@ impl Router {
         let started = Instant::now();
         let mut tried: Vec<ReplicaUrl> = Vec::new();
         let mut last: Option<RemoteError> = None;
+        let mut tokens = req.prompt_tokens;
         for attempt in 0..self.config().max_attempts {
             if attempt > 0 && !self.back_off(attempt, req.deadline).await {
                 break;
             }
             let guard = match bound.take() {
                 Some(g) => g,
-                None => match self.pick(&req.model, req.key, &tried) {
+                None => match self.pick(&req.model, req.key, &tried, tokens) {
                     Ok((replica, _)) => replica.begin(),
                     Err(n) => {
                         return Err(match last {
@@ -140,6 +147,17 @@ impl Router {
             match self.try_replica(req, guard, attempt).await {
                 Ok(routed) => return Ok(routed),
                 Err((url, err)) => {
+                    if let RemoteError::Status {
+                        status: StatusCode::BAD_REQUEST,
+                        ..
+                    } = err
+                    {
+                        // Refused as too long: the prompt is longer than that replica takes.
+                        tokens = Some(
+                            self.past_bound_of(&url, &req.model)
+                                .max(tokens.unwrap_or(0)),
+                        );
+                    }
                     tried.push(url);
                     last = Some(err);
                 }
@@ -274,6 +292,15 @@ impl Router {
             .upstream_requests
             .with_label_values(&[url.as_str(), status.as_str()])
             .inc();
+        if !final_attempt
+            && bounds::refused_as_too_long(&head, first.as_ref())
+            && self.outreached(&req.model, &replica)
+        {
+            return Attempt::Failed {
+                err: RemoteError::Status { url, status },
+                counts: false,
+            };
+        }
         if status.is_server_error() {
             replica.failure();
         } else if status != StatusCode::TOO_MANY_REQUESTS {

@@ -10,6 +10,8 @@
 //! - [`health`]: passive outlier ejection and active health-check state.
 //! - [`policy`]: round-robin, least-load (the minimum, ties at random), prefix-affinity (bounded load).
 //! - [`affinity`]: affinity keys from prompt prefixes and sessions; rendezvous hashing.
+//! - [`bounds`]: which replicas take a prompt of a given length (their
+//!   `--max-prompt-tokens`), and retrying a too-long refusal on one that takes longer.
 //! - [`queue`]: each model's queue in the gateway: a request waits there until a replica
 //!   has room for it (late binding) or, with no ready replica at all, is held.
 //! - [`dispatch`]: one request's attempts: bind, send, wait for the first byte, retry.
@@ -21,6 +23,7 @@
 //! listed, and its requests are held until a replica of it is ready.
 
 pub mod affinity;
+pub mod bounds;
 pub mod dispatch;
 pub mod health;
 pub mod load;
@@ -289,14 +292,12 @@ impl Router {
     /// prompt or none is healthy.
     pub fn prompt_bound(&self, model: &str) -> Option<usize> {
         let now = Instant::now();
-        let mut bound = None;
-        for r in self.replicas().values().filter(|r| r.eligible(now)) {
-            for m in r.models().iter().filter(|m| m.id == model) {
-                let b = m.longest_prompt()?;
-                bound = Some(bound.map_or(b, |x: usize| x.max(b)));
-            }
-        }
-        bound
+        self.replicas()
+            .values()
+            .filter(|r| r.serves(model) && r.eligible(now))
+            .map(|r| r.longest_prompt(model))
+            .max()
+            .filter(|&b| b < usize::MAX)
     }
 
     /// Whether requests for `model` are routed: a replica serves it, or a source names it.
@@ -317,12 +318,14 @@ impl Router {
             .any(|r| r.serves(model) && r.eligible(now))
     }
 
-    /// Picks a replica for `model`, avoiding `tried` while others are available.
+    /// Picks a replica for `model` that takes a prompt of `tokens` tokens (`bounds::taking`),
+    /// avoiding `tried` while others are available.
     pub fn pick(
         &self,
         model: &str,
         key: Option<Key>,
         tried: &[ReplicaUrl],
+        tokens: Option<usize>,
     ) -> Result<(Arc<Replica>, Reason), NoPick> {
         let now = Instant::now();
         let all = self.replicas();
@@ -334,7 +337,7 @@ impl Router {
         if healthy.is_empty() {
             return Err(NoPick::NoneHealthy);
         }
-        let open: Vec<&Arc<Replica>> = healthy
+        let open: Vec<&Arc<Replica>> = bounds::taking(healthy, model, tokens)
             .into_iter()
             .filter(|r| r.in_flight() < self.cfg.replica_max_in_flight)
             .collect();

@@ -36,8 +36,8 @@ use tokio::time::Instant;
 
 use crate::admission::{Admission, AdmissionConfig, Permit};
 use crate::metrics::QueueMetrics;
+use crate::router::bounds;
 use crate::router::dispatch::{ProxyRequest, RouteError};
-use crate::router::policy::Key;
 use crate::router::replica::{InFlightHere, Replica};
 use crate::router::{Binding, Router, RouterConfig};
 use crate::tenants::Tenant;
@@ -183,7 +183,7 @@ impl Router {
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
             if head.is_some() {
-                match self.find_room(&req.model, req.key) {
+                match self.find_room(req) {
                     // The in-flight count is taken before the permit passes on.
                     Found::Bound(r) => return Ok(r.begin()),
                     Found::AtCap => return Err(RouteError::AllAtCap(req.model.clone())),
@@ -204,17 +204,19 @@ impl Router {
         }
     }
 
-    /// The replica the head of `model`'s queue goes to now, or why none.
-    fn find_room(&self, model: &str, key: Option<Key>) -> Found {
+    /// The replica the head of its model's queue, `req`, goes to now, or why none: only
+    /// replicas that take its prompt count (`bounds::taking`).
+    fn find_room(&self, req: &ProxyRequest) -> Found {
         let now = std::time::Instant::now();
         let all = self.replicas();
         let ready: Vec<&Arc<Replica>> = all
             .values()
-            .filter(|r| r.serves(model) && r.eligible(now))
+            .filter(|r| r.serves(&req.model) && r.eligible(now))
             .collect();
         if ready.is_empty() {
             return Found::Held;
         }
+        let ready = bounds::taking(ready, &req.model, req.prompt_tokens);
         let cap = self.cfg.replica_max_in_flight;
         let open: Vec<&Arc<Replica>> = ready
             .iter()
@@ -231,7 +233,7 @@ impl Router {
                 Found::Full
             };
         }
-        Found::Bound(self.choose(&open, key, now).0)
+        Found::Bound(self.choose(&open, req.key, now).0)
     }
 
     /// Why a request waiting since `arrived` must stop waiting now, if it must.

@@ -129,6 +129,18 @@ impl Replica {
         self.models.read().unwrap().clone()
     }
 
+    /// The longest prompt of `model` this replica takes (`ServedModel::longest_prompt`);
+    /// `usize::MAX` while it reports no bound (or does not serve the model).
+    pub fn longest_prompt(&self, model: &str) -> usize {
+        self.models
+            .read()
+            .unwrap()
+            .iter()
+            .find(|m| m.id == model)
+            .and_then(ServedModel::longest_prompt)
+            .unwrap_or(usize::MAX)
+    }
+
     pub fn eligible(&self, now: Instant) -> bool {
         self.health.lock().unwrap().eligible(now)
     }

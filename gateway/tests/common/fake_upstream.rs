@@ -46,7 +46,11 @@ pub struct Fake {
     pub live_waiting: AtomicU64,
     /// The most generations that ran at once.
     pub peak_running: AtomicU64,
-    /// When not 0, listed on `/v1/models` as `max_prompt_tokens` (`--max-prompt-tokens`).
+    /// When not 0, listed on `/v1/models` as `max_prompt_tokens` (`--max-prompt-tokens`), and
+    /// a generation whose body has more bytes is refused as a replica refuses a prompt past
+    /// its bound (400 `context_length_exceeded`). The fake counts a token per byte of the
+    /// body: more than the gateway's bytes / 4 estimate of the prompt, so an estimate that
+    /// runs short is caught here as a tokenising replica catches it.
     pub max_prompt_tokens: AtomicU64,
     slot_free: tokio::sync::Notify,
 }
@@ -195,6 +199,18 @@ async fn generate(State(f): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -
         tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
     }
     *f.last_body.lock().unwrap() = Some(body.clone());
+    let bound = f.max_prompt_tokens.load(Ordering::SeqCst);
+    if bound > 0 && body.len() as u64 > bound {
+        let error = serde_json::json!({"error": {
+            "message": format!("this server takes prompts of at most {bound} tokens, and this one has {}", body.len()),
+            "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}});
+        return (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            error.to_string(),
+        )
+            .into_response();
+    }
     let refuse = f
         .refuse_next
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
