@@ -66,16 +66,21 @@ fn base(gw: &Gateway) -> String {
 
 /// A gateway routing to `urls` (`quick_config`) once all of them are eligible, and its base URL.
 async fn routing_to(urls: Vec<ReplicaUrl>) -> (Gateway, String) {
-    let n = urls.len();
+    let gw = routing_with(quick_config(), &urls).await;
+    let b = base(&gw);
+    (gw, b)
+}
+
+/// A gateway routing to `urls` with `cfg`, once every replica is eligible.
+async fn routing_with(cfg: RouterConfig, urls: &[ReplicaUrl]) -> Gateway {
     let gw = gateway(
-        quick_config(),
-        vec![Source::Static(urls)],
+        cfg,
+        vec![Source::Static(urls.to_vec())],
         HttpLimits::default(),
     )
     .await;
-    ready(&gw, n).await;
-    let b = base(&gw);
-    (gw, b)
+    ready(&gw, urls.len()).await;
+    gw
 }
 
 /// A model's seconds and tokens in `sluice_gateway_prompt_tokens_per_second`, read from the
@@ -233,13 +238,7 @@ async fn prompts_go_to_the_replicas_whose_bound_takes_them() {
         policy: Policy::LeastLoad,
         ..quick_config()
     };
-    let gw = gateway(
-        cfg,
-        vec![Source::Static(urls.clone())],
-        HttpLimits::default(),
-    )
-    .await;
-    ready(&gw, 2).await;
+    let gw = routing_with(cfg, &urls).await;
     let router = gw.router.clone();
     eventually(Duration::from_secs(5), "bounds and loads are read", || {
         let now = std::time::Instant::now();
@@ -312,13 +311,7 @@ async fn refusals_and_dead_replicas_are_retried_before_the_first_byte() {
         },
         ..quick_config()
     };
-    let gw = gateway(
-        cfg,
-        vec![Source::Static(urls.clone())],
-        HttpLimits::default(),
-    )
-    .await;
-    ready(&gw, 3).await;
+    let gw = routing_with(cfg, &urls).await;
     // The third replica dies: its connects fail from now on.
     tasks[2].abort();
     let b = base(&gw);
@@ -390,13 +383,7 @@ async fn refusals_and_dead_replicas_are_retried_before_the_first_byte() {
 async fn a_stream_broken_after_the_first_byte_ends_with_an_sse_error_event() {
     let (fs, urls) = fakes(1, "m").await;
     fs[0].break_streams.store(true, Ordering::SeqCst);
-    let gw = gateway(
-        quick_config(),
-        vec![Source::Static(urls)],
-        HttpLimits::default(),
-    )
-    .await;
-    ready(&gw, 1).await;
+    let gw = routing_with(quick_config(), &urls).await;
     let r = post(
         &base(&gw),
         "/v1/chat/completions",
@@ -473,13 +460,7 @@ async fn failed_health_checks_take_a_replica_out_until_it_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_and_prefixes_stick_to_a_replica() {
     let (_fs, urls) = fakes(3, "m").await;
-    let gw = gateway(
-        quick_config(),
-        vec![Source::Static(urls)],
-        HttpLimits::default(),
-    )
-    .await;
-    ready(&gw, 3).await;
+    let gw = routing_with(quick_config(), &urls).await;
     let b = base(&gw);
     let mut by_prefix: HashMap<usize, BTreeSet<String>> = HashMap::new();
     for p in 0..12 {
