@@ -196,6 +196,23 @@ impl From<RouteError> for ApiError {
                 last: RemoteError::Timeout { after, .. },
                 ..
             } => ApiError::Timeout(after),
+            // A too-long refusal whose retry on a replica taking longer prompts found none
+            // free in time (`router::bounds`): the refusal stands.
+            RouteError::Failed {
+                last:
+                    RemoteError::Status {
+                        status: StatusCode::BAD_REQUEST,
+                        ..
+                    },
+                ..
+            } => ApiError::BadRequest {
+                message: "the prompt is longer than the replica it reached takes (its \
+                          --max-prompt-tokens or context), and none that takes longer prompts \
+                          was free in time. Please reduce the length of the prompt, or retry."
+                    .into(),
+                param: None,
+                code: Some("context_length_exceeded"),
+            },
             RouteError::Failed { attempts, .. } => {
                 tracing::warn!("{e}");
                 ApiError::BadGateway(format!(
@@ -303,6 +320,37 @@ impl Params {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A too-long refusal whose retry found no replica reads as the refusal, not as a failed
+    /// exchange.
+    #[test]
+    fn a_refusal_left_without_a_retry_stays_a_refusal() {
+        let url = crate::router::remote::ReplicaUrl::parse("http://127.0.0.1:9").unwrap();
+        let status = |status| {
+            ApiError::from(RouteError::Failed {
+                attempts: 1,
+                last: RemoteError::Status {
+                    url: url.clone(),
+                    status,
+                },
+            })
+        };
+        let refused = status(StatusCode::BAD_REQUEST);
+        assert!(
+            matches!(
+                refused,
+                ApiError::BadRequest {
+                    code: Some("context_length_exceeded"),
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(
+            status(StatusCode::BAD_GATEWAY).status(),
+            StatusCode::BAD_GATEWAY
+        );
+    }
 
     #[test]
     fn every_error_has_the_openai_shape_and_a_status() {
