@@ -592,7 +592,8 @@ def test_a_gateway_sends_each_prompt_to_a_replica_whose_bound_takes_it():
             assert replica == large.url and r.usage.prompt_tokens > 48, (replica, r.usage)
         _, _, m = raw(gw.url, "/metrics", method="GET")
         refused = [line for line in m.splitlines() if line.startswith(
-            "sluice_gateway_upstream_requests_total") and small.url in line and 'status="400"' in line]
+            "sluice_gateway_upstream_requests_total") and f'replica="{small.url}"' in line
+            and 'status="400"' in line]
         assert refused and float(refused[0].split()[-1]) >= 1, refused
         with pytest.raises(openai.BadRequestError) as e:
             ask("Tell me about rivers. " * 60)
