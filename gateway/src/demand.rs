@@ -1,6 +1,7 @@
 //! [`Demand`]: what a routing gateway saw of each model's traffic at its front door — the
-//! requests that arrived for it, their first tokens as the client waited for them, and the
-//! ones that went unserved (`sluice_gateway_model_*`, named in `sluice-metrics`).
+//! requests that arrived for it, their first tokens as the client waited for them, the ones
+//! that went unserved, and the prompts refused as too long (`sluice_gateway_model_*`, named in
+//! `sluice-metrics`).
 //!
 //! Replicas count only what reaches them. Behind a gateway that holds requests until a replica
 //! has room and refuses them past its bounds, a replica's arrivals are at most what the fleet
@@ -20,6 +21,7 @@ pub struct Demand {
     arrivals: IntCounterVec,
     ttft: HistogramVec,
     unserved: IntCounterVec,
+    refused_prompts: HistogramVec,
 }
 
 impl Demand {
@@ -49,13 +51,24 @@ impl Demand {
             ),
             &[gateway::MODEL, gateway::REASON],
         )?;
+        let refused_prompts = HistogramVec::new(
+            HistogramOpts::new(
+                gateway::REFUSED_PROMPT_TOKENS,
+                "Estimated prompt tokens of routed requests refused as too long (400 \
+                 context_length_exceeded) with no ready replica taking longer prompts.",
+            )
+            .buckets(vllm::request_tokens_buckets()),
+            &[gateway::MODEL],
+        )?;
         registry.register(Box::new(arrivals.clone()))?;
         registry.register(Box::new(ttft.clone()))?;
         registry.register(Box::new(unserved.clone()))?;
+        registry.register(Box::new(refused_prompts.clone()))?;
         Ok(Self {
             arrivals,
             ttft,
             unserved,
+            refused_prompts,
         })
     }
 
@@ -68,6 +81,14 @@ impl Demand {
     /// Its first token came `seconds` after it arrived.
     pub fn first_token(&self, model: &str, seconds: f64) {
         self.ttft.with_label_values(&[model]).observe(seconds);
+    }
+
+    /// It was refused as too long, its prompt estimated at `tokens`, by the replica of its
+    /// model that takes the longest prompts of those ready (`router::bounds`).
+    pub fn refused_prompt(&self, model: &str, tokens: usize) {
+        self.refused_prompts
+            .with_label_values(&[model])
+            .observe(tokens as f64);
     }
 
     /// It ended with HTTP `status` and no first token; counted when that is the fleet's
@@ -89,6 +110,8 @@ mod tests {
         d.arrived("m");
         d.arrived("m");
         d.first_token("m", 0.3);
+        // A refusal as too long is the client's answer, not the fleet's failure.
+        d.refused_prompt("m", 5_000);
         for (status, reason) in [
             (429, "queue_full"),
             (503, "unavailable"),
@@ -101,6 +124,11 @@ mod tests {
         }
         assert_eq!(d.arrivals.with_label_values(&["m"]).get(), 2);
         assert_eq!(d.ttft.with_label_values(&["m"]).get_sample_count(), 1);
+        let refused = d.refused_prompts.with_label_values(&["m"]);
+        assert_eq!(
+            (refused.get_sample_count(), refused.get_sample_sum()),
+            (1, 5_000.0)
+        );
         let counted: Vec<(&str, u64)> = ["queue_full", "unavailable", "deadline_exceeded"]
             .into_iter()
             .map(|r| (r, d.unserved.with_label_values(&["m", r]).get()))

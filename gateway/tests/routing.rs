@@ -226,7 +226,8 @@ async fn prompts_past_every_replicas_bound_stay_out_of_the_prompt_sums() {
 /// loaded it is; one the estimate puts within it but the replica counts past it (the fake
 /// counts a token per byte) is refused there and retried on the second before any byte
 /// reached the client; one past both bounds is refused by the second alone, its 400 passed
-/// on. Short prompts still go to the least loaded replica.
+/// on and its estimated tokens observed in `sluice_gateway_model_refused_prompt_tokens`.
+/// Short prompts still go to the least loaded replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompts_go_to_the_replicas_whose_bound_takes_them() {
     let (fs, urls) = fakes(2, "m").await;
@@ -279,6 +280,15 @@ async fn prompts_go_to_the_replicas_whose_bound_takes_them() {
     let m = get(&b, "/metrics").await.body.unwrap();
     assert_eq!(upstream(&m, 0, "400"), 1.0, "{m}");
     assert_eq!(upstream(&m, 1, "200"), 2.0, "{m}");
+    let refused = |m: &str, part: &str| {
+        metric(
+            m,
+            &format!("sluice_gateway_model_refused_prompt_tokens_{part}"),
+            &[("model", "m")],
+        )
+    };
+    // A refusal retried elsewhere is no refused prompt.
+    assert_eq!(refused(&m, "count"), 0.0, "{m}");
 
     // Past both: the second refuses it, and the client reads its refusal.
     let past = send("word ".repeat(1_000)).await;
@@ -287,6 +297,10 @@ async fn prompts_go_to_the_replicas_whose_bound_takes_them() {
     assert_eq!(fs[0].served(), 2);
     let m = get(&b, "/metrics").await.body.unwrap();
     assert_eq!(upstream(&m, 1, "400"), 1.0, "{m}");
+    // Counted once, at the gateway's estimate: ~1,250 tokens (bytes / 4), past the 1,000.
+    assert_eq!(refused(&m, "count"), 1.0, "{m}");
+    let sum = refused(&m, "sum");
+    assert!((1_001.0..1_400.0).contains(&sum), "{sum}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -168,6 +168,13 @@ pub mod gateway {
     /// a request a replica turned down as invalid, is not counted. Each is a request the fleet
     /// did not serve in time, which no TTFT histogram shows.
     pub const UNSERVED_TOTAL: &str = "sluice_gateway_model_unserved_total";
+    /// Prompts of those requests that a replica refused as too long (a 400
+    /// `context_length_exceeded`: past its `--max-prompt-tokens` or context) with no ready
+    /// replica of the model that takes longer ones, by [`MODEL`] (histogram of prompt tokens,
+    /// buckets [`crate::vllm::request_tokens_buckets`]): the gateway's estimate (bytes / 4, at
+    /// least one past the refusing replica's bound). No replica's token counters hold them;
+    /// with per-GPU bounds they include prompts a larger GPU the pool lacks would serve.
+    pub const REFUSED_PROMPT_TOKENS: &str = "sluice_gateway_model_refused_prompt_tokens";
     /// A replica's base URL.
     pub const REPLICA: &str = "replica";
     /// A request's admission priority.

@@ -63,11 +63,10 @@ impl Router {
     }
 
     /// The fewest tokens a prompt `url` refused as too long has: one past that replica's
-    /// bound.
-    pub(super) fn past_bound_of(&self, url: &ReplicaUrl, model: &str) -> usize {
-        self.replicas()
-            .get(url)
-            .map_or(0, |r| r.longest_prompt(model).saturating_add(1))
+    /// bound; `None` when it reports none.
+    pub fn past_bound_of(&self, url: &ReplicaUrl, model: &str) -> Option<usize> {
+        let longest = self.replicas().get(url)?.longest_prompt(model);
+        (longest < usize::MAX).then_some(longest + 1)
     }
 }
 

@@ -153,10 +153,8 @@ impl Router {
                     } = err
                     {
                         // Refused as too long: the prompt is longer than that replica takes.
-                        tokens = Some(
-                            self.past_bound_of(&url, &req.model)
-                                .max(tokens.unwrap_or(0)),
-                        );
+                        let past = self.past_bound_of(&url, &req.model);
+                        tokens = past.max(tokens);
                     }
                     tried.push(url);
                     last = Some(err);
