@@ -32,7 +32,7 @@ use crate::router::dispatch::{ProxyRequest, Routed};
 use crate::router::policy::Key;
 use crate::router::queue::QueueClass;
 use crate::router::replica::InFlightHere;
-use crate::router::{affinity, bounds, Router};
+use crate::router::{affinity, Router};
 
 /// The header that names the replica that answered.
 pub static X_SLUICE_REPLICA: HeaderName = HeaderName::from_static("x-sluice-replica");
@@ -124,9 +124,7 @@ pub async fn forward(
             false => ApiError::from(e),
         }
     })?;
-    if bounds::refused_as_too_long(&routed.head, routed.first.as_ref()) {
-        let past = router.past_bound_of(&routed.replica, &req.model);
-        let tokens = past.unwrap_or(0).max(to.prompt_tokens);
+    if let Some(tokens) = routed.refused_prompt_tokens {
         s.metrics.demand.refused_prompt(&req.model, tokens);
     }
     let resumption = to.stream.map(|(n, prompts, usage)| {

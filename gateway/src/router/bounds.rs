@@ -36,15 +36,13 @@ pub fn taking<'a>(
     let Some(tokens) = tokens else {
         return pool;
     };
-    if pool.iter().any(|r| r.longest_prompt(model) >= tokens) {
-        return pool
-            .into_iter()
-            .filter(|r| r.longest_prompt(model) >= tokens)
-            .collect();
-    }
-    let longest = pool.iter().map(|r| r.longest_prompt(model)).max();
+    let reach: Vec<usize> = pool.iter().map(|r| r.longest_prompt(model)).collect();
+    // The prompt's length while some replica takes it, else the longest any takes.
+    let need = tokens.min(reach.iter().copied().max().unwrap_or(0));
     pool.into_iter()
-        .filter(|r| Some(r.longest_prompt(model)) == longest)
+        .zip(reach)
+        .filter(|&(_, reach)| reach >= need)
+        .map(|(r, _)| r)
         .collect()
 }
 
@@ -62,12 +60,17 @@ impl Router {
         })
     }
 
-    /// The fewest tokens a prompt `url` refused as too long has: one past that replica's
-    /// bound; `None` when it reports none.
-    pub fn past_bound_of(&self, url: &ReplicaUrl, model: &str) -> Option<usize> {
-        let longest = self.replicas().get(url)?.longest_prompt(model);
-        (longest < usize::MAX).then_some(longest + 1)
+    /// [`past_bound`] of the replica at `url`.
+    pub(super) fn past_bound_of(&self, url: &ReplicaUrl, model: &str) -> Option<usize> {
+        past_bound(self.replicas().get(url)?, model)
     }
+}
+
+/// The fewest tokens a prompt `replica` refused as too long has: one past its bound; `None`
+/// when it reports none.
+pub fn past_bound(replica: &Replica, model: &str) -> Option<usize> {
+    let longest = replica.longest_prompt(model);
+    (longest < usize::MAX).then_some(longest + 1)
 }
 
 /// Whether an answer is a refusal of the request as too long for the replica (a 400

@@ -58,6 +58,10 @@ pub struct Routed {
     /// Holds the replica's in-flight count until the answer has been passed on.
     pub guard: InFlightHere,
     pub attempts: u32,
+    /// The answer refuses the prompt as too long (`bounds::refused_as_too_long`) and no ready
+    /// replica takes longer ones: the prompt's estimated tokens, at least one past the
+    /// refusing replica's bound.
+    pub refused_prompt_tokens: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -290,15 +294,17 @@ impl Router {
             .upstream_requests
             .with_label_values(&[url.as_str(), status.as_str()])
             .inc();
-        if !final_attempt
-            && bounds::refused_as_too_long(&head, first.as_ref())
-            && self.outreached(&req.model, &replica)
-        {
+        let too_long = bounds::refused_as_too_long(&head, first.as_ref());
+        if too_long && !final_attempt && self.outreached(&req.model, &replica) {
             return Attempt::Failed {
                 err: RemoteError::Status { url, status },
                 counts: false,
             };
         }
+        let refused_prompt_tokens = too_long.then(|| {
+            let past = bounds::past_bound(&replica, &req.model);
+            past.unwrap_or(0).max(req.prompt_tokens.unwrap_or(0))
+        });
         if status.is_server_error() {
             replica.failure();
         } else if status != StatusCode::TOO_MANY_REQUESTS {
@@ -311,6 +317,7 @@ impl Router {
             rest: body,
             guard,
             attempts: 0,
+            refused_prompt_tokens,
         })
     }
 }
