@@ -1054,6 +1054,7 @@ async fn the_gateways_front_door_is_the_demand_once_from_one_reader() {
         long: (door(10.0), 10.0),
         short: (door(5.0), 5.0),
         latency: door(10.0),
+        ..FrontDoorWindows::default()
     };
     assert_eq!(grown(Some(at_one_a_second)).await, 1);
 }

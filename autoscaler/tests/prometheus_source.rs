@@ -143,13 +143,31 @@ fn gateway_exposition(t: f64) -> String {
         out.push_str(&format!("{name}_sum{{model=\"{model}\"}} {}\n", tokens * n));
         out.push_str(&format!("{name}_count{{model=\"{model}\"}} {n}\n"));
     }
-    // The other model's front door: 50 requests a second arrive, 10 are refused, 40 get their
-    // first token within 0.05 s (its replica, `c`, counts the 40 it serves).
+    // The other model's front door: 55 requests a second arrive, 10 go unserved, 5 are
+    // refused as too long (4 of 3,000 tokens, 1 of 200,000), 40 get their first token within
+    // 0.05 s (its replica, `c`, counts the 40 it serves).
     let m = "model=\"another\"";
     out.push_str(&format!(
         "sluice_gateway_model_arrivals_total{{{m}}} {}\n",
-        50.0 * n
+        55.0 * n
     ));
+    let refused = "sluice_gateway_model_refused_prompt_tokens";
+    let buckets = [
+        ("2048", 0.0),
+        ("4096", 4.0),
+        ("65536", 4.0),
+        ("262144", 5.0),
+    ];
+    for (le, per_s) in buckets {
+        let c = per_s * n;
+        out.push_str(&format!("{refused}_bucket{{{m},le=\"{le}\"}} {c}\n"));
+    }
+    out.push_str(&format!(
+        "{refused}_bucket{{{m},le=\"+Inf\"}} {}\n",
+        5.0 * n
+    ));
+    out.push_str(&format!("{refused}_sum{{{m}}} {}\n", 212_000.0 * n));
+    out.push_str(&format!("{refused}_count{{{m}}} {}\n", 5.0 * n));
     out.push_str(&format!(
         "sluice_gateway_model_unserved_total{{{m},reason=\"queue_full\"}} {}\n",
         10.0 * n
@@ -547,10 +565,12 @@ fn assert_prompt_bursts(load: &Load) {
     assert_eq!(sums.excess_share(4096.0), Some(0.0), "{sums:?}");
 }
 
-/// A pool of the other model, whose gateway refuses a fifth of its traffic: the arrival rate,
-/// once the controller folds the front door in, is the gateway's 50/s, not the 40/s its
-/// replica counts, with the replica's tokens per request; a refused request is a late first
-/// token. The pool above, whose model has no front door, kept its replicas' figures.
+/// A pool of the other model, whose gateway leaves a fifth of its traffic unserved and refuses
+/// a few prompts as too long: the arrival rate, once the controller folds the front door in,
+/// is the gateway's 55/s, not the 40/s its replica counts; an unserved request is a late first
+/// token; the refused prompts of 3,000 tokens, which some variant serves (the target's
+/// longest is 50,000), join the request shape, the 200,000-token one does not. The pool
+/// above, whose model has no front door, kept its replicas' figures.
 async fn assert_front_door(src: &PrometheusSource, spec: &ServingPoolSpec) {
     let other = ServingPoolSpec {
         model: "another".into(),
@@ -565,14 +585,25 @@ async fn assert_front_door(src: &PrometheusSource, spec: &ServingPoolSpec) {
         (35.0..=45.0).contains(&r),
         "the replica's {r}/s before the fold"
     );
-    load.fold_front_door(other.slo.ttft.percentile / 100.0, IN_TIME);
+    let served_max = load.arrivals.max_prompt_tokens;
+    let target = TtftTarget {
+        longest_prompt_tokens: 50_000.0,
+        ..IN_TIME
+    };
+    load.fold_front_door(other.slo.ttft.percentile / 100.0, target);
     assert!(load.front_door.is_none(), "folded once");
     let r = load.arrivals.requests_per_s;
-    assert!((45.0..=55.0).contains(&r), "arrivals {r}/s, expected ~50");
+    assert!((50.0..=60.0).contains(&r), "arrivals {r}/s, expected ~55");
     let rs = load.arrivals.short_requests_per_s;
-    assert!((45.0..=55.0).contains(&rs), "short-window {rs}/s");
+    assert!((50.0..=60.0).contains(&rs), "short-window {rs}/s");
+    // 40 served of 200 prompt tokens and 4 refused read at their bucket's midpoint, 3,072.
+    let expect = (40.0 * 200.0 + 4.0 * 3072.0) / 44.0;
     let pt = load.arrivals.prompt_tokens_per_s / r;
-    assert!((pt - 200.0).abs() < 20.0, "{pt} prompt tokens a request");
+    assert!((pt - expect).abs() < 40.0, "{pt} prompt tokens a request");
+    let wide = load.arrivals.wide.as_ref().unwrap().workload();
+    let wpt = wide.mean_prompt_tokens;
+    assert!((wpt - expect).abs() < 40.0, "{wpt} over the wider window");
+    assert_eq!(load.arrivals.max_prompt_tokens, served_max.max(4096));
     let att = load.latency.ttft_attainment.unwrap();
     assert!(
         (0.78..=0.82).contains(&att),

@@ -173,7 +173,8 @@ pub mod gateway {
     /// replica of the model that takes longer ones, by [`MODEL`] (histogram of prompt tokens,
     /// buckets [`crate::vllm::request_tokens_buckets`]): the gateway's estimate (bytes / 4, at
     /// least one past the refusing replica's bound). No replica's token counters hold them;
-    /// with per-GPU bounds they include prompts a larger GPU the pool lacks would serve.
+    /// with per-GPU bounds they include prompts a larger GPU the pool lacks would serve, which
+    /// the autoscaler adds to the request shape it plans for.
     pub const REFUSED_PROMPT_TOKENS: &str = "sluice_gateway_model_refused_prompt_tokens";
     /// A replica's base URL.
     pub const REPLICA: &str = "replica";

@@ -119,6 +119,43 @@ impl SecondSums {
         }
         Some((excess / self.sum).min(1.0))
     }
+
+    /// Adds `count` prompts that arrived over the window but were not summed (refused as too
+    /// long while no ready replica took them), `tokens` in all, a share `share_at_most(x)` of
+    /// them no longer than `x` tokens. Which second each came in is not known: each joins a
+    /// second holding the mean sum while the bucket holding that mean has seconds left (a
+    /// second of `mean + p` where one of about `mean` was), and is a second of its own after
+    /// that. Counts stay non-decreasing: no more seconds leave the mean's bucket than it holds.
+    pub fn add_unsummed(&mut self, count: f64, tokens: f64, share_at_most: impl Fn(f64) -> f64) {
+        if count <= 0.0 {
+            return;
+        }
+        let seconds = self.seconds();
+        let mean = if seconds > 0.0 {
+            self.sum / seconds
+        } else {
+            0.0
+        };
+        let at = self.buckets.iter().position(|&(le, _)| le >= mean);
+        let room = at.map_or(0.0, |i| {
+            let below = if i == 0 { 0.0 } else { self.buckets[i - 1].1 };
+            (self.buckets[i].1 - below).max(0.0)
+        });
+        let joined = if seconds > 0.0 { count.min(room) } else { 0.0 };
+        let alone = count - joined;
+        for (i, (le, cum)) in self.buckets.iter_mut().enumerate() {
+            if at.is_some_and(|a| i >= a) {
+                *cum -= joined;
+            }
+            let (up, own) = if le.is_infinite() {
+                (1.0, 1.0)
+            } else {
+                (share_at_most(*le - mean), share_at_most(*le))
+            };
+            *cum += joined * up + alone * own;
+        }
+        self.sum += tokens;
+    }
 }
 
 /// `E[(U − c)⁺]` for `U` uniform on `[lo, hi]`.
@@ -303,6 +340,46 @@ impl Signals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ten seconds of about 1,000 tokens: three prompts of 3,000 tokens not summed join three
+    /// of them (seconds of ~4,000), the count of seconds unchanged; with no second to join
+    /// (every prompt refused) each is a second of its own.
+    #[test]
+    fn unsummed_prompts_join_seconds_at_the_mean_then_stand_alone() {
+        let mut s = SecondSums {
+            buckets: vec![
+                (512.0, 0.0),
+                (1024.0, 10.0),
+                (4096.0, 10.0),
+                (f64::INFINITY, 10.0),
+            ],
+            sum: 10_000.0,
+        };
+        let at_3000 = |x: f64| if x >= 3000.0 { 1.0 } else { 0.0 };
+        s.add_unsummed(3.0, 9000.0, at_3000);
+        let counts: Vec<f64> = s.buckets.iter().map(|b| b.1).collect();
+        assert_eq!(counts, vec![0.0, 7.0, 10.0, 10.0]);
+        assert_eq!(s.sum, 19_000.0);
+        // A fleet prefilling 1,024 tokens within the target leaves the three seconds' excess
+        // late (a quarter of the tokens, read uniformly within their bucket).
+        assert!(s.excess_share(1024.0).unwrap() > 0.2);
+
+        let mut none = SecondSums {
+            buckets: vec![(1024.0, 0.0), (4096.0, 0.0), (f64::INFINITY, 0.0)],
+            sum: 0.0,
+        };
+        none.add_unsummed(2.0, 6000.0, at_3000);
+        let counts: Vec<f64> = none.buckets.iter().map(|b| b.1).collect();
+        assert_eq!(counts, vec![0.0, 2.0, 2.0]);
+        // More prompts than seconds at the mean: the rest stand alone.
+        let mut few = SecondSums {
+            buckets: vec![(1024.0, 2.0), (8192.0, 2.0), (f64::INFINITY, 2.0)],
+            sum: 2000.0,
+        };
+        few.add_unsummed(5.0, 15_000.0, at_3000);
+        let counts: Vec<f64> = few.buckets.iter().map(|b| b.1).collect();
+        assert_eq!(counts, vec![0.0, 5.0, 5.0]);
+    }
 
     fn with_rate(rps: f64, prompt: f64) -> Signals {
         Signals {

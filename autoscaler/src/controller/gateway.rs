@@ -27,7 +27,7 @@ use sluice_policy::signals::SecondSums;
 
 use crate::scrape::front_door::FrontDoorWindows;
 use crate::scrape::window::History;
-use crate::scrape::{self, BurstHistogram, ModelQueue};
+use crate::scrape::{self, ModelQueue, SummedHistogram};
 
 /// Reads the gateway pods' queues for one model, and keeps each pod's recent snapshots for
 /// the prompt tokens per second it saw (`sluice_gateway_prompt_tokens_per_second`) over the
@@ -122,7 +122,7 @@ impl GatewayQueue {
         let since = *self.since_s.get_or_insert(windows.now_s);
         self.histories.retain(|u, _| urls.contains(u));
         let mut queue = ModelQueue::default();
-        let mut bursts: Option<BurstHistogram> = None;
+        let mut bursts: Option<SummedHistogram> = None;
         let mut doors: Option<FrontDoorWindows> = None;
         let (mut answered, mut first_error) = (0, None);
         for url in urls {
@@ -131,7 +131,7 @@ impl GatewayQueue {
                     answered += 1;
                     queue.add(&pod.queue);
                     if let Some(b) = pod.per_second {
-                        bursts.get_or_insert_with(BurstHistogram::default).add(&b);
+                        bursts.get_or_insert_with(SummedHistogram::default).add(&b);
                     }
                     if let Some(d) = pod.front_door {
                         let (long, short, seen) =
@@ -152,7 +152,7 @@ impl GatewayQueue {
         }
         Ok(GatewayReading {
             queue,
-            per_second: bursts.as_ref().map(BurstHistogram::sums),
+            per_second: bursts.as_ref().map(SummedHistogram::sums),
             front_door: doors,
         })
     }
@@ -173,7 +173,7 @@ impl GatewayQueue {
         history.prune(w.now_s, w.longest());
         let front_door = exports_door.then(|| {
             history
-                .front_door_windows(w.now_s, (w.long_s, w.short_s, w.latency_s))
+                .front_door_windows(w.now_s, (w.long_s, w.short_s, w.latency_s, w.shape_s))
                 .remove(model)
                 .unwrap_or_default()
         });
@@ -188,7 +188,7 @@ impl GatewayQueue {
 /// What one gateway pod said about a model.
 struct PodReading {
     queue: ModelQueue,
-    per_second: Option<BurstHistogram>,
+    per_second: Option<SummedHistogram>,
     front_door: Option<FrontDoorWindows>,
 }
 

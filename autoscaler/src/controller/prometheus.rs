@@ -45,7 +45,7 @@ use super::error::{Error, Result};
 use super::source::{Load, Query, Reading, ReplicaPod, SignalSource, VariantLoad};
 use crate::crd::PolicySpec;
 use crate::scrape::front_door::{FrontDoor, FrontDoorWindows};
-use crate::scrape::{error_chain, Histogram};
+use crate::scrape::{error_chain, Histogram, SummedHistogram};
 
 /// Largest query answer read.
 const MAX_BODY: usize = 16 << 20;
@@ -213,22 +213,29 @@ pub struct Queries {
 }
 
 /// A gateway's front door over the windows: arrivals over the long and short ones, unserved
-/// requests and the client-side TTFT histogram over the latency (long) one.
+/// requests and the client-side TTFT histogram over the latency (long) one, and the prompts
+/// refused as too long (buckets and sum) over the long and wider ones.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FrontDoorQueries {
     pub arrivals: String,
     pub arrivals_short: String,
     pub unserved: String,
     pub ttft: String,
+    pub refused: (String, String),
+    pub refused_wide: (String, String),
 }
 
 impl FrontDoorQueries {
-    fn all(&self) -> [&str; 4] {
+    fn all(&self) -> [&str; 8] {
         [
             &self.arrivals,
             &self.arrivals_short,
             &self.unserved,
             &self.ttft,
+            &self.refused.0,
+            &self.refused.1,
+            &self.refused_wide.0,
+            &self.refused_wide.1,
         ]
     }
 }
@@ -311,6 +318,12 @@ impl Queries {
         let tokens = |name: &str, r: &str| by("sum", format!("increase({}{r})", sel(name)));
         let of_model = format!("{{{}={}}}", gateway::MODEL, quote(model));
         let door = |name: &str, r: &str| format!("sum(increase({name}{of_model}{r}))");
+        let door_hist = |name: &str, r: &str| {
+            (
+                format!("sum by (le) (increase({name}_bucket{of_model}{r}))"),
+                door(&format!("{name}_sum"), r),
+            )
+        };
         let shape = |r: &str| ShapeQueries {
             arrivals: arrivals(r),
             prompt_tokens: tokens(vllm::PROMPT_TOKENS_TOTAL, r),
@@ -354,10 +367,9 @@ impl Queries {
                 arrivals: door(gateway::ARRIVALS_TOTAL, &w),
                 arrivals_short: door(gateway::ARRIVALS_TOTAL, &s),
                 unserved: door(gateway::UNSERVED_TOTAL, &w),
-                ttft: format!(
-                    "sum by (le) (increase({}_bucket{of_model}{w}))",
-                    gateway::TIME_TO_FIRST_TOKEN_SECONDS
-                ),
+                ttft: door_hist(gateway::TIME_TO_FIRST_TOKEN_SECONDS, &w).0,
+                refused: door_hist(gateway::REFUSED_PROMPT_TOKENS, &w),
+                refused_wide: door_hist(gateway::REFUSED_PROMPT_TOKENS, &wide),
             },
         }
     }
@@ -794,17 +806,33 @@ impl<'a, 'm> Answers<'a, 'm> {
             ..FrontDoor::default()
         };
         let short = self.gateway_total(&q.arrivals_short).unwrap_or(0.0);
+        let refused = |(buckets, sum): &(String, String)| SummedHistogram {
+            hist: Histogram {
+                buckets: self.gateway_buckets(buckets).unwrap_or_default(),
+            },
+            sum: self.gateway_total(sum).unwrap_or(0.0),
+        };
         let latency = FrontDoor {
             arrivals,
             unserved: self.gateway_total(&q.unserved).unwrap_or(0.0),
             ttft: Histogram {
                 buckets: self.gateway_buckets(&q.ttft).unwrap_or_default(),
             },
+            ..FrontDoor::default()
+        };
+        let long = FrontDoor {
+            refused_prompts: refused(&q.refused),
+            ..door(arrivals)
+        };
+        let wide = FrontDoor {
+            refused_prompts: refused(&q.refused_wide),
+            ..FrontDoor::default()
         };
         Some(FrontDoorWindows {
-            long: (door(arrivals), policy.window_seconds),
+            long: (long, policy.window_seconds),
             short: (door(short), policy.short_window_seconds),
             latency,
+            wide,
         })
     }
 

@@ -35,7 +35,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use front_door::{FrontDoorWindows, LatencyRule};
-pub use snapshot::{normalise_url, BurstHistogram, Histogram, ModelQueue, Snapshot, TtftTarget};
+pub use snapshot::{normalise_url, Histogram, ModelQueue, Snapshot, SummedHistogram, TtftTarget};
 use window::{History, Increase};
 
 use sluice_policy::profile::CapacityType;
@@ -193,7 +193,7 @@ pub struct Observation {
     pub gateway_models: BTreeMap<String, ModelQueue>,
     /// The prompt tokens per second the gateways saw over the shape window, per model
     /// (summed over gateways: with several, each sees its share of a burst).
-    pub prompt_bursts: BTreeMap<String, BurstHistogram>,
+    pub prompt_bursts: BTreeMap<String, SummedHistogram>,
     /// The gateways' arrivals, client-side first tokens and unserved requests over the
     /// windows, per model (summed over gateways).
     pub front_door: BTreeMap<String, FrontDoorWindows>,
@@ -206,7 +206,7 @@ impl Observation {
     /// The prompt tokens per second the gateways saw for `model` (as they label it: the
     /// served name), `None` when they export none.
     pub fn prompt_bursts_of(&self, model: &str) -> Option<SecondSums> {
-        self.prompt_bursts.get(model).map(BurstHistogram::sums)
+        self.prompt_bursts.get(model).map(SummedHistogram::sums)
     }
 
     /// What the gateways have waiting or held for `model`.
@@ -399,7 +399,12 @@ impl Scraper {
     /// The gateways' front door per model over the arrival and latency windows.
     fn front_door(&self, now: f64, started: f64) -> BTreeMap<String, FrontDoorWindows> {
         let c = &self.config;
-        let windows = (c.window_s, c.short_window_s, c.latency_window_s);
+        let windows = (
+            c.window_s,
+            c.short_window_s,
+            c.latency_window_s,
+            c.shape_window_s,
+        );
         let mut out: BTreeMap<String, FrontDoorWindows> = BTreeMap::new();
         let gateways = self
             .tracked
@@ -418,8 +423,8 @@ impl Scraper {
     }
 
     /// The gateways' per-second prompt sums over the shape window, per model.
-    fn prompt_bursts(&self, now: f64) -> BTreeMap<String, BurstHistogram> {
-        let mut out: BTreeMap<String, BurstHistogram> = BTreeMap::new();
+    fn prompt_bursts(&self, now: f64) -> BTreeMap<String, SummedHistogram> {
+        let mut out: BTreeMap<String, SummedHistogram> = BTreeMap::new();
         let gateways = self
             .tracked
             .values()

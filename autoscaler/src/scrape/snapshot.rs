@@ -168,21 +168,22 @@ pub(super) fn order_key(le: f64) -> u64 {
 /// Histogram buckets as they are parsed: `(bound, count)` by the bound's sort key.
 pub(super) type Buckets = BTreeMap<u64, (f64, f64)>;
 
-/// A gateway's prompt tokens per second for one model: the histogram of the per-second sums
-/// and their sum (`sluice_gateway_prompt_tokens_per_second{model}`), cumulative as exported or
-/// an increase over a window.
+/// A histogram with the sum of its observations, cumulative as exported or an increase over
+/// a window: a gateway's prompt tokens per second for one model (the per-second sums,
+/// `sluice_gateway_prompt_tokens_per_second{model}`), or the lengths of the prompts it saw
+/// refused as too long (`sluice_gateway_model_refused_prompt_tokens{model}`).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct BurstHistogram {
+pub struct SummedHistogram {
     pub hist: Histogram,
     pub sum: f64,
 }
 
-impl BurstHistogram {
+impl SummedHistogram {
     /// The increase from `earlier` to `self` (the whole of `self` after a restart, as
     /// [`Histogram::increase_since`] decides).
-    pub fn increase_since(&self, earlier: &BurstHistogram) -> BurstHistogram {
+    pub fn increase_since(&self, earlier: &SummedHistogram) -> SummedHistogram {
         let reset = self.hist.count() < earlier.hist.count();
-        BurstHistogram {
+        SummedHistogram {
             hist: self.hist.increase_since(&earlier.hist),
             sum: if reset {
                 self.sum
@@ -192,7 +193,7 @@ impl BurstHistogram {
         }
     }
 
-    pub fn add(&mut self, o: &BurstHistogram) {
+    pub fn add(&mut self, o: &SummedHistogram) {
         self.hist.add(&o.hist);
         self.sum += o.sum;
     }
@@ -228,7 +229,7 @@ impl Bursts {
         }
     }
 
-    fn finish(self) -> Option<BTreeMap<String, BurstHistogram>> {
+    fn finish(self) -> Option<BTreeMap<String, SummedHistogram>> {
         (!self.0.is_empty()).then(|| {
             self.0
                 .into_iter()
@@ -236,7 +237,7 @@ impl Bursts {
                     let hist = Histogram {
                         buckets: buckets.into_values().collect(),
                     };
-                    (model, BurstHistogram { hist, sum })
+                    (model, SummedHistogram { hist, sum })
                 })
                 .collect()
         })
@@ -307,7 +308,7 @@ pub struct Snapshot {
     pub gateway_replicas: Option<BTreeMap<String, bool>>,
     /// A routing gateway's prompt tokens per second with arrivals, per model
     /// (`sluice_gateway_prompt_tokens_per_second{model}`; cumulative, as exported).
-    pub prompt_bursts: Option<BTreeMap<String, BurstHistogram>>,
+    pub prompt_bursts: Option<BTreeMap<String, SummedHistogram>>,
     /// A routing gateway's arrivals, client-side first tokens and unserved requests, per
     /// model (`sluice_gateway_model_*`; cumulative, as exported).
     pub front_door: Option<BTreeMap<String, FrontDoor>>,

@@ -360,3 +360,73 @@ fn a_gateways_front_door_is_the_models_demand_and_its_refusals_are_misses() {
     assert_eq!(other.arrivals.requests_per_s, 0.0);
     assert_eq!(other.latency.ttft_attainment, None);
 }
+
+/// The gateway's prompts refused as too long for model `m` so far: `short` of 3,000 tokens
+/// and `long` of 200,000.
+fn refused_text(short: u32, long: u32) -> String {
+    let r = sluice_metrics::gateway::REFUSED_PROMPT_TOKENS;
+    let (all, sum) = (short + long, 3000 * short + 200_000 * long);
+    format!(
+        "{r}_bucket{{model=\"m\",le=\"2048\"}} 0\n\
+         {r}_bucket{{model=\"m\",le=\"4096\"}} {short}\n\
+         {r}_bucket{{model=\"m\",le=\"8192\"}} {short}\n\
+         {r}_bucket{{model=\"m\",le=\"262144\"}} {all}\n\
+         {r}_bucket{{model=\"m\",le=\"+Inf\"}} {all}\n\
+         {r}_sum{{model=\"m\"}} {sum}\n\
+         {r}_count{{model=\"m\"}} {all}\n"
+    )
+}
+
+/// A replica served 20 requests of 1,000 prompt tokens while the gateway refused 8 prompts
+/// of 3,000 tokens (a larger GPU the pool lacks serves them in time) and 2 of 200,000 (none
+/// does): the request shape holds the 20 and the 8, the arrival rate is the gateway's 30.
+#[test]
+fn prompts_the_gateway_refused_that_some_variant_serves_are_in_the_shape() {
+    let mut s = Scraper::new(ScrapeConfig {
+        ttft_target: Some(TtftTarget {
+            target_s: 2.0,
+            longest_prompt_tokens: 8000.0,
+        }),
+        ..cfg()
+    });
+    let r = Endpoint::replica("cpu", CapacityType::OnDemand, "http://127.0.0.1:1");
+    let g = Endpoint::gateway("http://127.0.0.1:9");
+    let served = |n: f64| Snapshot {
+        finished: Some(n),
+        running: Some(0.0),
+        waiting: Some(0.0),
+        prompt_tokens: Some(n * 1000.0),
+        generation_tokens: Some(n * 100.0),
+        ..Snapshot::default()
+    };
+    let targets = [r, g];
+    let gateway = |arrived, served, short, long| {
+        snap(&(door_text(arrived, 0, served) + &refused_text(short, long)))
+    };
+    s.record(
+        &targets,
+        vec![Ok(served(0.0)), Ok(gateway(0, 0, 0, 0))],
+        0.0,
+    );
+    let o = s.record(
+        &targets,
+        vec![Ok(served(20.0)), Ok(gateway(30, 20, 8, 2))],
+        10.0,
+    );
+    let mut sig = Signals::default();
+    o.apply("m", &mut sig);
+    let a = &sig.arrivals;
+    assert!(
+        (a.requests_per_s - 3.0).abs() < 1e-9,
+        "{}",
+        a.requests_per_s
+    );
+    // The 8 read at their bucket's midpoint (3,072): the 2 past 8,000 were cut.
+    let mean = a.prompt_tokens_per_s / a.requests_per_s;
+    let expect = (20.0 * 1000.0 + 8.0 * 3072.0) / 28.0;
+    assert!((mean - expect).abs() < 1e-6, "{mean} vs {expect}");
+    assert!((a.output_tokens_per_s / a.requests_per_s - 100.0).abs() < 1e-9);
+    assert_eq!(a.max_prompt_tokens, 4096);
+    let wide = a.wide.as_ref().unwrap().workload();
+    assert!((wide.mean_prompt_tokens - expect).abs() < 1e-6);
+}

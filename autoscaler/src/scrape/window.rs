@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, VecDeque};
 use sluice_policy::signals::WindowShape;
 
 use super::front_door::{FrontDoor, FrontDoorWindows};
-use super::snapshot::{BurstHistogram, Histogram, Snapshot};
+use super::snapshot::{Histogram, Snapshot, SummedHistogram};
 
 /// Snapshots of one target, oldest first, each with the scraper's time in seconds.
 #[derive(Debug, Clone, Default)]
@@ -96,7 +96,7 @@ impl History {
 
     /// A gateway's per-second prompt sums over the window, per model: the increase of each
     /// bucket and of the sum, pairwise (a count that falls meaning a restart).
-    pub fn burst_increase(&self, now: f64, window_s: f64) -> BTreeMap<String, BurstHistogram> {
+    pub fn burst_increase(&self, now: f64, window_s: f64) -> BTreeMap<String, SummedHistogram> {
         self.model_increase(now, window_s, |s| s.prompt_bursts.as_ref())
     }
 
@@ -105,13 +105,14 @@ impl History {
         self.model_increase(now, window_s, |s| s.front_door.as_ref())
     }
 
-    /// A gateway's front door per model over the long, short and latency windows ending at
-    /// `now`; the spans are left at zero for the caller (who knows how long it has read). A
-    /// latency window as long as the long one (the controller's) is stepped through once.
+    /// A gateway's front door per model over the long, short, latency and shape windows
+    /// ending at `now`; the spans are left at zero for the caller (who knows how long it has
+    /// read). A latency window as long as the long one (the controller's) is stepped through
+    /// once.
     pub fn front_door_windows(
         &self,
         now: f64,
-        (long_s, short_s, latency_s): (f64, f64, f64),
+        (long_s, short_s, latency_s, shape_s): (f64, f64, f64, f64),
     ) -> BTreeMap<String, FrontDoorWindows> {
         let long = self.front_door_increase(now, long_s);
         let latency = if latency_s == long_s {
@@ -128,6 +129,9 @@ impl History {
         }
         for (model, d) in latency {
             out.entry(model).or_default().latency = d;
+        }
+        for (model, d) in self.front_door_increase(now, shape_s) {
+            out.entry(model).or_default().wide = d;
         }
         out
     }
@@ -160,12 +164,12 @@ trait Cumulative: Clone + Default {
     fn add(&mut self, o: &Self);
 }
 
-impl Cumulative for BurstHistogram {
+impl Cumulative for SummedHistogram {
     fn increase_since(&self, earlier: &Self) -> Self {
-        BurstHistogram::increase_since(self, earlier)
+        SummedHistogram::increase_since(self, earlier)
     }
     fn add(&mut self, o: &Self) {
-        BurstHistogram::add(self, o);
+        SummedHistogram::add(self, o);
     }
 }
 
