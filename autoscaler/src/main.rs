@@ -194,9 +194,11 @@ struct SimulateArgs {
     #[arg(long, env = "SLUICE_AUTOSCALER_HOLD_TIMEOUT", default_value_t = 60.0)]
     hold_timeout: f64,
     /// Model replicas that refuse longer prompts (`sluice serve --max-prompt-tokens`): a
-    /// token count, or `feasible` for the longest prompt some variant serves alone within
-    /// the SLO (`profiles` prints it). Refused prompts take no prefill, and the policy's
-    /// signals count only their arrival, as the gateway and replicas do.
+    /// token count, `feasible` for the longest prompt some variant serves alone within the
+    /// SLO (`profiles` prints it), or `per-gpu` for each variant's own (its `prompts ≤ N tok
+    /// in SLO`; the gateway routes a prompt only to replicas that take it). Refused prompts
+    /// take no prefill; the policy's signals count their arrival, and the length of those
+    /// some variant serves, as the gateway and replicas export them.
     #[arg(long, env = "SLUICE_AUTOSCALER_MAX_PROMPT_TOKENS")]
     max_prompt_tokens: Option<String>,
     /// Also run sluice and KPA at min 0 and at min 1 and print what going to zero saves over
@@ -351,8 +353,10 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     if a.fifo_queue {
         scn.sim.queue_late_after_share = None;
     }
-    if let Some(bound) = &a.max_prompt_tokens {
-        scn.sim.max_prompt_tokens = Some(max_prompt_tokens(bound, &scn)?);
+    match a.max_prompt_tokens.as_deref() {
+        Some("per-gpu") => scn.sim.per_variant_prompt_bounds = true,
+        Some(bound) => scn.sim.max_prompt_tokens = Some(max_prompt_tokens(bound, &scn)?),
+        None => {}
     }
     scn.sim.spot_preemptions_per_node_hour = a.spot_preemptions_per_hour;
     scn.validate()?;
@@ -607,6 +611,24 @@ fn print_scenario(
             "  prompts      replicas refuse over {max} tokens (--max-prompt-tokens): {refused} requests"
         );
     }
+    if scn.sim.per_variant_prompt_bounds {
+        let bounds: Vec<String> = scn
+            .profile
+            .variants
+            .iter()
+            .map(|v| {
+                format!(
+                    "{} {:.0}",
+                    v.name,
+                    scn.profile.longest_prompt_served(v, &scn.slo)
+                )
+            })
+            .collect();
+        println!(
+            "  prompts      each variant's replicas refuse past their own bound (tokens): {}",
+            bounds.join(", ")
+        );
+    }
 }
 
 /// `--max-prompt-tokens`: a positive token count, or `feasible` for the profile's longest
@@ -622,7 +644,10 @@ fn max_prompt_tokens(arg: &str, scn: &Scenario) -> Result<u32> {
         return Ok(longest as u32);
     }
     arg.parse::<u32>().ok().filter(|&n| n > 0).with_context(|| {
-        format!("--max-prompt-tokens must be a positive token count or `feasible` (got {arg:?})")
+        format!(
+            "--max-prompt-tokens must be a positive token count, `feasible` or `per-gpu` \
+             (got {arg:?})"
+        )
     })
 }
 

@@ -336,13 +336,14 @@ fn settings_no_replay_can_honour_are_refused_with_their_figures() {
     for bound in ["0", "4.5", "lots"] {
         refused(
             &["--trace", trace, "--max-prompt-tokens", bound],
-            "--max-prompt-tokens must be a positive token count or `feasible`",
+            "--max-prompt-tokens must be a positive token count, `feasible` or `per-gpu`",
         );
     }
 }
 
 /// `--max-prompt-tokens`: the scenario names the bound and how many requests it refuses, as
-/// a count or as the profile's longest feasible prompt (45,565 tokens on the default H100).
+/// a count or as the profile's longest feasible prompt (45,565 tokens on the default H100), or
+/// each variant's own bound.
 #[test]
 fn a_prompt_bound_is_modelled_and_counted() {
     let dir = scratch("prompt-bound");
@@ -374,5 +375,13 @@ fn a_prompt_bound_is_modelled_and_counted() {
     assert!(
         feasible.contains("replicas refuse over 45565 tokens (--max-prompt-tokens): 0 requests"),
         "{feasible}"
+    );
+    let per_gpu = simulate_ok(&[&base[..], &["--max-prompt-tokens", "per-gpu"]].concat());
+    assert!(
+        per_gpu.contains(
+            "each variant's replicas refuse past their own bound (tokens): \
+             nvidia-l4 3758, nvidia-h100-80gb 45565"
+        ),
+        "{per_gpu}"
     );
 }

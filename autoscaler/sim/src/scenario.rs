@@ -116,6 +116,9 @@ impl Scenario {
         if self.sim.max_prompt_tokens == Some(0) {
             return bad("the replicas' prompt bound must be positive (or none)");
         }
+        if self.sim.max_prompt_tokens.is_some() && self.sim.per_variant_prompt_bounds {
+            return bad("one prompt bound for every replica, or one per variant, not both");
+        }
         Ok(())
     }
 

@@ -79,9 +79,11 @@ fn mean(xs: &[f64]) -> f64 {
 
 /// One server that only prefills, at 1,000 prompt tokens/s with no step overhead.
 fn prefill_only() -> Profile {
-    Profile::parse(
-        "mg1",
-        r#"
+    Profile::parse("mg1", prefill_only_text()).unwrap()
+}
+
+fn prefill_only_text() -> &'static str {
+    r#"
         [model]
         name = "mg1"
         max_context_tokens = 1000000
@@ -107,9 +109,7 @@ fn prefill_only() -> Profile {
         node_provision_s = 0.0
         image_pull_s = 0.0
         model_load_s = 0.0
-        "#,
-    )
-    .unwrap()
+        "#
 }
 
 /// A replica that only prefills (one output token, so a request ends at its first token), with
@@ -309,6 +309,40 @@ impl Policy for Watching {
     }
 }
 
+/// A run of `reqs` from a cold `fleet` kept as it is, with the signals of every tick.
+fn watched(
+    cfg: &SimConfig,
+    profile: &Profile,
+    reqs: &[Request],
+    fleet: &[u32],
+) -> (sim::Run, Vec<Signals>) {
+    let mut watching = Watching::default();
+    let start = sim::Start::cold(fleet);
+    let run = sim::run(
+        cfg,
+        profile,
+        &SLO,
+        &Planning::default(),
+        reqs,
+        &mut watching,
+        start,
+    );
+    (run, watching.0)
+}
+
+/// Prompts of 100 tokens at 0.5/s, and every 20 s one of 5,000 (5 s to prefill at 1,000
+/// tokens/s, where the target is 2).
+fn short_and_long_prompts() -> Vec<Request> {
+    let mut reqs = arrivals(0.5, 600, 4, |_| (100, 1));
+    reqs.extend((0..60).map(|i| Request {
+        arrival_s: 10.0 + 20.0 * f64::from(i),
+        prompt_tokens: 5000,
+        output_tokens: 1,
+    }));
+    reqs.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    reqs
+}
+
 /// Replicas run with `--max-prompt-tokens` (`SimConfig::max_prompt_tokens`): a prompt past it
 /// is refused at arrival and takes no prefill, so the short prompts behind it keep their
 /// time. The policy sees what a controller would: the gateway counts the refused request's
@@ -317,31 +351,13 @@ impl Policy for Watching {
 #[test]
 fn prompts_past_the_replicas_bound_are_refused_and_take_no_prefill() {
     let profile = prefill_only();
-    // Short prompts at 0.5/s, and every 20 s one that takes 5 s to prefill (the target is 2).
-    let mut reqs = arrivals(0.5, 600, 4, |_| (100, 1));
-    reqs.extend((0..60).map(|i| Request {
-        arrival_s: 10.0 + 20.0 * f64::from(i),
-        prompt_tokens: 5000,
-        output_tokens: 1,
-    }));
-    reqs.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    let reqs = short_and_long_prompts();
     let run = |bound: Option<u32>| {
         let cfg = SimConfig {
             max_prompt_tokens: bound,
             ..SimConfig::default()
         };
-        let mut watching = Watching::default();
-        let start = sim::Start::cold(&[1]);
-        let run = sim::run(
-            &cfg,
-            &profile,
-            &SLO,
-            &Planning::default(),
-            &reqs,
-            &mut watching,
-            start,
-        );
-        (run, watching.0)
+        watched(&cfg, &profile, &reqs, &[1])
     };
     let short_in_time = |r: &sim::Run| {
         let short: Vec<_> = reqs
@@ -389,4 +405,74 @@ fn prompts_past_the_replicas_bound_are_refused_and_take_no_prefill() {
     let per_second = |a: &sluice_policy::signals::Arrivals| a.per_second.as_ref().unwrap().sum;
     assert!(per_second(&a) > 0.0);
     assert!(per_second(&a) < per_second(&open_arrivals) / 3.0);
+}
+
+/// Two servers that only prefill, one at 1,000 prompt tokens/s and one at 4,000: within the
+/// 2 s target they take prompts of about 2,000 and 8,000 tokens.
+fn slow_and_fast() -> Profile {
+    let text = prefill_only_text();
+    let fast = text
+        .split("[[variant]]")
+        .nth(1)
+        .unwrap()
+        .replace("name = \"server\"", "name = \"fast\"")
+        .replace(
+            "prefill_tokens_per_s = 1000.0",
+            "prefill_tokens_per_s = 4000.0",
+        );
+    Profile::parse("two", &format!("{text}\n[[variant]]{fast}")).unwrap()
+}
+
+/// Each variant's replicas run their own `--max-prompt-tokens`
+/// (`SimConfig::per_variant_prompt_bounds`): a prompt of 5,000 tokens goes to the fast
+/// server only, so the short prompts on the slow one keep their time. With the slow server
+/// alone it is refused, and the policy sees what a controller would: the prompt's length in the
+/// request shape and in the per-second sums (from the gateway's refused-prompt histogram: the
+/// fast variant serves it), where the gateway left it out.
+#[test]
+fn per_variant_bounds_send_each_prompt_to_a_replica_that_takes_it() {
+    let profile = slow_and_fast();
+    let reqs = short_and_long_prompts();
+    let cfg = SimConfig {
+        per_variant_prompt_bounds: true,
+        ..SimConfig::default()
+    };
+    let run = |fleet: &[u32]| {
+        let (run, seen) = watched(&cfg, &profile, &reqs, fleet);
+        let at_300 = seen.into_iter().find(|s| s.time_s >= 300.0).unwrap();
+        (run, at_300.arrivals)
+    };
+    let in_time = |r: &sim::Run| {
+        r.outcomes
+            .iter()
+            .filter(|o| o.ttft_s.is_some_and(|t| t <= SLO.ttft_p99_s))
+            .count()
+    };
+
+    // Keys: slow on demand, slow on Spot, fast on demand, fast on Spot.
+    let (both, both_seen) = run(&[1, 0, 1, 0]);
+    assert!(both.outcomes.iter().all(|o| !o.failed));
+    assert_eq!(
+        in_time(&both),
+        reqs.len(),
+        "each prompt on a server that takes it"
+    );
+
+    let (slow, slow_seen) = run(&[1, 0, 0, 0]);
+    for (r, o) in reqs.iter().zip(&slow.outcomes) {
+        assert_eq!(o.failed, r.prompt_tokens > 2000, "{r:?}");
+    }
+    assert_eq!(slow_seen.max_prompt_tokens, 5000, "in the shape");
+    assert_eq!(slow_seen.prompt_tokens_per_s, both_seen.prompt_tokens_per_s);
+    let (slow_sums, both_sums) = (slow_seen.per_second.unwrap(), both_seen.per_second.unwrap());
+    assert!((slow_sums.sum - both_sums.sum).abs() < 1e-6);
+    // The long prompts' seconds are past what one server prefills in the target either way.
+    let late = |s: &sluice_policy::signals::SecondSums| s.excess_share(2000.0).unwrap();
+    assert!(
+        (late(&slow_sums) - late(&both_sums)).abs() < 0.05,
+        "{} vs {}",
+        late(&slow_sums),
+        late(&both_sums)
+    );
+    assert!(late(&slow_sums) > 0.3);
 }

@@ -138,7 +138,8 @@ impl Gateway {
 
     /// Admits what it can at `now`; returns the replicas that took work. With a late-after
     /// time, the requests still on time (the newest, a suffix of the queue) go first, then the
-    /// queue from its head. `weights[key]` is the planned batch of each pool key's variant.
+    /// queue from its head. `weights[key]` is the planned batch of each pool key's variant,
+    /// `bounds[key]` the longest prompt its replicas take (a prompt goes only to those).
     pub fn dispatch(
         &mut self,
         now: f64,
@@ -146,6 +147,7 @@ impl Gateway {
         fleet: &mut Fleet,
         active: &[usize],
         weights: &[f64],
+        bounds: &[u32],
     ) -> Vec<usize> {
         let mut round = Round {
             now,
@@ -153,6 +155,7 @@ impl Gateway {
             fleet,
             active,
             weights,
+            bounds,
             touched: Vec::new(),
         };
         if let Some(late) = self.late_after_s {
@@ -200,6 +203,7 @@ struct Round<'a> {
     fleet: &'a mut Fleet,
     active: &'a [usize],
     weights: &'a [f64],
+    bounds: &'a [u32],
     touched: Vec<usize>,
 }
 
@@ -213,8 +217,8 @@ enum Choice {
 }
 
 impl Round<'_> {
-    /// The least-loaded ready replica (sequences over the variant's planned batch) that can
-    /// admit `r` now, ties to the earliest estimated first token.
+    /// The least-loaded ready replica (sequences over the variant's planned batch) that takes
+    /// `r`'s prompt and can admit it now, ties to the earliest estimated first token.
     fn best_replica(&self, r: &Request) -> Choice {
         let mut best: Option<((f64, f64), usize)> = None;
         let mut could_fit = false;
@@ -223,8 +227,9 @@ impl Round<'_> {
             if !rep.is_ready() {
                 continue;
             }
-            could_fit |= rep.fits(r);
-            if rep.can_admit(r) {
+            let takes = r.prompt_tokens <= self.bounds[rep.key];
+            could_fit |= takes && rep.fits(r);
+            if takes && rep.can_admit(r) {
                 let load = (rep.seqs() + 1) as f64 / self.weights[rep.key].max(1e-9);
                 let est = (load, rep.estimated_ttft_s(r));
                 if best.is_none_or(|(b, _)| est < b) {
@@ -275,12 +280,13 @@ mod tests {
         assert_eq!((gw.len(), gw.prompt_tokens()), (4, 3340));
         // Nothing ready: nothing admitted, nothing taken away.
         assert!(gw
-            .dispatch(0.0, &requests, &mut fleet, &[], &[1.0; 4])
+            .dispatch(0.0, &requests, &mut fleet, &[], &[1.0; 4], &[u32::MAX; 4])
             .is_empty());
         assert_eq!(gw.prompt_tokens(), 3340);
         let id = fleet.add_replica(h100, 0.0, true, &mut Applied::default());
         let weights = [100.0; 4];
-        let touched = gw.dispatch(0.0, &requests, &mut fleet, &[id], &weights);
+        let bounds = [u32::MAX; 4];
+        let touched = gw.dispatch(0.0, &requests, &mut fleet, &[id], &weights, &bounds);
         assert_eq!(touched, vec![id]);
         assert_eq!((gw.len(), gw.prompt_tokens()), (0, 0));
     }

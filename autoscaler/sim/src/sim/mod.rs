@@ -29,7 +29,7 @@ use sluice_policy::capacity::{self, Planning, Slo};
 use sluice_policy::decision::Decision;
 use sluice_policy::policy::plan::offer_keys;
 use sluice_policy::policy::{Policy, VariantLimits};
-use sluice_policy::profile::{CapacityType, Profile};
+use sluice_policy::profile::{CapacityType, Profile, Variant};
 use sluice_policy::timeline::Request;
 
 use fleet::{Fleet, Pool};
@@ -70,6 +70,13 @@ pub struct SimConfig {
     /// tokens ([`observe`]). `None`: no such bound.
     #[serde(default)]
     pub max_prompt_tokens: Option<u32>,
+    /// Each variant's replicas run their own `--max-prompt-tokens`: the longest prompt one
+    /// serves alone within the SLO ([`Profile::longest_prompt_served`]), as `profiles`
+    /// prints it. The gateway sends a prompt only to ready replicas that take it and refuses
+    /// it while none does; the controller counts a refused prompt some variant serves in the
+    /// request shape (the gateway's refused-prompt histogram). Not with `max_prompt_tokens`.
+    #[serde(default)]
+    pub per_variant_prompt_bounds: bool,
     pub seed: u64,
     /// Keep every tick's decision in [`Run::decisions`] (`simulate --decisions`); off for the
     /// oracle's replays and the suite, which read only the outcomes.
@@ -91,6 +98,7 @@ impl Default for SimConfig {
             queue_late_after_share: queue_late_after_share(),
             queue_limits: QueueLimits::default(),
             max_prompt_tokens: None,
+            per_variant_prompt_bounds: false,
             seed: 1,
             record_decisions: false,
         }
@@ -101,6 +109,15 @@ impl SimConfig {
     /// Whether the replicas' `--max-prompt-tokens` refuses `r`.
     pub fn refuses_prompt(&self, r: &Request) -> bool {
         self.max_prompt_tokens.is_some_and(|m| r.prompt_tokens > m)
+    }
+
+    /// The longest prompt a replica of `v` takes: its variant's bound, the one bound, or
+    /// none.
+    fn prompt_bound(&self, profile: &Profile, v: &Variant, slo: &Slo) -> u32 {
+        if self.per_variant_prompt_bounds {
+            return profile.longest_prompt_served(v, slo).floor() as u32;
+        }
+        self.max_prompt_tokens.unwrap_or(u32::MAX)
     }
 }
 
@@ -212,9 +229,26 @@ struct Sim<'a> {
     model: String,
     /// The profile's variants, in the samples' order.
     variants: Vec<String>,
+    /// Per pool key, the longest prompt its replicas take ([`SimConfig::prompt_bound`]).
+    bounds: Vec<u32>,
+    /// The longest prompt some variant serves alone within the SLO: a refused prompt up to
+    /// it is one the controller counts in the request shape.
+    longest_feasible: f64,
 }
 
 impl Sim<'_> {
+    /// The longest prompt some ready replica takes; any pool's while none is ready (the
+    /// gateway holds the request for the first to start).
+    fn reach(&self) -> u32 {
+        let ready = self
+            .active
+            .iter()
+            .filter(|&&id| self.fleet.replicas[id].is_ready())
+            .map(|&id| self.bounds[self.fleet.replicas[id].key])
+            .max();
+        ready.unwrap_or_else(|| self.bounds.iter().copied().max().unwrap_or(u32::MAX))
+    }
+
     fn push(&mut self, t: f64, kind: Kind) {
         self.seq += 1;
         self.heap.push(Reverse((Ord64(t), self.seq, kind)));
@@ -277,6 +311,7 @@ impl Sim<'_> {
             &mut self.fleet,
             &self.active,
             &self.weights,
+            &self.bounds,
         );
         for id in admitted {
             self.reschedule(id);
@@ -432,6 +467,10 @@ impl<'a> Sim<'a> {
     ) -> Sim<'a> {
         let (_, pools) = pools(profile);
         let keys = pools.len();
+        let bounds = pools
+            .iter()
+            .map(|p| cfg.prompt_bound(profile, &p.variant, slo))
+            .collect();
         let mut sim = Sim {
             cfg,
             requests,
@@ -473,6 +512,8 @@ impl<'a> Sim<'a> {
             planning: *planning,
             model: profile.model.name.clone(),
             variants: profile.variant_names(),
+            bounds,
+            longest_feasible: profile.longest_feasible_prompt(slo),
         };
         let mut applied = fleet::Applied::default();
         for (key, &n) in initial.iter().enumerate() {
@@ -507,8 +548,12 @@ impl<'a> Sim<'a> {
     fn on_arrival(&mut self, next: usize, fit: &Fit) -> f64 {
         let r = &self.requests[next];
         let now = r.arrival_s;
-        let taken = fit.holds(r) && !self.cfg.refuses_prompt(r);
-        self.observer.on_arrival(now, r, taken);
+        let held = fit.holds(r);
+        let taken = held && !self.cfg.refuses_prompt(r) && r.prompt_tokens <= self.reach();
+        // Refused for its length, yet some variant serves it: the gateway's refused-prompt
+        // histogram shows it to the controller.
+        let shaped = taken || (held && f64::from(r.prompt_tokens) <= self.longest_feasible);
+        self.observer.on_arrival(now, r, taken, shaped);
         if !self.any_ready() {
             self.cold += 1;
         }

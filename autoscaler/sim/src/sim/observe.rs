@@ -91,6 +91,10 @@ struct PerSecond {
     window_s: f64,
     /// (second, prompt tokens), seconds with an arrival only, oldest first.
     seconds: VecDeque<(i64, f64)>,
+    /// (second, prompt tokens) of each prompt refused as too long that some variant serves,
+    /// oldest first: the controller adds them to the sums without their seconds
+    /// ([`SecondSums::add_unsummed`]).
+    refused: VecDeque<(i64, f64)>,
 }
 
 impl PerSecond {
@@ -102,27 +106,45 @@ impl PerSecond {
         }
     }
 
+    fn push_refused(&mut self, t: f64, prompt: u32) {
+        self.refused
+            .push_back((t.floor() as i64, f64::from(prompt)));
+    }
+
     /// The histogram over the whole seconds of the window ending at `now`.
     fn sums(&mut self, now: f64) -> SecondSums {
         let last = now.floor() as i64 - 1;
         let first = last - self.window_s as i64 + 1;
-        while self.seconds.front().is_some_and(|&(s, _)| s < first) {
-            self.seconds.pop_front();
+        for q in [&mut self.seconds, &mut self.refused] {
+            while q.front().is_some_and(|&(s, _)| s < first) {
+                q.pop_front();
+            }
         }
-        let mut seen: Vec<f64> = self
-            .seconds
-            .iter()
-            .filter(|&&(s, _)| s <= last)
-            .map(|&(_, sum)| sum)
-            .collect();
-        let sum = seen.iter().sum();
-        seen.sort_by(f64::total_cmp);
+        let within = |q: &VecDeque<(i64, f64)>| -> Vec<f64> {
+            let mut v: Vec<f64> = q
+                .iter()
+                .filter(|&&(s, _)| s <= last)
+                .map(|&(_, x)| x)
+                .collect();
+            v.sort_by(f64::total_cmp);
+            v
+        };
+        let (seen, refused) = (within(&self.seconds), within(&self.refused));
         let mut buckets: Vec<(f64, f64)> = gateway::prompt_tokens_per_second_buckets()
             .into_iter()
             .map(|le| (le, seen.partition_point(|&x| x <= le) as f64))
             .collect();
         buckets.push((f64::INFINITY, seen.len() as f64));
-        SecondSums { buckets, sum }
+        let mut sums = SecondSums {
+            buckets,
+            sum: seen.iter().sum(),
+        };
+        // As the controller folds in the gateway's refused-prompt histogram.
+        let n = refused.len() as f64;
+        sums.add_unsummed(n, refused.iter().sum(), |x| {
+            refused.partition_point(|&p| p <= x) as f64 / n
+        });
+        sums
     }
 }
 
@@ -169,6 +191,7 @@ impl Observer {
             per_second: PerSecond {
                 window_s: shape_window_s,
                 seconds: VecDeque::new(),
+                refused: VecDeque::new(),
             },
             ttft: VecDeque::new(),
             feasible: VecDeque::new(),
@@ -177,15 +200,21 @@ impl Observer {
         }
     }
 
-    /// Request `r` arrived at `t`; `taken`: no replica refuses it for its length. The
-    /// gateway counts every arrival, but sums into the second's prompt tokens only prompts
-    /// within the replicas' `--max-prompt-tokens`, which it reads from their model cards
-    /// (its bytes / 4 estimate of a prompt's tokens is taken as exact here).
-    pub fn on_arrival(&mut self, t: f64, r: &Request, taken: bool) {
-        self.long.push(t, r, taken);
-        self.wide.push(t, r, taken);
+    /// Request `r` arrived at `t`; `taken`: a ready replica takes it (none refuses it for its
+    /// length); `shaped`: its tokens count in the request shape — taken, or refused yet no
+    /// longer than some variant serves in time, which the controller reads from the
+    /// gateway's refused-prompt histogram. The gateway counts every arrival, but sums into
+    /// the second's prompt tokens only prompts some ready replica's `--max-prompt-tokens`
+    /// takes, which it reads from their model cards (its bytes / 4 estimate of a prompt's
+    /// tokens is taken as exact here); a refused one that is shaped, the controller adds to
+    /// the sums without its second (`scrape::front_door` in the autoscaler).
+    pub fn on_arrival(&mut self, t: f64, r: &Request, taken: bool, shaped: bool) {
+        self.long.push(t, r, shaped);
+        self.wide.push(t, r, shaped);
         if taken {
             self.per_second.push(t, r.prompt_tokens);
+        } else if shaped {
+            self.per_second.push_refused(t, r.prompt_tokens);
         }
     }
 
@@ -401,6 +430,7 @@ mod tests {
         let mut p = PerSecond {
             window_s: 10.0,
             seconds: VecDeque::new(),
+            refused: VecDeque::new(),
         };
         // A batch of three in second 2, one request in 3, one in 14 (not over at 14.5).
         for (t, tokens) in [
