@@ -618,3 +618,83 @@ fn a_pool_at_zero_replicas_wakes_for_a_held_request_and_idles_back_to_zero() {
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A prompt every replica refuses as too long reaches the policy: one replica run with
+/// `--max-prompt-tokens 48` refuses a 160-word prompt (a 400 `context_length_exceeded`
+/// through the gateway), the gateway counts it in
+/// `sluice_gateway_model_refused_prompt_tokens` at its estimate (800 bytes / 4: the
+/// `(181, 256]` bucket), and, since the CPU variant serves about a thousand tokens within the
+/// 4 s target, the autoscaler's ticks show it as the window's longest prompt, where the
+/// replica's own histogram holds none.
+#[test]
+fn a_prompt_refused_as_too_long_reaches_the_policys_request_shape() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (dir, file) = fresh_dir("sluice-refused-e2e");
+    let (gw, gateway) = start_gateway(&dir, &file, &[]);
+    let mut scaler = Proc(
+        Command::new(env!("CARGO_BIN_EXE_sluice-autoscaler"))
+            .args(["run", "--local", "--discovery-file"])
+            .arg(&file)
+            .args(["--gateway", &gateway, "--model", MODEL, "--model-dir"])
+            .arg(model_dir())
+            .args(["--replica-arg=--threads", "--replica-arg=1"])
+            .args(["--replica-arg=--max-prompt-tokens", "--replica-arg=48"])
+            .arg("--log-dir")
+            .arg(dir.join("logs"))
+            .args([
+                "--min-replicas",
+                "1",
+                "--max-replicas",
+                "1",
+                "--tick",
+                "0.5",
+            ])
+            .args(["--window", "10", "--short-window", "2"])
+            .args(["--stop-timeout", "30"])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("autoscaler.log")).unwrap())
+            .spawn()
+            .expect("sluice-autoscaler starts"),
+    );
+    let records = collect_records(&mut scaler);
+    wait_for("the replica", Duration::from_secs(120), || {
+        let r = records.lock().unwrap();
+        (r.last()?.1["ready"] == 1).then_some(())
+    });
+    wait_for(
+        "the gateway to list the model",
+        Duration::from_secs(30),
+        || get(&format!("{gateway}/v1/models")).filter(|b| b.contains(MODEL)),
+    );
+    let longest = |v: &Value| v["max_prompt_tokens"].as_u64().unwrap_or(0);
+    assert!(records.lock().unwrap().iter().all(|(_, v)| longest(v) == 0));
+
+    let prompt = "word ".repeat(160);
+    let body = format!(r#"{{"model":"{MODEL}","prompt":"{prompt}","max_tokens":4}}"#);
+    let (status, answer) = post(
+        &format!("{gateway}/v1/completions"),
+        &body,
+        Duration::from_secs(60),
+    )
+    .expect("the gateway answers");
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("context_length_exceeded"), "{answer}");
+    let sent = records.lock().unwrap().len();
+    let seen = wait_for(
+        "the refused prompt in a tick",
+        Duration::from_secs(30),
+        || {
+            let r = records.lock().unwrap();
+            r[sent..].iter().map(|(_, v)| longest(v)).find(|&l| l > 0)
+        },
+    );
+    assert_eq!(seen, 256, "the estimate's bucket bound");
+
+    signal(&scaler.0, "TERM");
+    let exit = wait_for("the autoscaler to exit", Duration::from_secs(60), || {
+        scaler.0.try_wait().unwrap()
+    });
+    assert!(exit.success(), "autoscaler exit: {exit}");
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}

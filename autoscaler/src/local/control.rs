@@ -40,13 +40,16 @@ pub struct TickRecord {
     pub running: u64,
     /// Requests the gateway has for the model, waiting for room or held at zero replicas.
     pub held: u64,
+    /// The arrival rates the policy read: the replicas' count, or the gateway's front door
+    /// when larger.
     pub rate: f64,
     pub short_rate: f64,
     /// The most prompt tokens the gateway saw arrive within one second over the shape window
     /// (its bucket's upper bound); 0 without a gateway or arrivals.
     pub busiest_second_tokens: f64,
-    /// The longest prompt the replicas prefilled over the window (their prompt-length
-    /// histogram's bucket bound, which also gives the prompts' spread); 0 without it.
+    /// The longest prompt over the window the policy read: the replicas' (their prompt-length
+    /// histogram's bucket bound, which also gives the prompts' spread) or one the gateway saw
+    /// refused as too long that the variant serves in time; 0 without either.
     pub max_prompt_tokens: u64,
     pub mode: Mode,
     pub stale: usize,
@@ -209,7 +212,7 @@ impl LocalAutoscaler {
         self.reconcile(want, &obs, now)?;
         self.announce()?;
         self.progress_drains(&obs);
-        let rec = self.record(t, decided, &obs, &decision, reasons);
+        let rec = self.record(t, decided, &obs, &signals, &decision, reasons);
         let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
         st.counters.ticks += 1;
         st.counters.stale_scrapes += rec.stale as u64;
@@ -419,11 +422,14 @@ impl LocalAutoscaler {
         }
     }
 
+    /// What the tick shows: the decision, the fleet, the queue from `obs`, the arrivals as the
+    /// policy read them (`s`: the gateway's front door folded in).
     fn record(
         &self,
         t: f64,
         decided: u32,
         obs: &Observation,
+        s: &Signals,
         d: &Decision,
         reasons: Vec<String>,
     ) -> TickRecord {
@@ -438,14 +444,14 @@ impl LocalAutoscaler {
             waiting: obs.queue.waiting,
             running: obs.queue.running,
             held: self.held(obs),
-            rate: obs.arrivals.requests_per_s,
-            short_rate: obs.arrivals.short_requests_per_s,
+            rate: s.arrivals.requests_per_s,
+            short_rate: s.arrivals.short_requests_per_s,
             busiest_second_tokens: obs
                 .prompt_bursts
                 .get(&self.cfg.served_model)
                 .and_then(|b| b.hist.max_bound())
                 .unwrap_or(0.0),
-            max_prompt_tokens: obs.arrivals.max_prompt_tokens,
+            max_prompt_tokens: s.arrivals.max_prompt_tokens,
             mode: d.mode,
             stale: obs.targets.iter().filter(|s| s.is_stale()).count(),
             announced: self.announcer.current().to_vec(),

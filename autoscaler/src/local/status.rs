@@ -76,7 +76,7 @@ pub fn render(s: &Status) -> String {
         );
         gauge(
             "sluice_autoscaler_local_arrival_rate",
-            "Requests per second over the long window, as scraped.",
+            "Requests per second over the long window, as the policy read it (the gateway's front door when larger).",
             &[(String::new(), r.rate)],
         );
         gauge(
