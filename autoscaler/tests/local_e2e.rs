@@ -269,11 +269,7 @@ fn fresh_dir(name: &str) -> (PathBuf, PathBuf) {
 /// shortened for the test, its status endpoint on a free port.
 fn start_burst_autoscaler(dir: &Path, file: &Path, gateway: &str) -> Proc {
     Proc(
-        Command::new(env!("CARGO_BIN_EXE_sluice-autoscaler"))
-            .args(["run", "--local", "--discovery-file"])
-            .arg(file)
-            .args(["--gateway", gateway, "--model", MODEL, "--model-dir"])
-            .arg(model_dir())
+        local_autoscaler(file, gateway)
             .args([
                 "--replica-arg=--threads",
                 "--replica-arg=1",
@@ -401,11 +397,7 @@ fn replica_pids(log: &str) -> Vec<i32> {
 /// SIGTERM to the autoscaler: it exits cleanly, no replica in `pids` outlives it, and the
 /// discovery file lists no replica.
 fn assert_stops_cleanly(scaler: &mut Proc, pids: &[i32], file: &Path) {
-    signal(&scaler.0, "TERM");
-    let exit = wait_for("the autoscaler to exit", Duration::from_secs(60), || {
-        scaler.0.try_wait().unwrap()
-    });
-    assert!(exit.success(), "autoscaler exit: {exit}");
+    terminate(scaler);
     for pid in pids {
         assert!(
             !Path::new(&format!("/proc/{pid}")).exists(),
@@ -418,6 +410,25 @@ fn assert_stops_cleanly(scaler: &mut Proc, pids: &[i32], file: &Path) {
         0,
         "the discovery file still lists replicas: {listed}"
     );
+}
+
+/// `sluice-autoscaler run --local` for the model behind `gateway`, announcing to `file`.
+fn local_autoscaler(file: &Path, gateway: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice-autoscaler"));
+    c.args(["run", "--local", "--discovery-file"])
+        .arg(file)
+        .args(["--gateway", gateway, "--model", MODEL, "--model-dir"])
+        .arg(model_dir());
+    c
+}
+
+/// SIGTERM to the autoscaler: it exits, successfully.
+fn terminate(scaler: &mut Proc) {
+    signal(&scaler.0, "TERM");
+    let exit = wait_for("the autoscaler to exit", Duration::from_secs(60), || {
+        scaler.0.try_wait().unwrap()
+    });
+    assert!(exit.success(), "autoscaler exit: {exit}");
 }
 
 /// `POST url` with a JSON body on loopback: the status and the body.
@@ -512,16 +523,11 @@ fn one_request(gateway: &str) -> Duration {
 #[test]
 fn a_pool_at_zero_replicas_wakes_for_a_held_request_and_idles_back_to_zero() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let models = model_dir();
     let (dir, file) = fresh_dir("sluice-zero-e2e");
     // A cold start on a busy machine may take a while: hold past it.
     let (gw, gateway) = start_gateway(&dir, &file, &["--hold-timeout", "150s"]);
     let mut scaler = Proc(
-        Command::new(env!("CARGO_BIN_EXE_sluice-autoscaler"))
-            .args(["run", "--local", "--discovery-file"])
-            .arg(&file)
-            .args(["--gateway", &gateway, "--model", MODEL, "--model-dir"])
-            .arg(&models)
+        local_autoscaler(&file, &gateway)
             .args(["--replica-arg=--threads", "--replica-arg=1"])
             .arg("--log-dir")
             .arg(dir.join("logs"))
@@ -610,11 +616,7 @@ fn a_pool_at_zero_replicas_wakes_for_a_held_request_and_idles_back_to_zero() {
     );
     assert!(!log().contains("replica died"), "{}", log());
 
-    signal(&scaler.0, "TERM");
-    let exit = wait_for("the autoscaler to exit", Duration::from_secs(60), || {
-        scaler.0.try_wait().unwrap()
-    });
-    assert!(exit.success(), "autoscaler exit: {exit}");
+    terminate(&mut scaler);
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -632,11 +634,7 @@ fn a_prompt_refused_as_too_long_reaches_the_policys_request_shape() {
     let (dir, file) = fresh_dir("sluice-refused-e2e");
     let (gw, gateway) = start_gateway(&dir, &file, &[]);
     let mut scaler = Proc(
-        Command::new(env!("CARGO_BIN_EXE_sluice-autoscaler"))
-            .args(["run", "--local", "--discovery-file"])
-            .arg(&file)
-            .args(["--gateway", &gateway, "--model", MODEL, "--model-dir"])
-            .arg(model_dir())
+        local_autoscaler(&file, &gateway)
             .args(["--replica-arg=--threads", "--replica-arg=1"])
             .args(["--replica-arg=--max-prompt-tokens", "--replica-arg=48"])
             .arg("--log-dir")
@@ -690,11 +688,7 @@ fn a_prompt_refused_as_too_long_reaches_the_policys_request_shape() {
     );
     assert_eq!(seen, 256, "the estimate's bucket bound");
 
-    signal(&scaler.0, "TERM");
-    let exit = wait_for("the autoscaler to exit", Duration::from_secs(60), || {
-        scaler.0.try_wait().unwrap()
-    });
-    assert!(exit.success(), "autoscaler exit: {exit}");
+    terminate(&mut scaler);
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }
