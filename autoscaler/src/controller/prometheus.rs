@@ -317,13 +317,12 @@ impl Queries {
         };
         let tokens = |name: &str, r: &str| by("sum", format!("increase({}{r})", sel(name)));
         let of_model = format!("{{{}={}}}", gateway::MODEL, quote(model));
+        // A gateway series of the model (any namespace), summed; a histogram's buckets by `le`.
         let door = |name: &str, r: &str| format!("sum(increase({name}{of_model}{r}))");
-        let door_hist = |name: &str, r: &str| {
-            (
-                format!("sum by (le) (increase({name}_bucket{of_model}{r}))"),
-                door(&format!("{name}_sum"), r),
-            )
-        };
+        let door_buckets =
+            |name: &str, r: &str| format!("sum by (le) (increase({name}_bucket{of_model}{r}))");
+        let door_hist =
+            |name: &str, r: &str| (door_buckets(name, r), door(&format!("{name}_sum"), r));
         let shape = |r: &str| ShapeQueries {
             arrivals: arrivals(r),
             prompt_tokens: tokens(vllm::PROMPT_TOKENS_TOTAL, r),
@@ -351,23 +350,13 @@ impl Queries {
             ttft: hist(vllm::TIME_TO_FIRST_TOKEN_SECONDS, &w),
             tpot: vllm::TPOT_HISTOGRAMS.iter().map(|n| hist(n, &w)).collect(),
             wide: shape(&wide),
-            bursts: format!(
-                "sum by (le) (increase({}_bucket{{{}={}}}{wide}))",
-                gateway::PROMPT_TOKENS_PER_SECOND,
-                gateway::MODEL,
-                quote(model)
-            ),
-            bursts_sum: format!(
-                "sum(increase({}_sum{{{}={}}}{wide}))",
-                gateway::PROMPT_TOKENS_PER_SECOND,
-                gateway::MODEL,
-                quote(model)
-            ),
+            bursts: door_buckets(gateway::PROMPT_TOKENS_PER_SECOND, &wide),
+            bursts_sum: door(&format!("{}_sum", gateway::PROMPT_TOKENS_PER_SECOND), &wide),
             front_door: FrontDoorQueries {
                 arrivals: door(gateway::ARRIVALS_TOTAL, &w),
                 arrivals_short: door(gateway::ARRIVALS_TOTAL, &s),
                 unserved: door(gateway::UNSERVED_TOTAL, &w),
-                ttft: door_hist(gateway::TIME_TO_FIRST_TOKEN_SECONDS, &w).0,
+                ttft: door_buckets(gateway::TIME_TO_FIRST_TOKEN_SECONDS, &w),
                 refused: door_hist(gateway::REFUSED_PROMPT_TOKENS, &w),
                 refused_wide: door_hist(gateway::REFUSED_PROMPT_TOKENS, &wide),
             },
